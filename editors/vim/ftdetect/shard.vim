@@ -1,0 +1,2 @@
+" shard (shardc model definitions)
+autocmd BufRead,BufNewFile *.shard setfiletype shard

@@ -1,0 +1,85 @@
+" Vim syntax file
+" Language:   shard (shardc model definitions, *.shard)
+" Keywords and tokens follow grammar/shard.pest.
+
+if exists('b:current_syntax')
+  finish
+endif
+
+let s:cpo_save = &cpo
+set cpo&vim
+
+syn case match
+
+" Items and statements
+syn keyword shardInclude      import pragma
+syn keyword shardStructure    const mesh layer model table feature train
+syn keyword shardKeyword      fn let init local on
+syn keyword shardType         f32 f16 bf16 f64 i32 i64 bool
+
+" Collectives: every one of them moves data between devices.
+syn keyword shardCollective   psum pmean pmax pmin all_gather psum_scatter all_to_all ppermute axis_index
+
+" Built-in functions, layer directives, initializers, optimizers, schedules,
+" data sources.
+syn keyword shardBuiltin      relu gelu silu tanh exp log sqrt sigmoid square abs
+syn keyword shardBuiltin      softmax log_softmax layer_norm rms_norm sum mean max min
+syn keyword shardBuiltin      einsum reshape transpose one_hot embed lookup causal_attention
+syn keyword shardBuiltin      cast dropout stop_gradient softmax_cross_entropy
+syn keyword shardBuiltin      repeat shard_params
+syn keyword shardBuiltin      normal truncated_normal uniform
+syn keyword shardBuiltin      sgd adam adamw adagrad ftrl constant warmup_cosine
+syn keyword shardBuiltin      shakespeare_words shakespeare_chars text arrays synthetic rows
+syn keyword shardConstant     zeros ones xavier lecun mse sqrtn virtual cuda mpi gpipe one_f_one_b
+
+" Names: declarations, upper-case constants and sizes
+syn match   shardDeclName     "\%(\<\%(mesh\|layer\|model\|table\)\s\+\)\@<=\h\w*"
+syn match   shardFuncName     "\%(\<fn\s\+\)\@<=\h\w*"
+syn match   shardSize         "\<[A-Z][A-Z0-9_]*\>"
+
+" Shardings: `D@mp`, `B@(dp, fsdp)`, `D@_`. A `@` right after a name, number
+" or `)` is a sharding; `x @ w` (with spaces) is the matmul operator.
+syn match   shardSharding     "\%(\w\|)\)\@1<=@\s*\%(\h\w*\|(\s*\h\w*\%(\s*,\s*\h\w*\)*\s*)\)"
+" Pending reductions: `partial(mp)`, `partial(max: mp)`
+syn region  shardPending      matchgroup=shardPartial start="\<partial\s*(" end=")" oneline contains=shardReduceOp,shardAxisName
+syn match   shardReduceOp     contained "\<\%(sum\|max\|min\)\ze\s*:"
+syn match   shardAxisName     contained "\<\h\w*\>\%(\s*:\)\@!"
+syn match   shardOperator     "->\|[-+*/=]\|\s\@1<=@\|\.\.\."
+
+" Literals
+syn match   shardInteger      "\<\d[0-9_]*\>"
+syn match   shardFloat        "\<\d\+\.\d\+\>"
+syn match   shardFloat        "\<\d\+\%(\.\d\+\)\=[eE][+-]\=\d\+\>"
+syn region  shardString       start=+"+ end=+"+ oneline contains=@Spell
+
+" Comments
+syn keyword shardTodo         contained TODO FIXME XXX NOTE
+syn match   shardLineComment  "//.*$" contains=shardTodo,@Spell
+syn region  shardBlockComment start="/\*" end="\*/" contains=shardTodo,@Spell
+
+hi def link shardInclude      Include
+hi def link shardStructure    Structure
+hi def link shardKeyword      Keyword
+hi def link shardType         Type
+hi def link shardPartial      StorageClass
+hi def link shardCollective   Special
+hi def link shardBuiltin      Function
+hi def link shardConstant     Constant
+hi def link shardDeclName     Typedef
+hi def link shardFuncName     Function
+hi def link shardSize         Constant
+hi def link shardSharding     PreProc
+hi def link shardAxisName     PreProc
+hi def link shardReduceOp     Operator
+hi def link shardOperator     Operator
+hi def link shardInteger      Number
+hi def link shardFloat        Float
+hi def link shardString       String
+hi def link shardTodo         Todo
+hi def link shardLineComment  Comment
+hi def link shardBlockComment Comment
+
+let b:current_syntax = 'shard'
+
+let &cpo = s:cpo_save
+unlet s:cpo_save

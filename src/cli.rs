@@ -1,0 +1,211 @@
+//! Command-line interface (clap). Exit codes: 0 clean, 1 diagnostics with errors,
+//! 2 usage or I/O error.
+
+use crate::diag::render::{self, Style};
+use crate::diag::Code;
+use crate::world::{self, Compilation, Options};
+use clap::{Parser, Subcommand, ValueEnum};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "shardc",
+    version,
+    about = "Check and run sharded model definitions (.shard files)"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Human,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Check shapes, dtypes and shardings without running anything.
+    Check {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Print the inferred type of every weight, parameter and binding.
+        #[arg(long)]
+        types: bool,
+        /// Output format for diagnostics.
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+        /// Every collective must be written explicitly (like `pragma strict`).
+        #[arg(long)]
+        strict: bool,
+        /// Never use colour.
+        #[arg(long)]
+        no_color: bool,
+    },
+    /// Re-check a file on every save of it or anything it imports.
+    Watch {
+        file: PathBuf,
+        #[arg(long)]
+        strict: bool,
+    },
+    /// Explain a diagnostic code, e.g. `shardc explain E0203`.
+    Explain { code: Option<String> },
+}
+
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    match cli.command {
+        Command::Check {
+            files,
+            types,
+            format,
+            strict,
+            no_color,
+        } => {
+            let style = if !no_color && std::io::stderr().is_terminal() {
+                Style::Color
+            } else {
+                Style::Plain
+            };
+            check(&files, types, format, &Options { strict }, style)
+        }
+        Command::Watch { file, strict } => crate::watch::run(&file, &Options { strict }),
+        Command::Explain { code } => explain(code.as_deref()),
+    }
+}
+
+fn check(files: &[PathBuf], types: bool, format: Format, opts: &Options, style: Style) -> ExitCode {
+    let mut worst = 0u8;
+    let mut json_out = Vec::new();
+    for f in files {
+        let c = match world::compile(f, opts) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("error: cannot read `{}`: {e}", f.display());
+                worst = 2;
+                continue;
+            }
+        };
+        if c.has_errors() {
+            worst = worst.max(1);
+        }
+        match format {
+            Format::Json => {
+                let diags: Vec<serde_json::Value> = c
+                    .diagnostics
+                    .iter()
+                    .map(|d| render::json(d, &c.sources))
+                    .collect();
+                let mut obj =
+                    serde_json::json!({ "file": f.display().to_string(), "diagnostics": diags });
+                if types {
+                    obj["types"] = serde_json::to_value(&c.checked.types).unwrap_or_default();
+                }
+                json_out.push(obj);
+            }
+            Format::Human => {
+                let mut err = std::io::stderr().lock();
+                for d in &c.diagnostics {
+                    let _ = write!(err, "{}", render::human(d, &c.sources, style));
+                }
+                if types {
+                    print!("{}", types_table(&c));
+                }
+                let _ = writeln!(err, "{}", summary(&c, &f.display().to_string()));
+            }
+        }
+    }
+    if format == Format::Json {
+        let v = if json_out.len() == 1 {
+            json_out.remove(0)
+        } else {
+            serde_json::Value::Array(json_out)
+        };
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+    }
+    ExitCode::from(worst)
+}
+
+/// `checked models/gptj.shard: 0 errors, 2 notes`
+pub fn summary(c: &Compilation, name: &str) -> String {
+    let errors = c.errors();
+    let notes = c.diagnostics.len() - errors;
+    let plural = |n: usize, w: &str| {
+        if n == 1 {
+            format!("1 {w}")
+        } else {
+            format!("{n} {w}s")
+        }
+    };
+    if errors == 0 {
+        format!("✓ {name}: clean ({})", plural(notes, "note"))
+    } else {
+        format!(
+            "✗ {name}: {}, {}",
+            plural(errors, "error"),
+            plural(notes, "note")
+        )
+    }
+}
+
+/// The `--types` listing, grouped by layer instance and function.
+pub fn types_table(c: &Compilation) -> String {
+    let mut scopes: Vec<&str> = Vec::new();
+    for t in &c.checked.types {
+        if !scopes.contains(&t.scope.as_str()) {
+            scopes.push(&t.scope);
+        }
+    }
+    let mut out = String::new();
+    for s in scopes {
+        out.push_str(&format!("── {s}\n"));
+        let rows: Vec<_> = c.checked.types.iter().filter(|t| t.scope == s).collect();
+        let nw = rows.iter().map(|t| t.name.len()).max().unwrap_or(0);
+        let tw = rows.iter().map(|t| t.ty.chars().count()).max().unwrap_or(0);
+        for t in rows {
+            let (line, _) = c.sources.get(t.span.file).line_col(t.span.start as usize);
+            let pad = tw.saturating_sub(t.ty.chars().count());
+            out.push_str(&format!(
+                "  {:<6} {:<nw$}  {}{}   per device {}",
+                t.kind,
+                t.name,
+                t.ty,
+                " ".repeat(pad),
+                t.local
+            ));
+            if let Some(u) = &t.used_as {
+                out.push_str(&format!("   (gathered for use: {u})"));
+            }
+            out.push_str(&format!("   :{line}\n"));
+        }
+    }
+    out
+}
+
+fn explain(code: Option<&str>) -> ExitCode {
+    let Some(code) = code else {
+        for c in Code::ALL {
+            println!("{}  {}", c.as_str(), c.title());
+        }
+        return ExitCode::SUCCESS;
+    };
+    match Code::parse(code) {
+        Some(c) => {
+            print!("{}", c.explanation());
+            ExitCode::SUCCESS
+        }
+        None => {
+            eprintln!("error: unknown diagnostic code `{code}`; `shardc explain` lists them all");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! Every diagnostic code, its one-line title and its explanation file
+//! (`docs/errors/CODE.md`, served by `shardc explain`).
+
+use super::Severity;
+
+macro_rules! codes {
+    ($($name:ident => $title:literal,)*) => {
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Code { $($name,)* }
+
+        impl Code {
+            pub const ALL: &'static [Code] = &[$(Code::$name,)*];
+            pub fn as_str(self) -> &'static str {
+                match self { $(Code::$name => stringify!($name),)* }
+            }
+            pub fn title(self) -> &'static str {
+                match self { $(Code::$name => $title,)* }
+            }
+            pub fn explanation(self) -> &'static str {
+                match self {
+                    $(Code::$name => include_str!(concat!("../../docs/errors/", stringify!($name), ".md")),)*
+                }
+            }
+        }
+    };
+}
+
+codes! {
+    E0001 => "syntax error",
+    E0002 => "invalid literal",
+    E0100 => "unknown name",
+    E0101 => "duplicate definition",
+    E0102 => "import not found",
+    E0103 => "recursive import",
+    E0104 => "wrong number of arguments",
+    E0105 => "unknown or missing named argument",
+    E0106 => "wrong kind of value",
+    E0107 => "not callable",
+    E0108 => "layer or model without `forward`",
+    E0109 => "unknown pragma",
+    E0200 => "unknown mesh axis",
+    E0201 => "mesh axis used twice in one type",
+    E0202 => "invalid mesh",
+    E0203 => "sharded dimension not divisible by its mesh axes",
+    E0204 => "attention heads not divisible by the model-parallel axis",
+    E0205 => "dimension is not a positive integer",
+    E0206 => "reshape changes the number of elements",
+    E0207 => "reshape splits or moves a sharded dimension",
+    E0208 => "contraction dimensions do not match",
+    E0209 => "shapes cannot be broadcast together",
+    E0210 => "dtype mismatch",
+    E0211 => "rank mismatch",
+    E0212 => "value does not match its declared type",
+    E0213 => "ambiguous sharding",
+    E0214 => "pending reduction used as a reduced value",
+    E0215 => "invalid collective",
+    E0216 => "implicit collective not allowed here",
+    E0217 => "invalid einsum specification",
+    E0218 => "dimension index out of range",
+    E0219 => "recursive layer",
+    E0300 => "unknown or missing field",
+    E0301 => "unknown optimizer, schedule, loss or data source",
+    E0302 => "invalid option value",
+    E0303 => "batch not divisible by the data axes",
+    E0400 => "unknown combiner",
+    E0401 => "invalid embedding table",
+    E0402 => "feature inconsistent with its table",
+    E0500 => "invalid layer directive",
+    N0001 => "collective inserted by the compiler",
+}
+
+impl Code {
+    pub fn severity(self) -> Severity {
+        match self.as_str().as_bytes()[0] {
+            b'W' => Severity::Warning,
+            b'N' => Severity::Note,
+            _ => Severity::Error,
+        }
+    }
+    pub fn parse(s: &str) -> Option<Code> {
+        let s = s.trim().to_ascii_uppercase();
+        Code::ALL.iter().copied().find(|c| c.as_str() == s)
+    }
+}

@@ -1,0 +1,455 @@
+//! What went wrong, as plain data. All wording lives in [`Problem::diagnostic`].
+
+use super::{Code, Diagnostic, Label};
+use crate::source::Span;
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Problem {
+    Syntax {
+        span: Span,
+        message: String,
+    },
+    BadLiteral {
+        span: Span,
+        text: String,
+    },
+    UnknownName {
+        span: Span,
+        name: String,
+        what: &'static str,
+        suggestion: Option<String>,
+    },
+    Duplicate {
+        span: Span,
+        name: String,
+        first: Span,
+    },
+    ImportNotFound {
+        span: Span,
+        target: String,
+        tried: String,
+        reason: String,
+    },
+    RecursiveImport {
+        span: Span,
+        chain: Vec<String>,
+    },
+    Arity {
+        span: Span,
+        callee: String,
+        expected: String,
+        found: usize,
+        decl: Option<Span>,
+    },
+    NamedArg {
+        span: Span,
+        callee: String,
+        name: String,
+        known: Vec<String>,
+        missing: bool,
+    },
+    WrongKind {
+        span: Span,
+        expected: String,
+        found: String,
+    },
+    NotCallable {
+        span: Span,
+        name: String,
+        found: String,
+    },
+    NoForward {
+        span: Span,
+        layer: String,
+    },
+    UnknownPragma {
+        span: Span,
+        name: String,
+    },
+    UnknownAxis {
+        span: Span,
+        axis: String,
+        mesh: Option<(String, Span)>,
+        axes: Vec<String>,
+    },
+    AxisTwice {
+        span: Span,
+        axis: String,
+        first: Span,
+        ty: String,
+    },
+    BadMesh {
+        span: Span,
+        message: String,
+        help: Option<String>,
+    },
+    Indivisible {
+        span: Span,
+        what: String,
+        size: i64,
+        axes: String,
+        n: i64,
+        axis_decl: Option<Span>,
+        suggest: Vec<i64>,
+    },
+    IndivisibleSymbolic {
+        span: Span,
+        what: String,
+        axes: String,
+        n: i64,
+    },
+    HeadsIndivisible {
+        span: Span,
+        heads: i64,
+        axes: String,
+        n: i64,
+    },
+    BadDim {
+        span: Span,
+        expr: String,
+        reason: String,
+    },
+    ReshapeCount {
+        span: Span,
+        from: String,
+        to: String,
+        from_n: String,
+        to_n: String,
+    },
+    ReshapeSharding {
+        span: Span,
+        message: String,
+        help: String,
+    },
+    Contraction {
+        span: Span,
+        lhs: (Span, String),
+        rhs: (Span, String),
+        lhs_dim: String,
+        rhs_dim: String,
+    },
+    Broadcast {
+        span: Span,
+        lhs: (Span, String),
+        rhs: (Span, String),
+        detail: String,
+    },
+    DType {
+        span: Span,
+        expected: String,
+        found: String,
+        other: Option<Span>,
+    },
+    Rank {
+        span: Span,
+        expected: usize,
+        found: usize,
+        ty: String,
+        decl: Option<Span>,
+    },
+    Mismatch {
+        span: Span,
+        expected: String,
+        found: String,
+        decl: Option<Span>,
+        detail: String,
+    },
+    Ambiguous {
+        span: Span,
+        lhs: (Span, String),
+        rhs: (Span, String),
+        detail: String,
+    },
+    PendingUsed {
+        span: Span,
+        ty: String,
+        op: String,
+        axes: String,
+    },
+    BadCollective {
+        span: Span,
+        message: String,
+        help: String,
+    },
+    ImplicitCollective {
+        span: Span,
+        what: String,
+        bytes: String,
+        strict: Option<Span>,
+        local: Option<Span>,
+    },
+    Einsum {
+        span: Span,
+        message: String,
+    },
+    DimIndex {
+        span: Span,
+        index: i64,
+        rank: usize,
+    },
+    RecursiveLayer {
+        span: Span,
+        chain: Vec<String>,
+    },
+    Field {
+        span: Span,
+        message: String,
+        known: Vec<String>,
+    },
+    UnknownChoice {
+        span: Span,
+        kind: &'static str,
+        name: String,
+        known: Vec<&'static str>,
+    },
+    BadValue {
+        span: Span,
+        message: String,
+        help: Option<String>,
+    },
+    BatchIndivisible {
+        span: Span,
+        batch: i64,
+        axes: String,
+        n: i64,
+        mesh_span: Span,
+    },
+    UnknownCombiner {
+        span: Span,
+        name: String,
+    },
+    TableField {
+        span: Span,
+        message: String,
+        help: Option<String>,
+    },
+    FeatureTable {
+        span: Span,
+        message: String,
+        table: Span,
+    },
+    BadDirective {
+        span: Span,
+        message: String,
+        help: Option<String>,
+    },
+    Reshard {
+        span: Span,
+        what: String,
+        from: String,
+        to: String,
+        bytes: String,
+    },
+}
+
+fn list(v: &[String]) -> String {
+    v.iter()
+        .map(|s| format!("`{s}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl Problem {
+    pub fn code(&self) -> Code {
+        self.diagnostic().code
+    }
+
+    pub fn diagnostic(&self) -> Diagnostic {
+        use Problem::*;
+        let d = |code, msg: String, span: Span, label: String| {
+            Diagnostic::new(code, msg, Label::new(span, label))
+        };
+        match self {
+            Syntax { span, message } => d(Code::E0001, format!("syntax error: {message}"), *span, "here".into()),
+            BadLiteral { span, text } => d(Code::E0002, format!("invalid number `{text}`"), *span, "does not fit in 64 bits".into())
+                .help("sizes are integers below 2^63"),
+            UnknownName { span, name, what, suggestion } => {
+                let mut x = d(Code::E0100, format!("unknown {what} `{name}`"), *span, "not found in this scope".into());
+                if let Some(s) = suggestion {
+                    x = x.help(format!("a {what} with a similar name exists: `{s}`")).fix(*span, s.clone());
+                }
+                x
+            }
+            Duplicate { span, name, first } => d(Code::E0101, format!("`{name}` is defined more than once"), *span, "defined again here".into())
+                .secondary(*first, "first defined here")
+                .help("rename one of them"),
+            ImportNotFound { span, target, tried, reason } => d(Code::E0102, format!("cannot import `{target}`"), *span, reason.clone())
+                .note(format!("looked for {tried}"))
+                .help("stdlib modules are imported by name (`import nn`), files by a path relative to the importing file (`import \"layers.shard\"`)"),
+            RecursiveImport { span, chain } => d(Code::E0103, "recursive import".into(), *span, "this import leads back to the importing file".into())
+                .note(format!("import cycle: {}", chain.join(" → "))),
+            Arity { span, callee, expected, found, decl } => {
+                let mut x = d(Code::E0104, format!("`{callee}` takes {expected}, but {found} {} given", if *found == 1 { "was" } else { "were" }), *span, format!("{found} given"));
+                if let Some(s) = decl {
+                    x = x.secondary(*s, "declared here");
+                }
+                x
+            }
+            NamedArg { span, callee, name, known, missing } => {
+                if *missing {
+                    d(Code::E0105, format!("`{callee}` needs the argument `{name}`"), *span, format!("`{name}` missing"))
+                } else {
+                    let mut x = d(Code::E0105, format!("`{callee}` has no argument named `{name}`"), *span, "unknown argument".into());
+                    if let Some(s) = super::did_you_mean(name, known.iter().map(|s| s.as_str())) {
+                        x = x.help(format!("did you mean `{s}`?")).fix(*span, s);
+                    } else if !known.is_empty() {
+                        x = x.help(format!("its arguments are {}", list(known)));
+                    }
+                    x
+                }
+            }
+            WrongKind { span, expected, found } => d(Code::E0106, format!("expected {expected}, found {found}"), *span, format!("this is {found}")),
+            NotCallable { span, name, found } => d(Code::E0107, format!("`{name}` is not callable"), *span, format!("`{name}` is {found}"))
+                .help("call layers, sublayers and built-in functions; see `docs/language.md` for the list of built-ins"),
+            NoForward { span, layer } => d(Code::E0108, format!("`{layer}` has no `forward` function"), *span, "needs `fn forward(...)`".into())
+                .help("add `fn forward(x: f32[B, D]) -> f32[B, D] { ... }`"),
+            UnknownPragma { span, name } => d(Code::E0109, format!("unknown pragma `{name}`"), *span, "not a pragma".into())
+                .help("the only pragma is `pragma strict` (every collective must be written explicitly)"),
+            UnknownAxis { span, axis, mesh, axes } => {
+                let mut x = d(Code::E0200, format!("unknown mesh axis `{axis}`"), *span, match mesh {
+                    Some((m, _)) => format!("mesh `{m}` has no axis `{axis}`"),
+                    None => "no mesh is declared".into(),
+                });
+                if let Some((m, s)) = mesh {
+                    x = x.secondary(*s, format!("`{m}` is declared here"));
+                }
+                if let Some(s) = super::did_you_mean(axis, axes.iter().map(|s| s.as_str())) {
+                    x = x.help(format!("did you mean `{s}`?")).fix(*span, s);
+                } else if !axes.is_empty() {
+                    x = x.help(format!("the mesh axes are {}", list(axes)));
+                } else {
+                    x = x.help("declare a mesh: `mesh pod(dp: 4, mp: 2)`");
+                }
+                x
+            }
+            AxisTwice { span, axis, first, ty } => d(Code::E0201, format!("mesh axis `{axis}` is used twice in `{ty}`"), *span, "used again here".into())
+                .secondary(*first, "first used here")
+                .note("a mesh axis can split at most one dimension of a tensor")
+                .help(format!("remove one `@{axis}`, or split the other dimension over a different axis")),
+            BadMesh { span, message, help } => {
+                let x = d(Code::E0202, message.clone(), *span, "invalid".into());
+                match help {
+                    Some(h) => x.help(h.clone()),
+                    None => x,
+                }
+            }
+            Indivisible { span, what, size, axes, n, axis_decl, suggest } => {
+                let mut x = d(Code::E0203, format!("{what} (size {size}) is not divisible by mesh axis {axes} (size {n})"), *span, format!("{size} split over {axes} = {n}"));
+                let mut divisors: Vec<i64> = (1..=(*size).min(64)).filter(|k| size % k == 0).collect();
+                divisors.truncate(8);
+                let divs: Vec<String> = divisors.iter().map(|k| k.to_string()).collect();
+                let sug: Vec<String> = suggest.iter().map(|k| k.to_string()).collect();
+                let mut h = format!("make the size a multiple of {n}");
+                if !sug.is_empty() {
+                    h.push_str(&format!(" (e.g. {})", sug.join(" or ")));
+                }
+                h.push_str(&format!(", or use an axis size in {{{}}}", divs.join(", ")));
+                x = x.help(h);
+                if let Some(s) = axis_decl {
+                    x = x.secondary(*s, "axis size declared here");
+                }
+                x
+            }
+            IndivisibleSymbolic { span, what, axes, n } => d(Code::E0203, format!("{what} is not divisible by mesh axis {axes} (size {n})"), *span, format!("not a multiple of {n} for every value of its symbols")),
+            HeadsIndivisible { span, heads, axes, n } => d(Code::E0204, format!("{heads} attention heads cannot be split over {axes} (size {n})"), *span, format!("{heads} heads over {n} devices"))
+                .help(format!("choose a head count that is a multiple of {n}, or a smaller model-parallel axis"))
+                .note("each model-parallel device computes whole heads (Megatron attention)"),
+            BadDim { span, expr, reason } => d(Code::E0205, format!("dimension `{expr}` is not a positive integer"), *span, reason.clone()),
+            ReshapeCount { span, from, to, from_n, to_n } => d(Code::E0206, format!("reshape from {from} to {to} changes the number of elements"), *span, format!("{from_n} elements become {to_n}"))
+                .help("the product of the new dimensions must equal the product of the old"),
+            ReshapeSharding { span, message, help } => d(Code::E0207, message.clone(), *span, "uneven or moved shards".into()).help(help.clone()),
+            Contraction { span, lhs, rhs, lhs_dim, rhs_dim } => d(Code::E0208, format!("contraction dimensions do not match: {lhs_dim} vs {rhs_dim}"), *span, "in this product".into())
+                .secondary(lhs.0, format!("left: {}", lhs.1))
+                .secondary(rhs.0, format!("right: {}", rhs.1))
+                .help("the last dimension of the left operand must equal the first contracted dimension of the right"),
+            Broadcast { span, lhs, rhs, detail } => d(Code::E0209, format!("shapes cannot be broadcast together: {detail}"), *span, "in this operation".into())
+                .secondary(lhs.0, format!("left: {}", lhs.1))
+                .secondary(rhs.0, format!("right: {}", rhs.1))
+                .note("dimensions are aligned from the right; each pair must be equal or one of them 1"),
+            DType { span, expected, found, other } => {
+                let mut x = d(Code::E0210, format!("dtype mismatch: expected {expected}, found {found}"), *span, format!("this is {found}"));
+                if let Some(o) = other {
+                    x = x.secondary(*o, format!("this is {expected}"));
+                }
+                x.help(format!("convert explicitly with `cast(x, {expected})`"))
+            }
+            Rank { span, expected, found, ty, decl } => {
+                let mut x = d(Code::E0211, format!("expected a tensor of rank {expected}, found rank {found}"), *span, format!("this is {ty}"));
+                if let Some(s) = decl {
+                    x = x.secondary(*s, format!("rank {expected} expected here"));
+                }
+                x
+            }
+            Mismatch { span, expected, found, decl, detail } => {
+                let mut x = d(Code::E0212, format!("expected `{expected}`, found `{found}`"), *span, detail.clone());
+                if let Some(s) = decl {
+                    x = x.secondary(*s, "expected because of this type");
+                }
+                x
+            }
+            Ambiguous { span, lhs, rhs, detail } => d(Code::E0213, format!("ambiguous sharding: {detail}"), *span, "which layout should the result have?".into())
+                .secondary(lhs.0, lhs.1.clone())
+                .secondary(rhs.0, rhs.1.clone())
+                .help("annotate the result (`let y: f32[B@dp, D] = ...`) and the compiler will reshard to it, or reshard an operand with an explicit collective"),
+            PendingUsed { span, ty, op, axes } => d(Code::E0214, format!("`{op}` needs a reduced value, but this value is `{ty}`"), *span, format!("still owes a reduction over {axes}"))
+                .help(format!("reduce it first: `psum(x, {axes})` (or `pmax` for a pending max)"))
+                .note("a partial value holds one addend per device; a non-linear function of it is wrong"),
+            BadCollective { span, message, help } => d(Code::E0215, message.clone(), *span, "here".into()).help(help.clone()),
+            ImplicitCollective { span, what, bytes, strict, local } => {
+                let mut x = d(Code::E0216, format!("this needs an implicit {what}"), *span, format!("{bytes} per step"));
+                if let Some(s) = strict {
+                    x = x.secondary(*s, "strict mode: every collective must be written");
+                }
+                if let Some(s) = local {
+                    x = x.secondary(*s, "inside a local block, collectives are explicit");
+                }
+                x.help(format!("write the {what} explicitly"))
+            }
+            Einsum { span, message } => d(Code::E0217, format!("invalid einsum: {message}"), *span, "in this specification".into())
+                .help("write `\"ab,bc->ac\"`: one letter per dimension, inputs separated by commas, output after `->`"),
+            DimIndex { span, index, rank } => d(Code::E0218, format!("dimension {index} is out of range for a tensor of rank {rank}"), *span, format!("valid: {} to {}", -(*rank as i64), *rank as i64 - 1)),
+            RecursiveLayer { span, chain } => d(Code::E0219, "layer contains itself".into(), *span, "instantiated recursively here".into())
+                .note(format!("cycle: {}", chain.join(" → "))),
+            Field { span, message, known } => {
+                let x = d(Code::E0300, message.clone(), *span, "here".into());
+                if known.is_empty() { x } else { x.help(format!("known fields: {}", list(known))) }
+            }
+            UnknownChoice { span, kind, name, known } => {
+                let mut x = d(Code::E0301, format!("unknown {kind} `{name}`"), *span, format!("not a {kind}"));
+                if let Some(s) = super::did_you_mean(name, known.iter().copied()) {
+                    x = x.help(format!("did you mean `{s}`?")).fix(*span, s);
+                } else {
+                    let k: Vec<String> = known.iter().map(|s| s.to_string()).collect();
+                    x = x.help(format!("known: {}", list(&k)));
+                }
+                x
+            }
+            BadValue { span, message, help } => {
+                let x = d(Code::E0302, message.clone(), *span, "invalid value".into());
+                match help { Some(h) => x.help(h.clone()), None => x }
+            }
+            BatchIndivisible { span, batch, axes, n, mesh_span } => d(Code::E0303, format!("batch {batch} is not divisible by the data axes {axes} (size {n})"), *span, format!("{batch} examples over {n} devices"))
+                .secondary(*mesh_span, "mesh declared here")
+                .help(format!("use a batch that is a multiple of {n} (e.g. {})", (batch / n).max(1) * n)),
+            UnknownCombiner { span, name } => {
+                let mut x = d(Code::E0400, format!("unknown combiner `{name}`"), *span, "not a combiner".into())
+                    .help("combiners are `sum`, `mean` and `sqrtn`")
+                    .note("JAX SparseCore silently ignores an unknown combiner; shardc refuses it");
+                if let Some(s) = super::did_you_mean(name, ["sum", "mean", "sqrtn"]) {
+                    x = x.fix(*span, s);
+                }
+                x
+            }
+            TableField { span, message, help } => {
+                let x = d(Code::E0401, message.clone(), *span, "here".into());
+                match help { Some(h) => x.help(h.clone()), None => x }
+            }
+            FeatureTable { span, message, table } => d(Code::E0402, message.clone(), *span, "in this feature".into()).secondary(*table, "table declared here"),
+            BadDirective { span, message, help } => {
+                let x = d(Code::E0500, message.clone(), *span, "here".into());
+                match help { Some(h) => x.help(h.clone()), None => x }
+            }
+            Reshard { span, what, from, to, bytes } => d(Code::N0001, format!("inserted {what}: {from} → {to}"), *span, format!("{bytes} per step")),
+        }
+    }
+}

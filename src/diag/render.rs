@@ -1,0 +1,283 @@
+//! The one place diagnostics become text: miette for the report, ariadne for the
+//! multi-line shape-flow trace, serde for `--format json`.
+
+use super::{Diagnostic, Severity};
+use crate::source::{SourceMap, Span};
+use miette::{GraphicalReportHandler, GraphicalTheme, LabeledSpan, NamedSource, SourceSpan};
+use std::fmt;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Style {
+    /// Colour (for a terminal).
+    Color,
+    /// No colour, fixed width: stable output for pipes and golden files.
+    Plain,
+}
+
+struct MietteView {
+    message: String,
+    code: String,
+    severity: miette::Severity,
+    help: Option<String>,
+    source: NamedSource<String>,
+    labels: Vec<LabeledSpan>,
+    related: Vec<MietteView>,
+}
+
+impl fmt::Debug for MietteView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.message)
+    }
+}
+impl fmt::Display for MietteView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.message)
+    }
+}
+impl std::error::Error for MietteView {}
+
+impl miette::Diagnostic for MietteView {
+    fn code<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
+        (!self.code.is_empty()).then(|| Box::new(&self.code) as Box<dyn fmt::Display>)
+    }
+    fn severity(&self) -> Option<miette::Severity> {
+        Some(self.severity)
+    }
+    fn help<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
+        self.help
+            .as_ref()
+            .map(|h| Box::new(h) as Box<dyn fmt::Display>)
+    }
+    fn source_code(&self) -> Option<&dyn miette::SourceCode> {
+        Some(&self.source)
+    }
+    fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
+        Some(Box::new(self.labels.iter().cloned()))
+    }
+    fn related<'a>(&'a self) -> Option<Box<dyn Iterator<Item = &'a dyn miette::Diagnostic> + 'a>> {
+        if self.related.is_empty() {
+            return None;
+        }
+        Some(Box::new(
+            self.related.iter().map(|r| r as &dyn miette::Diagnostic),
+        ))
+    }
+}
+
+fn sspan(s: Span) -> SourceSpan {
+    SourceSpan::new((s.start as usize).into(), (s.end - s.start) as usize)
+}
+
+fn view(d: &Diagnostic, sources: &SourceMap) -> MietteView {
+    let file = sources.get(d.primary.span.file);
+    let mut labels = vec![LabeledSpan::new_primary_with_span(
+        Some(d.primary.text.clone()),
+        sspan(d.primary.span),
+    )];
+    let mut related = Vec::new();
+    for l in &d.secondary {
+        if l.span.file == d.primary.span.file {
+            labels.push(LabeledSpan::new_with_span(
+                Some(l.text.clone()),
+                sspan(l.span),
+            ));
+        } else {
+            let f = sources.get(l.span.file);
+            related.push(MietteView {
+                message: l.text.clone(),
+                code: String::new(),
+                severity: miette::Severity::Advice,
+                help: None,
+                source: NamedSource::new(f.name.clone(), f.text.clone()),
+                labels: vec![LabeledSpan::new_primary_with_span(None, sspan(l.span))],
+                related: vec![],
+            });
+        }
+    }
+    let mut help = d.help.clone().map(|h| vec![h]).unwrap_or_default();
+    if let Some(fix) = &d.fix {
+        let old = sources.get(fix.span.file).snippet(fix.span);
+        help.push(format!(
+            "suggested fix: replace `{old}` with `{}`",
+            fix.replacement
+        ));
+    }
+    MietteView {
+        message: d.message.clone(),
+        code: d.code.as_str().to_string(),
+        severity: match d.severity {
+            Severity::Error => miette::Severity::Error,
+            Severity::Warning => miette::Severity::Warning,
+            Severity::Note => miette::Severity::Advice,
+        },
+        help: (!help.is_empty()).then(|| help.join("\n")),
+        source: NamedSource::new(file.name.clone(), file.text.clone()),
+        labels,
+        related,
+    }
+}
+
+/// Render one diagnostic for people.
+pub fn human(d: &Diagnostic, sources: &SourceMap, style: Style) -> String {
+    let theme = match style {
+        Style::Color => GraphicalTheme::unicode(),
+        Style::Plain => GraphicalTheme::unicode_nocolor(),
+    };
+    let handler = GraphicalReportHandler::new_themed(theme)
+        .with_width(100)
+        .with_links(false);
+    let mut out = String::new();
+    if handler.render_report(&mut out, &view(d, sources)).is_err() {
+        out = format!(
+            "{}[{}]: {}\n",
+            d.severity_word(),
+            d.code.as_str(),
+            d.message
+        );
+    }
+    if !d.notes.is_empty() {
+        while out.ends_with("\n\n") {
+            out.pop();
+        }
+        for n in &d.notes {
+            out.push_str(&format!("  note: {n}\n"));
+        }
+        out.push('\n');
+    }
+    if !d.trace.is_empty() {
+        out.push_str(&trace(d, sources, style));
+    }
+    out
+}
+
+/// The shape-flow trace: each binding that led to the offending value, with its
+/// type, in source order (ariadne draws labels across lines well).
+pub fn trace(d: &Diagnostic, sources: &SourceMap, style: Style) -> String {
+    use ariadne::{Config, IndexType, Label, Report, ReportKind};
+    let file = d.primary.span.file;
+    let name = sources.get(file).name.clone();
+    let text = sources.get(file).text.clone();
+    let labels: Vec<_> = d.trace.iter().filter(|l| l.span.file == file).collect();
+    if labels.is_empty() {
+        return String::new();
+    }
+    let first = labels[0].span;
+    let mut rep = Report::build(
+        ReportKind::Custom("shape flow", ariadne::Color::Cyan),
+        (name.clone(), first.range()),
+    )
+    .with_config(
+        Config::default()
+            .with_color(style == Style::Color)
+            .with_index_type(IndexType::Byte),
+    )
+    .with_message(format!(
+        "how the operands of {} got their types",
+        d.code.as_str()
+    ));
+    for (i, l) in labels.iter().enumerate() {
+        rep = rep.with_label(
+            Label::new((name.clone(), l.span.range()))
+                .with_message(&l.text)
+                .with_order(i as i32),
+        );
+    }
+    rep = rep.with_label(
+        Label::new((name.clone(), d.primary.span.range()))
+            .with_message(format!("{} here", d.code.as_str()))
+            .with_order(labels.len() as i32),
+    );
+    let mut buf = Vec::new();
+    if rep
+        .finish()
+        .write(ariadne::sources(vec![(name, text)]), &mut buf)
+        .is_err()
+    {
+        return String::new();
+    }
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+impl Diagnostic {
+    fn severity_word(&self) -> &'static str {
+        match self.severity {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+            Severity::Note => "note",
+        }
+    }
+}
+
+#[derive(serde::Serialize)]
+struct JsonSpan {
+    file: String,
+    line: usize,
+    column: usize,
+    end_line: usize,
+    end_column: usize,
+    byte_start: u32,
+    byte_end: u32,
+    label: String,
+}
+
+#[derive(serde::Serialize)]
+struct JsonDiag {
+    code: &'static str,
+    severity: Severity,
+    message: String,
+    primary: JsonSpan,
+    secondary: Vec<JsonSpan>,
+    notes: Vec<String>,
+    help: Option<String>,
+    fix: Option<JsonFix>,
+    trace: Vec<JsonSpan>,
+}
+
+#[derive(serde::Serialize)]
+struct JsonFix {
+    span: JsonSpan,
+    replacement: String,
+}
+
+fn jspan(s: Span, label: &str, sources: &SourceMap) -> JsonSpan {
+    let f = sources.get(s.file);
+    let (line, column) = f.line_col(s.start as usize);
+    let (end_line, end_column) = f.line_col(s.end as usize);
+    JsonSpan {
+        file: f.name.clone(),
+        line,
+        column,
+        end_line,
+        end_column,
+        byte_start: s.start,
+        byte_end: s.end,
+        label: label.to_string(),
+    }
+}
+
+/// Machine-readable form, one JSON object per diagnostic.
+pub fn json(d: &Diagnostic, sources: &SourceMap) -> serde_json::Value {
+    let j = JsonDiag {
+        code: d.code.as_str(),
+        severity: d.severity,
+        message: d.message.clone(),
+        primary: jspan(d.primary.span, &d.primary.text, sources),
+        secondary: d
+            .secondary
+            .iter()
+            .map(|l| jspan(l.span, &l.text, sources))
+            .collect(),
+        notes: d.notes.clone(),
+        help: d.help.clone(),
+        fix: d.fix.as_ref().map(|f| JsonFix {
+            span: jspan(f.span, "", sources),
+            replacement: f.replacement.clone(),
+        }),
+        trace: d
+            .trace
+            .iter()
+            .map(|l| jspan(l.span, &l.text, sources))
+            .collect(),
+    };
+    serde_json::to_value(j).unwrap_or(serde_json::Value::Null)
+}

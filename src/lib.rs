@@ -1,0 +1,15 @@
+//! shardc: a declarative language for sharded model definitions.
+//!
+//! Pipeline (one module per stage): [`parse`] → [`resolve`] → [`check`], all driven
+//! by [`world::compile`]; [`diag`] holds the diagnostic model and its rendering.
+
+pub mod ast;
+pub mod check;
+pub mod cli;
+pub mod diag;
+pub mod parse;
+pub mod resolve;
+pub mod source;
+pub mod types;
+pub mod watch;
+pub mod world;

@@ -1,0 +1,516 @@
+//! Stage 2: load imports, collect every declaration into one namespace, evaluate
+//! constants and meshes. Produces a [`Program`] for the checker.
+
+use crate::ast::{self, DimExpr, DimOp, Item};
+use crate::diag::{did_you_mean, Diagnostic, Problem};
+use crate::parse;
+use crate::source::{FileId, SourceFile, SourceMap, Span};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+/// Stdlib modules ship inside the binary.
+pub const STDLIB: &[(&str, &str)] = &[("nn", include_str!("../stdlib/nn.shard"))];
+
+#[derive(Clone, Debug)]
+pub struct Mesh {
+    pub name: String,
+    pub axes: Vec<(String, i64, Span)>,
+    pub kind: String,
+    pub sparsecores: i64,
+    pub span: Span,
+    pub name_span: Span,
+}
+
+impl Mesh {
+    pub fn axis(&self, name: &str) -> Option<&(String, i64, Span)> {
+        self.axes.iter().find(|a| a.0 == name)
+    }
+    pub fn size(&self, name: &str) -> i64 {
+        self.axis(name).map_or(1, |a| a.1)
+    }
+    pub fn devices(&self) -> i64 {
+        self.axes.iter().map(|a| a.1).product()
+    }
+    pub fn axis_names(&self) -> Vec<String> {
+        self.axes.iter().map(|a| a.0.clone()).collect()
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Program {
+    pub consts: HashMap<String, (i64, Span)>,
+    pub meshes: Vec<Mesh>,
+    pub layers: HashMap<String, Rc<ast::LayerDecl>>,
+    pub layer_order: Vec<String>,
+    pub tables: Vec<ast::TableDecl>,
+    pub features: Vec<ast::FeatureDecl>,
+    pub trains: Vec<ast::TrainDecl>,
+    pub strict: Option<Span>,
+    /// The file the user asked for.
+    pub root: FileId,
+}
+
+impl Program {
+    pub fn mesh(&self, name: &str) -> Option<&Mesh> {
+        self.meshes.iter().find(|m| m.name == name)
+    }
+}
+
+pub struct Loader<'a> {
+    pub sources: &'a mut SourceMap,
+    pub diags: &'a mut Vec<Diagnostic>,
+    /// Real files read (for `watch`).
+    pub read: Vec<PathBuf>,
+    files: Vec<(FileId, ast::File)>,
+    stack: Vec<(FileId, String)>,
+    done: HashMap<String, ()>,
+}
+
+impl<'a> Loader<'a> {
+    pub fn new(sources: &'a mut SourceMap, diags: &'a mut Vec<Diagnostic>) -> Self {
+        Loader {
+            sources,
+            diags,
+            read: vec![],
+            files: vec![],
+            stack: vec![],
+            done: HashMap::new(),
+        }
+    }
+
+    /// Parse `id` and, depth first, everything it imports.
+    pub fn load(&mut self, id: FileId) {
+        let key = self.sources.get(id).path.display().to_string();
+        self.done.insert(key.clone(), ());
+        self.stack.push((id, key));
+        let text = self.sources.get(id).text.clone();
+        match parse::parse(id, &text) {
+            Err(p) => self.diags.push(p.diagnostic()),
+            Ok(file) => {
+                for item in &file.items {
+                    if let Item::Import(imp) = item {
+                        self.import(id, imp);
+                    }
+                }
+                self.files.push((id, file));
+            }
+        }
+        self.stack.pop();
+    }
+
+    fn import(&mut self, from: FileId, imp: &ast::Import) {
+        let (path, name, text) = if imp.is_std {
+            match STDLIB.iter().find(|(n, _)| *n == imp.target) {
+                Some((n, t)) => (
+                    PathBuf::from(format!("<std>/{n}.shard")),
+                    format!("<std>/{n}.shard"),
+                    Ok(t.to_string()),
+                ),
+                None => {
+                    let known: Vec<String> = STDLIB.iter().map(|(n, _)| n.to_string()).collect();
+                    let reason = match did_you_mean(&imp.target, known.iter().map(|s| s.as_str())) {
+                        Some(s) => {
+                            format!("no stdlib module `{}`; did you mean `{s}`?", imp.target)
+                        }
+                        None => format!("no stdlib module `{}`", imp.target),
+                    };
+                    self.diags.push(
+                        Problem::ImportNotFound {
+                            span: imp.span,
+                            target: imp.target.clone(),
+                            tried: format!("stdlib modules: {}", known.join(", ")),
+                            reason,
+                        }
+                        .diagnostic(),
+                    );
+                    return;
+                }
+            }
+        } else {
+            let base = self
+                .sources
+                .get(from)
+                .path
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_default();
+            let p = base.join(&imp.target);
+            let text = std::fs::read_to_string(&p).map_err(|e| e.to_string());
+            let name = p.display().to_string();
+            (p, name, text)
+        };
+        let key = path.display().to_string();
+        if let Some(pos) = self.stack.iter().position(|(_, k)| *k == key) {
+            let mut chain: Vec<String> = self.stack[pos..]
+                .iter()
+                .map(|(id, _)| self.sources.get(*id).name.clone())
+                .collect();
+            chain.push(self.sources.get(self.stack[pos].0).name.clone());
+            self.diags.push(
+                Problem::RecursiveImport {
+                    span: imp.span,
+                    chain,
+                }
+                .diagnostic(),
+            );
+            return;
+        }
+        if self.done.contains_key(&key) {
+            return;
+        }
+        match text {
+            Err(e) => self.diags.push(
+                Problem::ImportNotFound {
+                    span: imp.span,
+                    target: imp.target.clone(),
+                    tried: format!("`{}`", path.display()),
+                    reason: e,
+                }
+                .diagnostic(),
+            ),
+            Ok(text) => {
+                if !imp.is_std {
+                    self.read.push(path.clone());
+                }
+                let id = self.sources.add(SourceFile::new(path, name, text));
+                self.load(id);
+            }
+        }
+    }
+
+    pub fn resolve(self, root: FileId) -> Program {
+        let mut prog = Program {
+            root,
+            ..Program::default()
+        };
+        let diags = self.diags;
+        let mut names: HashMap<String, Span> = HashMap::new();
+        let mut define = |name: &ast::Ident, diags: &mut Vec<Diagnostic>| -> bool {
+            if let Some(first) = names.get(&name.name) {
+                diags.push(
+                    Problem::Duplicate {
+                        span: name.span,
+                        name: name.name.clone(),
+                        first: *first,
+                    }
+                    .diagnostic(),
+                );
+                false
+            } else {
+                names.insert(name.name.clone(), name.span);
+                true
+            }
+        };
+        let mut const_decls = Vec::new();
+        for (_, file) in &self.files {
+            for item in &file.items {
+                match item {
+                    Item::Import(_) => {}
+                    Item::Pragma(p) => {
+                        if p.name == "strict" {
+                            // Strictness is a property of the file the user checks.
+                            if p.span.file == root {
+                                prog.strict = Some(p.span);
+                            }
+                        } else {
+                            diags.push(
+                                Problem::UnknownPragma {
+                                    span: p.span,
+                                    name: p.name.clone(),
+                                }
+                                .diagnostic(),
+                            );
+                        }
+                    }
+                    Item::Const(c) => {
+                        if define(&c.name, diags) {
+                            const_decls.push(c.clone());
+                        }
+                    }
+                    Item::Mesh(m) => {
+                        if define(&m.name, diags) {
+                            const_decls.push(ast::ConstDecl {
+                                name: m.name.clone(),
+                                value: DimExpr::Int(0, m.span),
+                                span: Span::default(),
+                            });
+                        }
+                    }
+                    Item::Layer(l) => {
+                        if define(&l.name, diags) {
+                            prog.layer_order.push(l.name.name.clone());
+                            prog.layers.insert(l.name.name.clone(), Rc::new(l.clone()));
+                        }
+                    }
+                    Item::Table(t) => {
+                        if define(&t.name, diags) {
+                            prog.tables.push(t.clone());
+                        }
+                    }
+                    Item::Feature(f) => {
+                        if define(&f.name, diags) {
+                            prog.features.push(f.clone());
+                        }
+                    }
+                    Item::Train(t) => prog.trains.push(t.clone()),
+                }
+            }
+        }
+        // Constants may refer to constants declared later; evaluate on demand.
+        let real_consts: BTreeMap<String, ast::ConstDecl> = const_decls
+            .into_iter()
+            .filter(|c| c.span != Span::default())
+            .map(|c| (c.name.name.clone(), c))
+            .collect();
+        let mut evaluating = Vec::new();
+        for name in real_consts.keys() {
+            eval_const(name, &real_consts, &mut prog.consts, &mut evaluating, diags);
+        }
+        for (_, file) in &self.files {
+            for item in &file.items {
+                if let Item::Mesh(m) = item {
+                    if let Some(mesh) = eval_mesh(m, &prog.consts, diags) {
+                        if prog.mesh(&mesh.name).is_none() {
+                            prog.meshes.push(mesh);
+                        }
+                    }
+                }
+            }
+        }
+        prog
+    }
+}
+
+fn eval_const(
+    name: &str,
+    decls: &BTreeMap<String, ast::ConstDecl>,
+    out: &mut HashMap<String, (i64, Span)>,
+    evaluating: &mut Vec<String>,
+    diags: &mut Vec<Diagnostic>,
+) -> Option<i64> {
+    if let Some((v, _)) = out.get(name) {
+        return Some(*v);
+    }
+    let decl = decls.get(name)?;
+    if evaluating.iter().any(|n| n == name) {
+        diags.push(
+            Problem::BadDim {
+                span: decl.value.span(),
+                expr: name.to_string(),
+                reason: format!("`{name}` is defined in terms of itself"),
+            }
+            .diagnostic(),
+        );
+        return None;
+    }
+    evaluating.push(name.to_string());
+    let v = eval_int(&decl.value, &mut |n, span| {
+        if decls.contains_key(n) {
+            eval_const(n, decls, out, evaluating, diags).ok_or(())
+        } else {
+            let sug = did_you_mean(n, decls.keys().map(|s| s.as_str()));
+            diags.push(
+                Problem::UnknownName {
+                    span,
+                    name: n.to_string(),
+                    what: "constant",
+                    suggestion: sug,
+                }
+                .diagnostic(),
+            );
+            Err(())
+        }
+    });
+    evaluating.pop();
+    match v {
+        Ok(v) => {
+            out.insert(name.to_string(), (v, decl.name.span));
+            Some(v)
+        }
+        Err(Some(p)) => {
+            diags.push(p.diagnostic());
+            None
+        }
+        Err(None) => None,
+    }
+}
+
+/// Evaluate an integer size expression. `Err(None)` means the lookup already reported.
+pub fn eval_int(
+    e: &DimExpr,
+    lookup: &mut dyn FnMut(&str, Span) -> Result<i64, ()>,
+) -> Result<i64, Option<Problem>> {
+    match e {
+        DimExpr::Int(v, _) => Ok(*v),
+        DimExpr::Name(i) => lookup(&i.name, i.span).map_err(|_| None),
+        DimExpr::Bin(a, op, b, span) => {
+            let x = eval_int(a, lookup)?;
+            let y = eval_int(b, lookup)?;
+            let bad = |reason: String| {
+                Some(Problem::BadDim {
+                    span: *span,
+                    expr: format!("{x} {} {y}", op_str(*op)),
+                    reason,
+                })
+            };
+            match op {
+                DimOp::Add => x.checked_add(y).ok_or_else(|| bad("overflows".into())),
+                DimOp::Sub => x.checked_sub(y).ok_or_else(|| bad("overflows".into())),
+                DimOp::Mul => x.checked_mul(y).ok_or_else(|| bad("overflows".into())),
+                DimOp::Div => {
+                    if y == 0 {
+                        Err(bad("division by zero".into()))
+                    } else if x % y != 0 {
+                        Err(bad(format!("{x} / {y} is not an integer")))
+                    } else {
+                        Ok(x / y)
+                    }
+                }
+            }
+        }
+    }
+}
+
+pub fn op_str(op: DimOp) -> &'static str {
+    match op {
+        DimOp::Add => "+",
+        DimOp::Sub => "-",
+        DimOp::Mul => "*",
+        DimOp::Div => "/",
+    }
+}
+
+fn eval_mesh(
+    m: &ast::MeshDecl,
+    consts: &HashMap<String, (i64, Span)>,
+    diags: &mut Vec<Diagnostic>,
+) -> Option<Mesh> {
+    let mut axes: Vec<(String, i64, Span)> = Vec::new();
+    let mut ok = true;
+    if m.axes.is_empty() {
+        diags.push(
+            Problem::BadMesh {
+                span: m.name.span,
+                message: format!("mesh `{}` has no axes", m.name.name),
+                help: Some(format!(
+                    "give it at least one axis: `mesh {}(data: 8)`",
+                    m.name.name
+                )),
+            }
+            .diagnostic(),
+        );
+        return None;
+    }
+    for (name, size) in &m.axes {
+        if let Some(first) = axes.iter().find(|a| a.0 == name.name) {
+            diags.push(
+                Problem::Duplicate {
+                    span: name.span,
+                    name: name.name.clone(),
+                    first: first.2,
+                }
+                .diagnostic(),
+            );
+            ok = false;
+            continue;
+        }
+        let v = eval_int(size, &mut |n, span| match consts.get(n) {
+            Some((v, _)) => Ok(*v),
+            None => {
+                diags.push(
+                    Problem::UnknownName {
+                        span,
+                        name: n.to_string(),
+                        what: "constant",
+                        suggestion: did_you_mean(n, consts.keys().map(|s| s.as_str())),
+                    }
+                    .diagnostic(),
+                );
+                Err(())
+            }
+        });
+        match v {
+            Ok(v) if v >= 1 => axes.push((name.name.clone(), v, size.span())),
+            Ok(v) => {
+                diags.push(
+                    Problem::BadMesh {
+                        span: size.span(),
+                        message: format!("mesh axis `{}` has size {v}", name.name),
+                        help: Some("axis sizes are at least 1".into()),
+                    }
+                    .diagnostic(),
+                );
+                ok = false;
+            }
+            Err(p) => {
+                if let Some(p) = p {
+                    diags.push(p.diagnostic());
+                }
+                ok = false;
+            }
+        }
+    }
+    let mut kind = "virtual".to_string();
+    let mut sparsecores = 1;
+    if let Some(opts) = &m.options {
+        for (k, v) in &opts.entries {
+            let expr = match v {
+                ast::OptValue::Expr(e) => Some(e),
+                _ => None,
+            };
+            match (k.name.as_str(), expr.map(|e| &e.kind)) {
+                ("kind", Some(ast::ExprKind::Name(n)))
+                    if ["virtual", "cuda", "mpi"].contains(&n.as_str()) =>
+                {
+                    kind = n.clone()
+                }
+                ("kind", _) => {
+                    diags.push(
+                        Problem::BadMesh {
+                            span: v.span(),
+                            message: "unknown mesh kind".into(),
+                            help: Some("mesh kinds are `virtual` (devices in this process), `cuda` and `mpi`".into()),
+                        }
+                        .diagnostic(),
+                    );
+                    ok = false;
+                }
+                ("sparsecores", Some(ast::ExprKind::Int(n))) if *n >= 1 => sparsecores = *n,
+                ("sparsecores", _) => {
+                    diags.push(
+                        Problem::BadMesh {
+                            span: v.span(),
+                            message: "`sparsecores` must be a positive integer".into(),
+                            help: Some(
+                                "the number of SparseCores per device, e.g. `sparsecores: 4`"
+                                    .into(),
+                            ),
+                        }
+                        .diagnostic(),
+                    );
+                    ok = false;
+                }
+                _ => {
+                    diags.push(
+                        Problem::BadMesh {
+                            span: k.span,
+                            message: format!("unknown mesh option `{}`", k.name),
+                            help: Some("mesh options are `kind` and `sparsecores`".into()),
+                        }
+                        .diagnostic(),
+                    );
+                    ok = false;
+                }
+            }
+        }
+    }
+    ok.then(|| Mesh {
+        name: m.name.name.clone(),
+        axes,
+        kind,
+        sparsecores,
+        span: m.span,
+        name_span: m.name.span,
+    })
+}

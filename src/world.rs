@@ -1,0 +1,71 @@
+//! The single entry point of the compiler: the CLI, `watch`, the tests and the
+//! editor server all call [`compile`]. There is no second path.
+
+use crate::check::{Checked, Checker};
+use crate::diag::Diagnostic;
+use crate::resolve::{Loader, Program};
+use crate::source::{SourceFile, SourceMap};
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Every collective must be written explicitly (also `pragma strict`).
+    pub strict: bool,
+}
+
+pub struct Compilation {
+    pub sources: SourceMap,
+    pub diagnostics: Vec<Diagnostic>,
+    pub program: Program,
+    pub checked: Checked,
+    /// Real files the compile read (the root and its imports): what `watch` watches.
+    pub read: Vec<PathBuf>,
+}
+
+impl Compilation {
+    pub fn has_errors(&self) -> bool {
+        self.diagnostics.iter().any(|d| d.is_error())
+    }
+    pub fn errors(&self) -> usize {
+        self.diagnostics.iter().filter(|d| d.is_error()).count()
+    }
+}
+
+/// Compile a file from disk. Only an unreadable root file is an `Err`.
+pub fn compile(path: &Path, opts: &Options) -> std::io::Result<Compilation> {
+    let text = std::fs::read_to_string(path)?;
+    Ok(compile_source(path, text, opts))
+}
+
+/// Compile source text as if it were the file at `path` (imports resolve next to it).
+pub fn compile_source(path: &Path, text: String, opts: &Options) -> Compilation {
+    let mut sources = SourceMap::default();
+    let mut diagnostics = Vec::new();
+    let name = display_name(path);
+    let root = sources.add(SourceFile::new(path.to_path_buf(), name, text));
+    let mut loader = Loader::new(&mut sources, &mut diagnostics);
+    loader.load(root);
+    let mut read = vec![path.to_path_buf()];
+    read.append(&mut loader.read);
+    let program = loader.resolve(root);
+    let (diags, checked) = Checker::new(&program, opts.strict).run();
+    diagnostics.extend(diags);
+    // Stable order: by file, then position, errors before notes at the same place.
+    diagnostics.sort_by_key(|d| (d.primary.span.file, d.primary.span.start, d.severity));
+    Compilation {
+        sources,
+        diagnostics,
+        program,
+        checked,
+        read,
+    }
+}
+
+fn display_name(path: &Path) -> String {
+    if let Ok(cwd) = std::env::current_dir() {
+        if let Ok(rel) = path.strip_prefix(&cwd) {
+            return rel.display().to_string();
+        }
+    }
+    path.display().to_string()
+}
