@@ -172,7 +172,13 @@ pub fn types_table(c: &Compilation) -> String {
         let nw = rows.iter().map(|t| t.name.len()).max().unwrap_or(0);
         let tw = rows.iter().map(|t| t.ty.chars().count()).max().unwrap_or(0);
         for t in rows {
-            let (line, _) = c.sources.get(t.span.file).line_col(t.span.start as usize);
+            let f = c.sources.get(t.span.file);
+            let (line, _) = f.line_col(t.span.start as usize);
+            let at = if t.span.file == c.program.root {
+                format!(":{line}")
+            } else {
+                format!("{}:{line}", f.name)
+            };
             let pad = tw.saturating_sub(t.ty.chars().count());
             out.push_str(&format!(
                 "  {:<6} {:<nw$}  {}{}   per device {}",
@@ -185,7 +191,7 @@ pub fn types_table(c: &Compilation) -> String {
             if let Some(u) = &t.used_as {
                 out.push_str(&format!("   (gathered for use: {u})"));
             }
-            out.push_str(&format!("   :{line}\n"));
+            out.push_str(&format!("   {at}\n"));
         }
     }
     out

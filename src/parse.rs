@@ -11,21 +11,22 @@ use pest::Parser as _;
 struct ShardParser;
 
 type P<'a> = Pair<'a, Rule>;
+type PResult<T> = Result<T, Box<Problem>>;
 
 /// Parse one file. On a syntax error returns the problem; the file is then skipped
 /// by later stages (one syntax error per file, like most compilers with PEG parsers).
-pub fn parse(file: FileId, text: &str) -> Result<File, Problem> {
+pub fn parse(file: FileId, text: &str) -> Result<File, Box<Problem>> {
     // Deeply nested input would overflow the stack in pest's recursive descent.
     pest::set_call_limit(std::num::NonZeroUsize::new(5_000_000));
     let depth = nesting_depth(text);
     if depth > 200 {
-        return Err(Problem::Syntax {
+        return Err(Box::new(Problem::Syntax {
             span: Span::new(file, 0, 0),
             message: format!("nesting too deep ({depth} levels; at most 200)"),
-        });
+        }));
     }
     let mut pairs =
-        ShardParser::parse(Rule::file, text).map_err(|e| syntax_error(file, text, e))?;
+        ShardParser::parse(Rule::file, text).map_err(|e| Box::new(syntax_error(file, text, e)))?;
     let cx = Cx { file };
     let mut items = Vec::new();
     let Some(root) = pairs.next() else {
@@ -169,15 +170,17 @@ impl Cx {
         }
     }
 
-    fn int(&self, p: &P) -> Result<i64, Problem> {
+    fn int(&self, p: &P) -> PResult<i64> {
         let s: String = p.as_str().chars().filter(|c| *c != '_').collect();
-        s.parse::<i64>().map_err(|_| Problem::BadLiteral {
-            span: self.span(p),
-            text: p.as_str().to_string(),
+        s.parse::<i64>().map_err(|_| {
+            Box::new(Problem::BadLiteral {
+                span: self.span(p),
+                text: p.as_str().to_string(),
+            })
         })
     }
 
-    fn item(&self, p: P) -> Result<Item, Problem> {
+    fn item(&self, p: P) -> PResult<Item> {
         let span = self.span(&p);
         let rule = p.as_rule();
         let mut it = p.into_inner();
@@ -286,7 +289,7 @@ impl Cx {
         })
     }
 
-    fn member(&self, p: P) -> Result<Member, Problem> {
+    fn member(&self, p: P) -> PResult<Member> {
         let span = self.span(&p);
         let rule = p.as_rule();
         let mut it = p.into_inner();
@@ -350,7 +353,7 @@ impl Cx {
         })
     }
 
-    fn block(&self, p: P) -> Result<Block, Problem> {
+    fn block(&self, p: P) -> PResult<Block> {
         let span = self.span(&p);
         let mut lets = Vec::new();
         let mut result = None;
@@ -379,7 +382,7 @@ impl Cx {
         Ok(Block { lets, result, span })
     }
 
-    fn options(&self, p: P) -> Result<Options, Problem> {
+    fn options(&self, p: P) -> PResult<Options> {
         let span = self.span(&p);
         let mut entries = Vec::new();
         for o in p.into_inner() {
@@ -390,7 +393,7 @@ impl Cx {
         Ok(Options { entries, span })
     }
 
-    fn opt_value(&self, p: P) -> Result<OptValue, Problem> {
+    fn opt_value(&self, p: P) -> PResult<OptValue> {
         Ok(if p.as_rule() == Rule::options {
             OptValue::Options(self.options(p)?)
         } else {
@@ -398,7 +401,7 @@ impl Cx {
         })
     }
 
-    fn ty(&self, p: P) -> Result<TypeExpr, Problem> {
+    fn ty(&self, p: P) -> PResult<TypeExpr> {
         let span = self.span(&p);
         let mut it = p.into_inner();
         let d = next(&mut it);
@@ -434,7 +437,7 @@ impl Cx {
         })
     }
 
-    fn dim(&self, p: P) -> Result<DimSpec, Problem> {
+    fn dim(&self, p: P) -> PResult<DimSpec> {
         let span = self.span(&p);
         let mut it = p.into_inner();
         let first = next(&mut it);
@@ -453,7 +456,7 @@ impl Cx {
             .collect()
     }
 
-    fn dim_expr(&self, p: P) -> Result<DimExpr, Problem> {
+    fn dim_expr(&self, p: P) -> PResult<DimExpr> {
         match p.as_rule() {
             Rule::dim_expr | Rule::dim_term => {
                 let mut it = p.into_inner();
@@ -483,7 +486,7 @@ impl Cx {
         }
     }
 
-    fn expr(&self, p: P) -> Result<Expr, Problem> {
+    fn expr(&self, p: P) -> PResult<Expr> {
         // Precedence climbing over a flat `unary* postfix (op unary* postfix)*` list.
         let mut operands: Vec<Expr> = Vec::new();
         let mut ops: Vec<BinOp> = Vec::new();
@@ -557,7 +560,7 @@ impl Cx {
         Ok(out.pop().expect("grammar guarantees one operand"))
     }
 
-    fn postfix(&self, p: P) -> Result<Expr, Problem> {
+    fn postfix(&self, p: P) -> PResult<Expr> {
         let mut it = p.into_inner();
         let mut e = self.primary(next(&mut it))?;
         for q in it {
@@ -582,16 +585,16 @@ impl Cx {
         Ok(e)
     }
 
-    fn slice(&self, p: P) -> Result<Slice, Problem> {
+    fn slice(&self, p: P) -> PResult<Slice> {
         let span = self.span(&p);
         let text = p.as_str();
         let parts: Vec<P> = p.into_inner().collect();
         if !text.contains(':') {
             let Some(q) = parts.into_iter().next() else {
-                return Err(Problem::Syntax {
+                return Err(Box::new(Problem::Syntax {
                     span,
                     message: "empty index".into(),
-                });
+                }));
             };
             return Ok(Slice::At(self.dim_expr(q)?));
         }
@@ -609,7 +612,7 @@ impl Cx {
         Ok(Slice::Range(lo, hi, span))
     }
 
-    fn call_args(&self, p: P) -> Result<Vec<Arg>, Problem> {
+    fn call_args(&self, p: P) -> PResult<Vec<Arg>> {
         let mut args = Vec::new();
         for a in p.into_inner() {
             let q = next(&mut a.into_inner());
@@ -632,7 +635,7 @@ impl Cx {
         Ok(args)
     }
 
-    fn dim_arg(&self, p: P) -> Result<DimArg, Problem> {
+    fn dim_arg(&self, p: P) -> PResult<DimArg> {
         let span = self.span(&p);
         let mut it = p.into_inner();
         let size = self.dim_expr(next(&mut it))?;
@@ -640,16 +643,16 @@ impl Cx {
         Ok(DimArg { size, axes, span })
     }
 
-    fn primary(&self, p: P) -> Result<Expr, Problem> {
+    fn primary(&self, p: P) -> PResult<Expr> {
         let span = self.span(&p);
         let kind = match p.as_rule() {
             Rule::float => match p.as_str().replace('_', "").parse::<f64>() {
                 Ok(v) => ExprKind::Float(v),
                 Err(_) => {
-                    return Err(Problem::BadLiteral {
+                    return Err(Box::new(Problem::BadLiteral {
                         span,
                         text: p.as_str().into(),
-                    })
+                    }))
                 }
             },
             Rule::int => ExprKind::Int(self.int(&p)?),

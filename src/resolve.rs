@@ -30,7 +30,9 @@ impl Mesh {
         self.axis(name).map_or(1, |a| a.1)
     }
     pub fn devices(&self) -> i64 {
-        self.axes.iter().map(|a| a.1).product()
+        self.axes
+            .iter()
+            .fold(1i64, |acc, a| acc.saturating_mul(a.1))
     }
     pub fn axis_names(&self) -> Vec<String> {
         self.axes.iter().map(|a| a.0.clone()).collect()
@@ -340,7 +342,7 @@ fn eval_const(
 pub fn eval_int(
     e: &DimExpr,
     lookup: &mut dyn FnMut(&str, Span) -> Result<i64, ()>,
-) -> Result<i64, Option<Problem>> {
+) -> Result<i64, Option<Box<Problem>>> {
     match e {
         DimExpr::Int(v, _) => Ok(*v),
         DimExpr::Name(i) => lookup(&i.name, i.span).map_err(|_| None),
@@ -348,11 +350,11 @@ pub fn eval_int(
             let x = eval_int(a, lookup)?;
             let y = eval_int(b, lookup)?;
             let bad = |reason: String| {
-                Some(Problem::BadDim {
+                Some(Box::new(Problem::BadDim {
                     span: *span,
                     expr: format!("{x} {} {y}", op_str(*op)),
                     reason,
-                })
+                }))
             };
             match op {
                 DimOp::Add => x.checked_add(y).ok_or_else(|| bad("overflows".into())),
@@ -361,10 +363,10 @@ pub fn eval_int(
                 DimOp::Div => {
                     if y == 0 {
                         Err(bad("division by zero".into()))
-                    } else if x % y != 0 {
+                    } else if x.checked_rem(y) != Some(0) {
                         Err(bad(format!("{x} / {y} is not an integer")))
                     } else {
-                        Ok(x / y)
+                        x.checked_div(y).ok_or_else(|| bad("overflows".into()))
                     }
                 }
             }

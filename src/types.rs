@@ -84,10 +84,10 @@ impl Poly {
             }
             let mut m = BTreeMap::new();
             for (k, c) in &self.0 {
-                if c % d != 0 {
+                if c.checked_rem(d)? != 0 {
                     return None;
                 }
-                m.insert(k.clone(), c / d);
+                m.insert(k.clone(), c.checked_div(d)?);
             }
             return Some(Poly(m));
         }
@@ -98,7 +98,7 @@ impl Poly {
         let (dk, dc) = o.0.iter().next()?;
         let mut m = BTreeMap::new();
         for (k, c) in &self.0 {
-            if c % dc != 0 {
+            if c.checked_rem(*dc)? != 0 {
                 return None;
             }
             let mut rest = k.clone();
@@ -106,13 +106,13 @@ impl Poly {
                 let i = rest.iter().position(|x| x == s)?;
                 rest.remove(i);
             }
-            m.insert(rest, c / dc);
+            m.insert(rest, c.checked_div(*dc)?);
         }
         Some(Poly(m))
     }
     /// Divisible by `n` for every value of the symbols (all coefficients divisible).
     pub fn divisible_by(&self, n: i64) -> bool {
-        n != 0 && self.0.values().all(|c| c % n == 0)
+        n != 0 && self.0.values().all(|c| c.checked_rem(n) == Some(0))
     }
     pub fn substitute(&self, env: &BTreeMap<String, Poly>) -> Option<Poly> {
         let mut out = Poly::default();
@@ -214,7 +214,10 @@ impl TType {
         self.dims
             .iter()
             .map(|d| {
-                let n: i64 = d.axes.iter().map(|a| axis_size(a)).product();
+                let n: i64 = d
+                    .axes
+                    .iter()
+                    .fold(1i64, |acc, a| acc.saturating_mul(axis_size(a)));
                 if n <= 1 {
                     d.size.to_string()
                 } else {
@@ -229,7 +232,7 @@ impl TType {
     /// Bytes of the global value, when every size is known.
     pub fn bytes(&self) -> Option<u64> {
         let n = self.numel()?.as_const()?;
-        Some(n.max(0) as u64 * self.dtype.bytes())
+        Some((n.max(0) as u64).saturating_mul(self.dtype.bytes()))
     }
 }
 

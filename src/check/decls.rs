@@ -54,6 +54,10 @@ const TABLE_FIELDS: &[&str] = &[
     "shard",
 ];
 
+fn is_name_in(v: &OptValue, names: &[&str]) -> bool {
+    matches!(v, OptValue::Expr(Expr { kind: ExprKind::Name(n), .. }) if names.contains(&n.as_str()))
+}
+
 /// A call-shaped option value: `adam(lr: 0.005)` or a bare name `adam`.
 fn call_parts(e: &Expr) -> Option<(&str, Span, Vec<&ast::Arg>)> {
     match &e.kind {
@@ -310,11 +314,8 @@ impl<'p> Checker<'p> {
                     "optimizer" => {
                         self.check_choice(v, "optimizer", OPT_ARGS);
                     }
-                    "overflow" => {
-                        if !matches!(v, OptValue::Expr(Expr { kind: ExprKind::Name(n), .. }) if ["error", "drop", "grow"].contains(&n.as_str()))
-                        {
-                            self.report(Problem::TableField { span: v.span(), message: "`overflow` must be `error`, `drop` or `grow`".into(), help: Some("`error` stops with a diagnostic, `drop` drops ids beyond the limit and counts them, `grow` raises the limit and re-plans".into()) });
-                        }
+                    "overflow" if !is_name_in(v, &["error", "drop", "grow"]) => {
+                        self.report(Problem::TableField { span: v.span(), message: "`overflow` must be `error`, `drop` or `grow`".into(), help: Some("`error` stops with a diagnostic, `drop` drops ids beyond the limit and counts them, `grow` raises the limit and re-plans".into()) });
                     }
                     "init" => {
                         if let OptValue::Expr(e) = v {
@@ -503,20 +504,20 @@ impl<'p> Checker<'p> {
                             "every" | "steps" | "keep" => {
                                 self.opt_int(v, &k.name, 1);
                             }
-                            "dir" => {
+                            "dir"
                                 if !matches!(
                                     v,
                                     OptValue::Expr(Expr {
                                         kind: ExprKind::Str(_),
                                         ..
                                     })
-                                ) {
-                                    self.report(Problem::BadValue {
-                                        span: v.span(),
-                                        message: "`dir` must be a string".into(),
-                                        help: None,
-                                    });
-                                }
+                                ) =>
+                            {
+                                self.report(Problem::BadValue {
+                                    span: v.span(),
+                                    message: "`dir` must be a string".into(),
+                                    help: None,
+                                });
                             }
                             "headroom" => {
                                 self.opt_num(v, "headroom", true);

@@ -115,6 +115,9 @@ pub struct Checker<'p> {
     /// Symbolic sizes bound by a `train` declaration (the batch).
     bound: BTreeMap<String, Poly>,
     insts: HashMap<String, Rc<Inst>>,
+    /// `shard_params` in force for the layers being instantiated (FSDP applies to
+    /// every weight below the model or layer that asks for it).
+    fsdp: Option<(String, i64)>,
     checked_fns: HashSet<(Span, String)>,
 }
 
@@ -143,6 +146,7 @@ impl<'p> Checker<'p> {
             sites: vec![],
             bound: BTreeMap::new(),
             insts: HashMap::new(),
+            fsdp: None,
             checked_fns: HashSet::new(),
         }
     }
@@ -206,7 +210,8 @@ impl<'p> Checker<'p> {
     }
 
     fn axes_product(&self, axes: &[String]) -> i64 {
-        axes.iter().map(|a| self.axis_size(a)).product()
+        axes.iter()
+            .fold(1i64, |acc, a| acc.saturating_mul(self.axis_size(a)))
     }
 
     fn axes_text(axes: &[String]) -> String {
@@ -269,7 +274,7 @@ impl<'p> Checker<'p> {
                 first_dim = ty.dims.first().cloned().into_iter().collect();
             }
             let ty = self.apply_bound(ty);
-            self.validate_type(&ty, te);
+            self.validate_type(&ty, te, &format!("of `{}`", name.name));
             args.push((Val::T(ty), name.span));
         }
         self.sites.push((decl.name.span, decl.name.name.clone()));
@@ -297,7 +302,7 @@ impl<'p> Checker<'p> {
         label: String,
         site: Span,
     ) -> Option<Rc<Inst>> {
-        let key = format!("{label}|{:?}", self.mesh.map(|m| &m.axes));
+        let key = format!("{label}|{:?}|{:?}", self.mesh.map(|m| &m.axes), self.fsdp);
         if let Some(i) = self.insts.get(&key) {
             return Some(i.clone());
         }
@@ -316,7 +321,24 @@ impl<'p> Checker<'p> {
             weights: HashMap::new(),
             subs: HashMap::new(),
         };
-        let mut fsdp: Option<(String, i64)> = None;
+        let outer_fsdp = self.fsdp.clone();
+        for m in &decl.members {
+            if let Member::Directive { name, args, span } = m {
+                if name.name == "shard_params" {
+                    if let Some(f) = self.shard_params_directive(args, *span) {
+                        self.fsdp = Some(f);
+                    }
+                } else {
+                    self.report(Problem::BadDirective {
+                        span: name.span,
+                        message: format!("unknown directive `{}`", name.name),
+                        help: Some(
+                            "the only layer directive is `shard_params(axis, min_size: N)`".into(),
+                        ),
+                    });
+                }
+            }
+        }
         let mut member_names: HashMap<String, Span> = HashMap::new();
         for m in &decl.members {
             let name = match m {
@@ -339,7 +361,7 @@ impl<'p> Checker<'p> {
                 Member::Weight { name, ty, init, .. } => {
                     let mut scope = Scope::default();
                     if let Some(t) = self.eval_type(ty, &inst, &mut scope, false, None) {
-                        self.validate_type(&t, ty);
+                        self.validate_type(&t, ty, &format!("of `{}`", name.name));
                         if !t.pending.is_empty() {
                             self.report(Problem::BadValue {
                                 span: ty.span,
@@ -360,27 +382,18 @@ impl<'p> Checker<'p> {
                         inst.subs.insert(name.name.clone(), v);
                     }
                 }
-                Member::Directive { name, args, span } => {
-                    if name.name == "shard_params" {
-                        fsdp = self.shard_params_directive(args, *span);
-                    } else {
-                        self.report(Problem::BadDirective {
-                            span: name.span,
-                            message: format!("unknown directive `{}`", name.name),
-                            help: Some(
-                                "the only layer directive is `shard_params(axis, min_size: N)`"
-                                    .into(),
-                            ),
-                        });
-                    }
-                }
-                Member::Fn(_) => {}
+                Member::Directive { .. } | Member::Fn(_) => {}
             }
         }
-        if let Some((axis, min)) = fsdp {
+        if let Some((axis, min)) = self.fsdp.clone() {
             self.apply_fsdp(&mut inst, &axis, min);
         }
         // Record weights for --types.
+        let label = match &self.fsdp {
+            Some((a, _)) if !inst.weights.is_empty() => format!("{label} [shard_params({a})]"),
+            _ => label,
+        };
+        self.fsdp = outer_fsdp;
         let mut ws: Vec<(&String, &(TType, TType, Span))> = inst.weights.iter().collect();
         ws.sort_by_key(|(_, w)| w.2);
         let entries: Vec<TypeEntry> = ws
@@ -547,17 +560,14 @@ impl<'p> Checker<'p> {
                     vals.push(self.dim_arg(inst, &y.size, y.axes.as_deref())?);
                 }
                 Arg::Pos(e) => {
-                    let (de, axes) = expr_to_dim(e)
-                        .ok_or(())
-                        .or_else(|_| {
-                            self.report(Problem::WrongKind {
-                                span: e.span,
-                                expected: "a dimension size".into(),
-                                found: "an expression".into(),
-                            });
-                            Err(())
-                        })
-                        .ok()?;
+                    let Some((de, axes)) = expr_to_dim(e) else {
+                        self.report(Problem::WrongKind {
+                            span: e.span,
+                            expected: "a dimension size".into(),
+                            found: "an expression".into(),
+                        });
+                        return None;
+                    };
                     vals.push(self.dim_arg(inst, &de, axes.as_deref())?);
                 }
                 Arg::Named(k, _) => {
@@ -884,7 +894,7 @@ impl<'p> Checker<'p> {
 
     /// Static checks on a type: axes exist (done when evaluating), no axis twice,
     /// sizes positive, sharded sizes divisible.
-    fn validate_type(&mut self, t: &TType, te: &TypeExpr) {
+    fn validate_type(&mut self, t: &TType, te: &TypeExpr, owner: &str) {
         let spans: Vec<Span> = te.dims.iter().map(|d| d.span()).collect();
         let span_of = |i: usize| spans.get(i).copied().unwrap_or(te.span);
         let mut seen: HashMap<&str, usize> = HashMap::new();
@@ -903,7 +913,12 @@ impl<'p> Checker<'p> {
             }
         }
         for (i, d) in t.dims.iter().enumerate() {
-            self.check_dim(d, span_of(i), &format!("dimension {i}"));
+            let what = if owner.is_empty() {
+                format!("dimension {i}")
+            } else {
+                format!("dimension {i} {owner}")
+            };
+            self.check_dim(d, span_of(i), &what);
         }
     }
 
@@ -929,7 +944,7 @@ impl<'p> Checker<'p> {
         if let Some(v) = size.as_const() {
             if v % n != 0 {
                 let lo = v / n * n;
-                let hi = lo + n;
+                let hi = lo.saturating_add(n);
                 let suggest: Vec<i64> = [lo, hi].into_iter().filter(|x| *x > 0).collect();
                 let axis_decl = d
                     .axes
@@ -937,7 +952,7 @@ impl<'p> Checker<'p> {
                     .and_then(|a| self.mesh.and_then(|m| m.axis(a)).map(|x| x.2));
                 self.report(Problem::Indivisible {
                     span,
-                    what: format!("{what}, {}", d.size),
+                    what: what.to_string(),
                     size: v,
                     axes: Self::axes_text(&d.axes),
                     n,
@@ -1192,7 +1207,7 @@ impl<'p> Checker<'p> {
                 return None;
             }
         }
-        self.validate_type(&want, te);
+        self.validate_type(&want, te, "");
         let explicit = self.explicit_layout(te, inst, got.rank());
         let target: Vec<Option<Vec<String>>> = want
             .dims

@@ -120,7 +120,9 @@ impl<'p> Checker<'p> {
     /// Bytes each device moves for a collective on a value whose per-device
     /// size is `local` elements: `factor` × local bytes.
     fn bytes_text(&self, t: &TType, factor: f64) -> String {
-        let shards: i64 = t.dims.iter().map(|d| self.axes_product(&d.axes)).product();
+        let shards: i64 = t.dims.iter().fold(1i64, |acc, d| {
+            acc.saturating_mul(self.axes_product(&d.axes))
+        });
         let Some(numel) = t.numel().and_then(|n| n.substitute(&self.bound)) else {
             return "unknown bytes".into();
         };
@@ -453,9 +455,7 @@ impl<'p> Checker<'p> {
                 (Some(p), None) | (None, Some(p)) => p.clone(),
                 (Some(p), Some(q)) => {
                     let one = Poly::constant(1);
-                    let size = if p.size == q.size {
-                        p.size.clone()
-                    } else if q.size == one {
+                    let size = if p.size == q.size || q.size == one {
                         p.size.clone()
                     } else if p.size == one {
                         q.size.clone()

@@ -334,7 +334,7 @@ impl Problem {
                 }
             }
             Indivisible { span, what, size, axes, n, axis_decl, suggest } => {
-                let mut x = d(Code::E0203, format!("{what} (size {size}) is not divisible by mesh axis {axes} (size {n})"), *span, format!("{size} split over {axes} = {n}"));
+                let mut x = d(Code::E0203, format!("{what} (size {size}) is not divisible by mesh axis {axes} (size {n})"), *span, format!("{size} split over {} = {n}", axes.trim_matches('`')));
                 let mut divisors: Vec<i64> = (1..=(*size).min(64)).filter(|k| size % k == 0).collect();
                 divisors.truncate(8);
                 let divs: Vec<String> = divisors.iter().map(|k| k.to_string()).collect();
@@ -392,7 +392,7 @@ impl Problem {
                 .secondary(rhs.0, rhs.1.clone())
                 .help("annotate the result (`let y: f32[B@dp, D] = ...`) and the compiler will reshard to it, or reshard an operand with an explicit collective"),
             PendingUsed { span, ty, op, axes } => d(Code::E0214, format!("`{op}` needs a reduced value, but this value is `{ty}`"), *span, format!("still owes a reduction over {axes}"))
-                .help(format!("reduce it first: `psum(x, {axes})` (or `pmax` for a pending max)"))
+                .help(format!("reduce it first: `psum(x, {})` (or `pmax` for a pending max)", axes.replace('`', "")))
                 .note("a partial value holds one addend per device; a non-linear function of it is wrong"),
             BadCollective { span, message, help } => d(Code::E0215, message.clone(), *span, "here".into()).help(help.clone()),
             ImplicitCollective { span, what, bytes, strict, local } => {
@@ -430,7 +430,7 @@ impl Problem {
             }
             BatchIndivisible { span, batch, axes, n, mesh_span } => d(Code::E0303, format!("batch {batch} is not divisible by the data axes {axes} (size {n})"), *span, format!("{batch} examples over {n} devices"))
                 .secondary(*mesh_span, "mesh declared here")
-                .help(format!("use a batch that is a multiple of {n} (e.g. {})", (batch / n).max(1) * n)),
+                .help(format!("use a batch that is a multiple of {n} (e.g. {})", (batch / n).max(1).saturating_mul(*n))),
             UnknownCombiner { span, name } => {
                 let mut x = d(Code::E0400, format!("unknown combiner `{name}`"), *span, "not a combiner".into())
                     .help("combiners are `sum`, `mean` and `sqrtn`")

@@ -195,7 +195,30 @@ pub fn trace(d: &Diagnostic, sources: &SourceMap, style: Style) -> String {
     {
         return String::new();
     }
-    String::from_utf8_lossy(&buf).into_owned()
+    let s = String::from_utf8_lossy(&buf).into_owned();
+    // ariadne colours a custom report kind even with colour off.
+    if style == Style::Plain {
+        strip_ansi(&s)
+    } else {
+        s
+    }
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' && chars.peek() == Some(&'[') {
+            for n in chars.by_ref() {
+                if n.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 impl Diagnostic {
