@@ -535,23 +535,38 @@ impl<'p> Checker<'p> {
             }
         }
         self.bound.clear();
-        let Some((_, out, first_dim)) = self.check_model(&decl, batch) else {
-            return;
-        };
-        // The batch is split over the axes of the model input's first dimension.
-        if let (Some(b), Some(d)) = (batch, first_dim.first()) {
-            let n = self.axes_product(&d.axes);
-            if n > 1 && b % n != 0 {
-                let span = o.get("batch").map_or(t.model.span, |v| v.span());
-                self.report(Problem::BatchIndivisible {
-                    span,
-                    batch: b,
-                    axes: Self::axes_text(&d.axes),
-                    n,
-                    mesh_span: mesh.name_span,
-                });
+        // The batch is split over the axes written on the model input's first
+        // dimension; check that before binding it, so the error is about the batch.
+        let mut batch = batch;
+        let fwd = decl.members.iter().find_map(|m| match m {
+            ast::Member::Fn(f) if f.name.name == "forward" => Some(f),
+            _ => None,
+        });
+        if let (Some(b), Some(f)) = (batch, fwd) {
+            if let Some((_, te)) = f.params.first() {
+                if let Some(ast::DimSpec::Dim {
+                    axes: Some(axes), ..
+                }) = te.dims.first()
+                {
+                    let names: Vec<String> = axes.iter().map(|a| a.name.clone()).collect();
+                    let n = self.axes_product(&names);
+                    if n > 1 && b % n != 0 {
+                        let span = o.get("batch").map_or(t.model.span, |v| v.span());
+                        self.report(Problem::BatchIndivisible {
+                            span,
+                            batch: b,
+                            axes: Self::axes_text(&names),
+                            n,
+                            mesh_span: mesh.name_span,
+                        });
+                        batch = None;
+                    }
+                }
             }
         }
+        let Some((_, out, _)) = self.check_model(&decl, batch) else {
+            return;
+        };
         if let Val::T(ty) = out {
             if !ty.pending.is_empty() {
                 let axes: Vec<String> = ty.pending.keys().cloned().collect();

@@ -97,6 +97,8 @@ struct Scope {
     vars: HashMap<String, Binding>,
     tyvars: BTreeMap<String, Poly>,
     ellipsis: Option<Vec<Dim>>,
+    /// Bindings whose value had an error: using them reports nothing more.
+    poisoned: HashSet<String>,
     /// Innermost `local { }` block, if any: no implicit collectives inside.
     local: Option<Span>,
     scope_name: String,
@@ -118,6 +120,10 @@ pub struct Checker<'p> {
     /// `shard_params` in force for the layers being instantiated (FSDP applies to
     /// every weight below the model or layer that asks for it).
     fsdp: Option<(String, i64)>,
+    /// Layout asked for by the annotation of the `let` whose value is being
+    /// checked: (span of that value, per-dim axes, None = not annotated). An
+    /// elementwise op whose operands disagree takes it instead of being ambiguous.
+    hint: Option<(Span, Vec<Option<Vec<String>>>)>,
     checked_fns: HashSet<(Span, String)>,
 }
 
@@ -147,6 +153,7 @@ impl<'p> Checker<'p> {
             bound: BTreeMap::new(),
             insts: HashMap::new(),
             fsdp: None,
+            hint: None,
             checked_fns: HashSet::new(),
         }
     }
@@ -1222,7 +1229,21 @@ impl<'p> Checker<'p> {
     fn block(&mut self, inst: &Rc<Inst>, b: &ast::Block, scope: &mut Scope) -> Val {
         let mut local_names = Vec::new();
         for l in &b.lets {
+            self.hint = l.ty.as_ref().and_then(|te| {
+                let mut h = Vec::new();
+                for d in &te.dims {
+                    match d {
+                        DimSpec::Ellipsis(_) => return None,
+                        DimSpec::Dim { axes, .. } => h.push(
+                            axes.as_ref()
+                                .map(|a| a.iter().map(|i| i.name.clone()).collect()),
+                        ),
+                    }
+                }
+                Some((l.value.span, h))
+            });
             let v = self.expr(inst, &l.value, scope);
+            self.hint = None;
             let deps = expr_names(&l.value);
             let Val::T(mut t) = v else {
                 if !matches!(v, Val::Poison) {
@@ -1233,6 +1254,7 @@ impl<'p> Checker<'p> {
                     });
                 }
                 scope.vars.remove(&l.name.name);
+                scope.poisoned.insert(l.name.name.clone());
                 continue;
             };
             if let Some(te) = &l.ty {
@@ -1240,6 +1262,7 @@ impl<'p> Checker<'p> {
                     Some(c) => t = c,
                     None => {
                         scope.vars.remove(&l.name.name);
+                        scope.poisoned.insert(l.name.name.clone());
                         continue;
                     }
                 }
@@ -1355,6 +1378,9 @@ impl<'p> Checker<'p> {
     fn name(&mut self, inst: &Rc<Inst>, n: &str, span: Span, scope: &Scope) -> Val {
         if let Some(b) = scope.vars.get(n) {
             return Val::T(b.ty.clone());
+        }
+        if scope.poisoned.contains(n) {
+            return Val::Poison;
         }
         if let Some((_, used, _)) = inst.weights.get(n) {
             return Val::T(used.clone());

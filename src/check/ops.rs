@@ -246,28 +246,42 @@ impl<'p> Checker<'p> {
                 .cloned()
                 .collect();
         }
+        let to = t.to_string();
         for (what, from, bytes) in events {
-            let to = t.to_string();
-            if self.strict.is_some() || scope.local.is_some() {
-                let strict = self.strict.filter(|s| *s != Span::default());
-                self.report(Problem::ImplicitCollective {
-                    span,
-                    what,
-                    bytes,
-                    strict,
-                    local: scope.local,
-                });
-            } else {
-                self.report(Problem::Reshard {
-                    span,
-                    what,
-                    from,
-                    to,
-                    bytes,
-                });
-            }
+            self.implicit(span, what, from, to.clone(), bytes, scope);
         }
         t
+    }
+
+    /// Report a collective the compiler inserts: a note, or an error in strict mode
+    /// and inside local blocks.
+    fn implicit(
+        &mut self,
+        span: Span,
+        what: String,
+        from: String,
+        to: String,
+        bytes: String,
+        scope: &Scope,
+    ) {
+        if self.strict.is_some() || scope.local.is_some() {
+            let strict = self.strict.filter(|s| *s != Span::default());
+            self.report(Problem::ImplicitCollective {
+                span,
+                what,
+                bytes,
+                strict,
+                local: scope.local,
+            });
+        } else {
+            self.report(Problem::Reshard {
+                span,
+                what,
+                from,
+                to,
+                bytes,
+            });
+        }
     }
 
     fn need_reduced(&mut self, t: &TType, op: &str, e: &Expr, scope: &Scope) -> bool {
@@ -447,6 +461,10 @@ impl<'p> Checker<'p> {
         scope: &Scope,
     ) -> Option<Vec<Dim>> {
         let r = xd.len().max(yd.len());
+        let hint = match &self.hint {
+            Some((span, h)) if *span == e.span && h.len() == r => Some(h.clone()),
+            _ => None,
+        };
         let mut out = Vec::with_capacity(r);
         for k in 0..r {
             let dx = (k + xd.len()).checked_sub(r).map(|i| &xd[i]);
@@ -475,7 +493,20 @@ impl<'p> Checker<'p> {
                         );
                         return None;
                     };
-                    let axes = if p.axes == q.axes || q.axes.is_empty() {
+                    let axes = if let Some(Some(want)) = hint.as_ref().map(|h| &h[k]) {
+                        // The annotation decides; operands split otherwise are gathered.
+                        for (d, t, ex) in [(p, x, a), (q, y, b)] {
+                            for ax in d.axes.iter().filter(|ax| !want.contains(ax)) {
+                                let n = self.axis_size(ax) as f64;
+                                let what = format!("all-gather over `{ax}`");
+                                let bytes = self.bytes_text(t, (n - 1.0) / n);
+                                let to =
+                                    format!("dimension {k} split over {}", Self::axes_text(want));
+                                self.implicit(ex.span, what, t.to_string(), to, bytes, scope);
+                            }
+                        }
+                        want.clone()
+                    } else if p.axes == q.axes || q.axes.is_empty() {
                         p.axes.clone()
                     } else if p.axes.is_empty() {
                         q.axes.clone()
@@ -497,6 +528,41 @@ impl<'p> Checker<'p> {
                 (None, None) => unreachable!("k < max rank"),
             };
             out.push(d);
+        }
+        if let Some(h) = &hint {
+            // Axes the annotation places elsewhere leave the dims it does not annotate.
+            let placed: Vec<String> = h.iter().flatten().flatten().cloned().collect();
+            for k in 0..r {
+                if h[k].is_some() {
+                    continue;
+                }
+                let moved: Vec<String> = out[k]
+                    .axes
+                    .iter()
+                    .filter(|ax| placed.contains(ax))
+                    .cloned()
+                    .collect();
+                for ax in moved {
+                    for (dims, t, ex) in [(xd, x, a), (yd, y, b)] {
+                        let Some(i) = (k + dims.len()).checked_sub(r) else {
+                            continue;
+                        };
+                        if dims[i].axes.contains(&ax) {
+                            let n = self.axis_size(&ax) as f64;
+                            let bytes = self.bytes_text(t, (n - 1.0) / n);
+                            self.implicit(
+                                ex.span,
+                                format!("all-gather over `{ax}`"),
+                                t.to_string(),
+                                format!("dimension {k} whole"),
+                                bytes,
+                                scope,
+                            );
+                        }
+                    }
+                    out[k].axes.retain(|x| *x != ax);
+                }
+            }
         }
         if let Some(ax) = twice(&out) {
             self.report_traced(
