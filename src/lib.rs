@@ -8,6 +8,7 @@ pub mod check;
 pub mod cli;
 pub mod diag;
 pub mod parse;
+pub mod plan;
 pub mod resolve;
 pub mod source;
 pub mod types;

@@ -48,7 +48,7 @@ pub fn compile_source(path: &Path, text: String, opts: &Options) -> Compilation 
     let mut read = vec![path.to_path_buf()];
     read.append(&mut loader.read);
     let program = loader.resolve(root);
-    let (diags, checked) = Checker::new(&program, opts.strict).run();
+    let (diags, checked) = Checker::new(&program, &sources, opts.strict).run();
     diagnostics.extend(diags);
     // Stable order: by file, then position, errors before notes at the same place.
     diagnostics.sort_by_key(|d| (d.primary.span.file, d.primary.span.start, d.severity));

@@ -38,6 +38,8 @@ pub struct TypeEntry {
 #[derive(Debug, Default)]
 pub struct Checked {
     pub types: Vec<TypeEntry>,
+    /// One static plan per `train` declaration.
+    pub plans: Vec<crate::plan::Plan>,
 }
 
 /// A layer dimension parameter's value: a size and, when written, its sharding.
@@ -106,6 +108,7 @@ struct Scope {
 
 pub struct Checker<'p> {
     prog: &'p Program,
+    sources: &'p crate::source::SourceMap,
     pub diags: Vec<Diagnostic>,
     mesh: Option<&'p Mesh>,
     strict: Option<Span>,
@@ -124,6 +127,10 @@ pub struct Checker<'p> {
     /// checked: (span of that value, per-dim axes, None = not annotated). An
     /// elementwise op whose operands disagree takes it instead of being ambiguous.
     hint: Option<(Span, Vec<Option<Vec<String>>>)>,
+    /// The plan being accumulated while a trained model is checked, and how many
+    /// times the code being checked runs per step (repeated layers).
+    plan: Option<crate::plan::Plan>,
+    mult: u64,
     checked_fns: HashSet<(Span, String)>,
 }
 
@@ -139,10 +146,11 @@ const INITIALIZERS: &[&str] = &[
 ];
 
 impl<'p> Checker<'p> {
-    pub fn new(prog: &'p Program, strict_flag: bool) -> Self {
+    pub fn new(prog: &'p Program, sources: &'p crate::source::SourceMap, strict_flag: bool) -> Self {
         let strict = prog.strict.or(strict_flag.then(Span::default));
         Checker {
             prog,
+            sources,
             diags: vec![],
             mesh: None,
             strict,
@@ -154,6 +162,8 @@ impl<'p> Checker<'p> {
             insts: HashMap::new(),
             fsdp: None,
             hint: None,
+            plan: None,
+            mult: 1,
             checked_fns: HashSet::new(),
         }
     }
@@ -1327,6 +1337,47 @@ impl<'p> Checker<'p> {
     }
 
     fn expr(&mut self, inst: &Rc<Inst>, e: &Expr, scope: &mut Scope) -> Val {
+        let v = self.expr_inner(inst, e, scope);
+        if let (Val::T(t), Some(_)) = (&v, &self.plan) {
+            // Every computed value (not a name) is an activation kept for backward;
+            // elementwise work is one FLOP per element (products add their own).
+            if !matches!(e.kind, ExprKind::Name(_) | ExprKind::Local(..)) {
+                if let Some(n) = self.local_numel(&t.clone()) {
+                    let m = self.mult as f64;
+                    if let Some(p) = self.plan.as_mut() {
+                        p.activations += n * t.dtype.bytes() as f64 * m;
+                        p.forward_flops += n * m;
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    /// Elements of one device's piece of `t`, when all sizes are known.
+    pub(crate) fn local_numel(&self, t: &TType) -> Option<f64> {
+        let n = t.numel()?.substitute(&self.bound)?.as_const()? as f64;
+        let shards: f64 = t.dims.iter().map(|d| self.axes_product(&d.axes) as f64).product();
+        Some(n / shards.max(1.0))
+    }
+
+    pub(crate) fn add_flops(&mut self, f: f64) {
+        let m = self.mult as f64;
+        if let Some(p) = self.plan.as_mut() {
+            p.forward_flops += f * m;
+        }
+    }
+
+    /// Record a collective in the plan (`count` per forward; backward transposes add as many).
+    pub(crate) fn add_comm(&mut self, kind: &str, axes: Vec<String>, bytes: f64, span: Span, explicit: bool) {
+        let m = self.mult;
+        let source = self.sources.describe(span);
+        if let Some(p) = self.plan.as_mut() {
+            p.comms.push(crate::plan::Comm { kind: kind.to_string(), axes, bytes, count: 2 * m, span, source, explicit });
+        }
+    }
+
+    fn expr_inner(&mut self, inst: &Rc<Inst>, e: &Expr, scope: &mut Scope) -> Val {
         match &e.kind {
             ExprKind::Float(v) => Val::Num(*v),
             ExprKind::Int(v) => Val::Int(*v),
@@ -1540,7 +1591,10 @@ impl<'p> Checker<'p> {
         );
         let first = self.checked_fns.insert(key);
         let saved = self.diags.len();
+        let saved_mult = self.mult;
+        self.mult = self.mult.saturating_mul(count as u64);
         let out = self.call_fn(&li, f, vals, e.span);
+        self.mult = saved_mult;
         if !first {
             // Same layer, same argument types: its diagnostics were already reported.
             self.diags.truncate(saved);

@@ -1,0 +1,127 @@
+//! Static plan: per-device memory, FLOPs and a communication manifest, computed from
+//! types alone while checking (nothing is allocated), so it works for meshes far
+//! larger than this machine.
+
+use crate::source::{SourceMap, Span};
+use serde::Serialize;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Comm {
+    pub kind: String,
+    pub axes: Vec<String>,
+    /// Bytes each device sends/receives per step (forward and backward).
+    pub bytes: f64,
+    /// How often per step (repeated layers, forward + backward).
+    pub count: u64,
+    #[serde(skip)]
+    pub span: Span,
+    pub source: String,
+    /// Written in the source (`psum`) or inserted by the compiler.
+    pub explicit: bool,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Plan {
+    pub model: String,
+    pub mesh: String,
+    pub mesh_axes: Vec<(String, i64)>,
+    pub batch: Option<i64>,
+    pub optimizer: String,
+    pub params: f64,
+    pub grads: f64,
+    pub optimizer_state: f64,
+    pub activations: f64,
+    /// Parameters stored per device before gathering for use (FSDP) vs used.
+    pub gathered_params: f64,
+    pub forward_flops: f64,
+    pub comms: Vec<Comm>,
+    /// Sizes that stayed symbolic, so the figures above omit them.
+    pub unknown: Vec<String>,
+}
+
+impl Plan {
+    pub fn total_memory(&self) -> f64 {
+        self.params + self.grads + self.optimizer_state + self.activations + self.gathered_params
+    }
+    pub fn step_flops(&self) -> f64 {
+        // Backward costs about twice the forward (two products per matmul).
+        3.0 * self.forward_flops
+    }
+}
+
+pub fn human_bytes(b: f64) -> String {
+    const U: &[&str] = &["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = b;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < U.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{v:.0} B")
+    } else {
+        format!("{v:.1} {}", U[i])
+    }
+}
+
+pub fn human_flops(f: f64) -> String {
+    const U: &[&str] = &["", "K", "M", "G", "T", "P", "E"];
+    let mut v = f;
+    let mut i = 0;
+    while v >= 1000.0 && i + 1 < U.len() {
+        v /= 1000.0;
+        i += 1;
+    }
+    format!("{v:.2} {}FLOP", U[i])
+}
+
+pub fn render(p: &Plan, sources: &SourceMap) -> String {
+    let _ = sources;
+    let devices: i64 = p.mesh_axes.iter().map(|a| a.1).product();
+    let axes: Vec<String> = p.mesh_axes.iter().map(|(a, n)| format!("{a}={n}")).collect();
+    let mut s = format!(
+        "plan: {} on {} ({}; {} devices){}\n\n",
+        p.model,
+        p.mesh,
+        axes.join(", "),
+        devices,
+        p.batch.map_or(String::new(), |b| format!(", batch {b}"))
+    );
+    s.push_str("per-device memory\n");
+    let rows = [
+        ("params", p.params, "stored layout".to_string()),
+        ("gathered params", p.gathered_params, "FSDP weights gathered for use (peak, one layer at a time is not modelled)".into()),
+        ("grads", p.grads, "same layout as params".into()),
+        ("optimizer state", p.optimizer_state, p.optimizer.clone()),
+        ("activations", p.activations, "forward values kept for backward".into()),
+    ];
+    for (name, v, why) in rows {
+        if name == "gathered params" && v == 0.0 {
+            continue;
+        }
+        s.push_str(&format!("  {name:<16} {:>12}   {why}\n", human_bytes(v)));
+    }
+    s.push_str(&format!("  {:<16} {:>12}\n\n", "total", human_bytes(p.total_memory())));
+    s.push_str(&format!(
+        "compute per device per step: {} (forward {}, backward ≈ 2× forward)\n\n",
+        human_flops(p.step_flops()),
+        human_flops(p.forward_flops)
+    ));
+    s.push_str("communication per device per step\n");
+    if p.comms.is_empty() {
+        s.push_str("  none\n");
+    } else {
+        s.push_str(&format!("  {:<34} {:<10} {:>12} {:>6}  source\n", "collective", "axes", "bytes", "count"));
+        let mut total = 0.0;
+        for c in &p.comms {
+            let kind = if c.explicit { c.kind.clone() } else { format!("{} (inserted)", c.kind) };
+            s.push_str(&format!("  {:<34} {:<10} {:>12} {:>6}  {}\n", kind, c.axes.join(","), human_bytes(c.bytes), c.count, c.source));
+            total += c.bytes * c.count as f64;
+        }
+        s.push_str(&format!("  {:<34} {:<10} {:>12}\n", "total", "", human_bytes(total)));
+    }
+    if !p.unknown.is_empty() {
+        s.push_str(&format!("\nnot counted (symbolic sizes): {}\n", p.unknown.join(", ")));
+    }
+    s
+}
