@@ -66,12 +66,16 @@ fn syntax_error(file: FileId, text: &str, e: pest::error::Error<Rule>) -> Proble
     let end = if end > start {
         end
     } else {
-        let rest = &text[start.min(text.len())..];
-        let tok = rest
-            .char_indices()
-            .find(|(_, c)| c.is_whitespace())
-            .map_or(rest.len(), |(i, _)| i)
-            .max(rest.chars().next().map_or(0, |c| c.len_utf8()));
+        let rest = text.get(start.min(text.len())..).unwrap_or("");
+        let word = |c: char| c.is_alphanumeric() || c == '_';
+        let tok = match rest.chars().next() {
+            Some(c) if word(c) => rest
+                .char_indices()
+                .find(|(_, c)| !word(*c))
+                .map_or(rest.len(), |(i, _)| i),
+            Some(c) => c.len_utf8(),
+            None => 0,
+        };
         start + tok
     };
     let found = text

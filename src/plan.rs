@@ -78,7 +78,11 @@ pub fn human_flops(f: f64) -> String {
 pub fn render(p: &Plan, sources: &SourceMap) -> String {
     let _ = sources;
     let devices: i64 = p.mesh_axes.iter().map(|a| a.1).product();
-    let axes: Vec<String> = p.mesh_axes.iter().map(|(a, n)| format!("{a}={n}")).collect();
+    let axes: Vec<String> = p
+        .mesh_axes
+        .iter()
+        .map(|(a, n)| format!("{a}={n}"))
+        .collect();
     let mut s = format!(
         "plan: {} on {} ({}; {} devices){}\n\n",
         p.model,
@@ -90,10 +94,18 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
     s.push_str("per-device memory\n");
     let rows = [
         ("params", p.params, "stored layout".to_string()),
-        ("gathered params", p.gathered_params, "FSDP weights gathered for use (peak, one layer at a time is not modelled)".into()),
+        (
+            "gathered params",
+            p.gathered_params,
+            "FSDP weights gathered for use (peak, one layer at a time is not modelled)".into(),
+        ),
         ("grads", p.grads, "same layout as params".into()),
         ("optimizer state", p.optimizer_state, p.optimizer.clone()),
-        ("activations", p.activations, "forward values kept for backward".into()),
+        (
+            "activations",
+            p.activations,
+            "forward values kept for backward".into(),
+        ),
     ];
     for (name, v, why) in rows {
         if name == "gathered params" && v == 0.0 {
@@ -101,7 +113,11 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
         }
         s.push_str(&format!("  {name:<16} {:>12}   {why}\n", human_bytes(v)));
     }
-    s.push_str(&format!("  {:<16} {:>12}\n\n", "total", human_bytes(p.total_memory())));
+    s.push_str(&format!(
+        "  {:<16} {:>12}\n\n",
+        "total",
+        human_bytes(p.total_memory())
+    ));
     s.push_str(&format!(
         "compute per device per step: {} (forward {}, backward ≈ 2× forward)\n\n",
         human_flops(p.step_flops()),
@@ -111,17 +127,39 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
     if p.comms.is_empty() {
         s.push_str("  none\n");
     } else {
-        s.push_str(&format!("  {:<34} {:<10} {:>12} {:>6}  source\n", "collective", "axes", "bytes", "count"));
+        s.push_str(&format!(
+            "  {:<34} {:<10} {:>12} {:>6}  source\n",
+            "collective", "axes", "bytes", "count"
+        ));
         let mut total = 0.0;
         for c in &p.comms {
-            let kind = if c.explicit { c.kind.clone() } else { format!("{} (inserted)", c.kind) };
-            s.push_str(&format!("  {:<34} {:<10} {:>12} {:>6}  {}\n", kind, c.axes.join(","), human_bytes(c.bytes), c.count, c.source));
+            let kind = if c.explicit {
+                c.kind.clone()
+            } else {
+                format!("{} (inserted)", c.kind)
+            };
+            s.push_str(&format!(
+                "  {:<34} {:<10} {:>12} {:>6}  {}\n",
+                kind,
+                c.axes.join(","),
+                human_bytes(c.bytes),
+                c.count,
+                c.source
+            ));
             total += c.bytes * c.count as f64;
         }
-        s.push_str(&format!("  {:<34} {:<10} {:>12}\n", "total", "", human_bytes(total)));
+        s.push_str(&format!(
+            "  {:<34} {:<10} {:>12}\n",
+            "total",
+            "",
+            human_bytes(total)
+        ));
     }
     if !p.unknown.is_empty() {
-        s.push_str(&format!("\nnot counted (symbolic sizes): {}\n", p.unknown.join(", ")));
+        s.push_str(&format!(
+            "\nnot counted (symbolic sizes): {}\n",
+            p.unknown.join(", ")
+        ));
     }
     s
 }

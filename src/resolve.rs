@@ -83,7 +83,11 @@ impl<'a> Loader<'a> {
 
     /// Parse `id` and, depth first, everything it imports.
     pub fn load(&mut self, id: FileId) {
-        let key = self.sources.get(id).path.display().to_string();
+        let path = &self.sources.get(id).path;
+        let key = std::fs::canonicalize(path)
+            .unwrap_or_else(|_| path.clone())
+            .display()
+            .to_string();
         self.done.insert(key.clone(), ());
         self.stack.push((id, key));
         let text = self.sources.get(id).text.clone();
@@ -142,7 +146,11 @@ impl<'a> Loader<'a> {
             let name = p.display().to_string();
             (p, name, text)
         };
-        let key = path.display().to_string();
+        // Compare files, not spellings: `a/../b.shard` is `b.shard`.
+        let key = std::fs::canonicalize(&path)
+            .unwrap_or_else(|_| path.clone())
+            .display()
+            .to_string();
         if let Some(pos) = self.stack.iter().position(|(_, k)| *k == key) {
             let mut chain: Vec<String> = self.stack[pos..]
                 .iter()
@@ -405,12 +413,12 @@ fn eval_mesh(
         return None;
     }
     for (name, size) in &m.axes {
-        if let Some(first) = axes.iter().find(|a| a.0 == name.name) {
+        if axes.iter().any(|a| a.0 == name.name) {
             diags.push(
-                Problem::Duplicate {
+                Problem::BadMesh {
                     span: name.span,
-                    name: name.name.clone(),
-                    first: first.2,
+                    message: format!("mesh axis `{}` is declared twice", name.name),
+                    help: Some("give each axis of a mesh a distinct name".into()),
                 }
                 .diagnostic(),
             );

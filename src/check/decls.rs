@@ -333,6 +333,28 @@ impl<'p> Checker<'p> {
                             }
                             _ => false,
                         };
+                        if let OptValue::Expr(Expr {
+                            kind: ExprKind::Call(_, args),
+                            ..
+                        }) = v
+                        {
+                            if let Some(ast::Arg::Pos(Expr {
+                                kind: ExprKind::Name(ax),
+                                span,
+                            })) = args.first()
+                            {
+                                let meshes = &self.prog.meshes;
+                                if !meshes.iter().any(|m| m.axis(ax).is_some()) {
+                                    let m = meshes.first();
+                                    self.report(Problem::UnknownAxis {
+                                        span: *span,
+                                        axis: ax.clone(),
+                                        mesh: m.map(|m| (m.name.clone(), m.name_span)),
+                                        axes: m.map(|m| m.axis_names()).unwrap_or_default(),
+                                    });
+                                }
+                            }
+                        }
                         if !ok {
                             self.report(Problem::TableField { span: v.span(), message: "`shard` must be `rows(axis)`".into(), help: Some("tables are MOD-sharded by rows over a mesh axis and the SparseCores of each device: `shard: rows(device)`".into()) });
                         }
@@ -370,7 +392,8 @@ impl<'p> Checker<'p> {
                         f.name.name,
                         f.ty.dtype.name()
                     ),
-                    table: table.name.span,
+                    label: "in this feature",
+                    table: (table.name.span, "table declared here"),
                 });
             }
             if f.ty.dims.len() != 2 {
@@ -381,7 +404,8 @@ impl<'p> Checker<'p> {
                         f.name.name,
                         f.ty.dims.len()
                     ),
-                    table: table.name.span,
+                    label: "in this feature",
+                    table: (table.name.span, "table declared here"),
                 });
             }
         }

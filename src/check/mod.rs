@@ -58,6 +58,8 @@ struct Inst {
     /// Weight name → (storage type, type used in forward, span).
     weights: HashMap<String, (TType, TType, Span)>,
     subs: HashMap<String, Val>,
+    /// Members whose declaration had an error: uses of them report nothing more.
+    poisoned: HashSet<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -146,7 +148,11 @@ const INITIALIZERS: &[&str] = &[
 ];
 
 impl<'p> Checker<'p> {
-    pub fn new(prog: &'p Program, sources: &'p crate::source::SourceMap, strict_flag: bool) -> Self {
+    pub fn new(
+        prog: &'p Program,
+        sources: &'p crate::source::SourceMap,
+        strict_flag: bool,
+    ) -> Self {
         let strict = prog.strict.or(strict_flag.then(Span::default));
         Checker {
             prog,
@@ -214,6 +220,21 @@ impl<'p> Checker<'p> {
             let p = d.primary.span;
             let inside = site.file == p.file && site.start <= p.start && p.end <= site.end;
             if !inside && !d.secondary.iter().any(|l| l.span == *site) {
+                d.secondary.push(Label::new(
+                    *site,
+                    format!("in `{label}`, instantiated here"),
+                ));
+            }
+        }
+        // From deep inside imported layers, also show the user's own line.
+        let root = self.prog.root;
+        if d.primary.span.file != root && !d.secondary.iter().any(|l| l.span.file == root) {
+            if let Some((site, label)) = self
+                .sites
+                .iter()
+                .rev()
+                .find(|(s, _)| s.file == root && *s != Span::default())
+            {
                 d.secondary.push(Label::new(
                     *site,
                     format!("in `{label}`, instantiated here"),
@@ -337,6 +358,7 @@ impl<'p> Checker<'p> {
             env,
             weights: HashMap::new(),
             subs: HashMap::new(),
+            poisoned: HashSet::new(),
         };
         let outer_fsdp = self.fsdp.clone();
         for m in &decl.members {
@@ -377,8 +399,14 @@ impl<'p> Checker<'p> {
             match m {
                 Member::Weight { name, ty, init, .. } => {
                     let mut scope = Scope::default();
-                    if let Some(t) = self.eval_type(ty, &inst, &mut scope, false, None) {
-                        self.validate_type(&t, ty, &format!("of `{}`", name.name));
+                    let t = self.eval_type(ty, &inst, &mut scope, false, None);
+                    let valid = t
+                        .as_ref()
+                        .is_some_and(|t| self.validate_type(t, ty, &format!("of `{}`", name.name)));
+                    if !valid {
+                        inst.poisoned.insert(name.name.clone());
+                    }
+                    if let Some(t) = t.filter(|_| valid) {
                         if !t.pending.is_empty() {
                             self.report(Problem::BadValue {
                                 span: ty.span,
@@ -395,8 +423,13 @@ impl<'p> Checker<'p> {
                 }
                 Member::Sub { name, value, .. } => {
                     let path = format!("{label}.{}", name.name);
-                    if let Some(v) = self.sublayer(&inst, value, &path) {
-                        inst.subs.insert(name.name.clone(), v);
+                    match self.sublayer(&inst, value, &path) {
+                        Some(v) => {
+                            inst.subs.insert(name.name.clone(), v);
+                        }
+                        None => {
+                            inst.poisoned.insert(name.name.clone());
+                        }
                     }
                 }
                 Member::Directive { .. } | Member::Fn(_) => {}
@@ -573,8 +606,8 @@ impl<'p> Checker<'p> {
         for a in args {
             match a {
                 Arg::Arrow(x, y, _) => {
-                    vals.push(self.dim_arg(inst, &x.size, x.axes.as_deref())?);
-                    vals.push(self.dim_arg(inst, &y.size, y.axes.as_deref())?);
+                    vals.push((self.dim_arg(inst, &x.size, x.axes.as_deref())?, x.span));
+                    vals.push((self.dim_arg(inst, &y.size, y.axes.as_deref())?, y.span));
                 }
                 Arg::Pos(e) => {
                     let Some((de, axes)) = expr_to_dim(e) else {
@@ -585,7 +618,7 @@ impl<'p> Checker<'p> {
                         });
                         return None;
                     };
-                    vals.push(self.dim_arg(inst, &de, axes.as_deref())?);
+                    vals.push((self.dim_arg(inst, &de, axes.as_deref())?, e.span));
                 }
                 Arg::Named(k, _) => {
                     self.report(Problem::NamedArg {
@@ -609,6 +642,50 @@ impl<'p> Checker<'p> {
             });
             return None;
         }
+        // A sharded size argument must divide evenly; say so at the user's call
+        // rather than inside the layer (heads get their own code).
+        let mut ok = true;
+        for (p, (v, aspan)) in decl.params.iter().zip(&vals) {
+            let Some(axes) = &v.axes else { continue };
+            let n = self.axes_product(axes);
+            let Some(size) = v.size.as_const() else {
+                continue;
+            };
+            if n > 1 && size % n != 0 {
+                ok = false;
+                let pname = p.name.to_ascii_lowercase();
+                if pname == "h" || pname.contains("head") {
+                    self.report(Problem::HeadsIndivisible {
+                        span: *aspan,
+                        heads: size,
+                        axes: Self::axes_text(axes),
+                        n,
+                    });
+                } else {
+                    let axis_decl = axes
+                        .first()
+                        .and_then(|a| self.mesh.and_then(|m| m.axis(a)).map(|x| x.2));
+                    let lo = size / n * n;
+                    let suggest = [lo, lo.saturating_add(n)]
+                        .into_iter()
+                        .filter(|x| *x > 0)
+                        .collect();
+                    self.report(Problem::Indivisible {
+                        span: *aspan,
+                        what: format!("argument `{}` of `{cname}`", p.name),
+                        size,
+                        axes: Self::axes_text(axes),
+                        n,
+                        axis_decl,
+                        suggest,
+                    });
+                }
+            }
+        }
+        if !ok {
+            return None;
+        }
+        let vals: Vec<DimVal> = vals.into_iter().map(|(v, _)| v).collect();
         let label = format!(
             "{cname}({})",
             vals.iter().map(dimval_text).collect::<Vec<_>>().join(", ")
@@ -911,7 +988,7 @@ impl<'p> Checker<'p> {
 
     /// Static checks on a type: axes exist (done when evaluating), no axis twice,
     /// sizes positive, sharded sizes divisible.
-    fn validate_type(&mut self, t: &TType, te: &TypeExpr, owner: &str) {
+    fn validate_type(&mut self, t: &TType, te: &TypeExpr, owner: &str) -> bool {
         let spans: Vec<Span> = te.dims.iter().map(|d| d.span()).collect();
         let span_of = |i: usize| spans.get(i).copied().unwrap_or(te.span);
         let mut seen: HashMap<&str, usize> = HashMap::new();
@@ -924,19 +1001,21 @@ impl<'p> Checker<'p> {
                         first: span_of(j),
                         ty: t.to_string(),
                     });
-                    return;
+                    return false;
                 }
                 seen.insert(a, i);
             }
         }
+        let mut ok = true;
         for (i, d) in t.dims.iter().enumerate() {
             let what = if owner.is_empty() {
                 format!("dimension {i}")
             } else {
                 format!("dimension {i} {owner}")
             };
-            self.check_dim(d, span_of(i), &what);
+            ok &= self.check_dim(d, span_of(i), &what);
         }
+        ok
     }
 
     fn check_dim(&mut self, d: &Dim, span: Span, what: &str) -> bool {
@@ -1224,8 +1303,16 @@ impl<'p> Checker<'p> {
                 return None;
             }
         }
-        self.validate_type(&want, te, "");
         let explicit = self.explicit_layout(te, inst, got.rank());
+        // Only what the annotation asks for is checked here; inherited layouts were
+        // checked where they arose.
+        let mut asked = want.clone();
+        for (d, e) in asked.dims.iter_mut().zip(&explicit) {
+            if !e {
+                d.axes.clear();
+            }
+        }
+        self.validate_type(&asked, te, "");
         let target: Vec<Option<Vec<String>>> = want
             .dims
             .iter()
@@ -1357,7 +1444,11 @@ impl<'p> Checker<'p> {
     /// Elements of one device's piece of `t`, when all sizes are known.
     pub(crate) fn local_numel(&self, t: &TType) -> Option<f64> {
         let n = t.numel()?.substitute(&self.bound)?.as_const()? as f64;
-        let shards: f64 = t.dims.iter().map(|d| self.axes_product(&d.axes) as f64).product();
+        let shards: f64 = t
+            .dims
+            .iter()
+            .map(|d| self.axes_product(&d.axes) as f64)
+            .product();
         Some(n / shards.max(1.0))
     }
 
@@ -1369,11 +1460,26 @@ impl<'p> Checker<'p> {
     }
 
     /// Record a collective in the plan (`count` per forward; backward transposes add as many).
-    pub(crate) fn add_comm(&mut self, kind: &str, axes: Vec<String>, bytes: f64, span: Span, explicit: bool) {
+    pub(crate) fn add_comm(
+        &mut self,
+        kind: &str,
+        axes: Vec<String>,
+        bytes: f64,
+        span: Span,
+        explicit: bool,
+    ) {
         let m = self.mult;
         let source = self.sources.describe(span);
         if let Some(p) = self.plan.as_mut() {
-            p.comms.push(crate::plan::Comm { kind: kind.to_string(), axes, bytes, count: 2 * m, span, source, explicit });
+            p.comms.push(crate::plan::Comm {
+                kind: kind.to_string(),
+                axes,
+                bytes,
+                count: 2 * m,
+                span,
+                source,
+                explicit,
+            });
         }
     }
 
@@ -1430,7 +1536,7 @@ impl<'p> Checker<'p> {
         if let Some(b) = scope.vars.get(n) {
             return Val::T(b.ty.clone());
         }
-        if scope.poisoned.contains(n) {
+        if scope.poisoned.contains(n) || inst.poisoned.contains(n) {
             return Val::Poison;
         }
         if let Some((_, used, _)) = inst.weights.get(n) {
@@ -1474,6 +1580,11 @@ impl<'p> Checker<'p> {
         e: &Expr,
         scope: &mut Scope,
     ) -> Val {
+        if let ExprKind::Name(n) = &callee.kind {
+            if inst.poisoned.contains(n) && !scope.vars.contains_key(n) {
+                return Val::Poison;
+            }
+        }
         let ExprKind::Name(name) = &callee.kind else {
             self.report(Problem::NotCallable {
                 span: callee.span,

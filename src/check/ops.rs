@@ -191,7 +191,11 @@ impl<'p> Checker<'p> {
             if t.pending.get(a) != Some(op) {
                 self.report(Problem::Mismatch {
                     span,
-                    expected: format!("a value pending {} over `{a}`", op.name()),
+                    expected: {
+                        let mut w = got.clone();
+                        w.pending = want_pending.clone();
+                        w.to_string()
+                    },
                     found: got.to_string(),
                     decl: None,
                     detail: format!("this value owes no reduction over `{a}`"),
@@ -288,6 +292,11 @@ impl<'p> Checker<'p> {
         if t.pending.is_empty() {
             return true;
         }
+        let op = if op.chars().all(|c| c.is_alphanumeric() || c == '_') {
+            format!("`{op}`")
+        } else {
+            op.to_string()
+        };
         let axes: Vec<String> = t.pending.keys().cloned().collect();
         self.report_traced(
             Problem::PendingUsed {
@@ -344,17 +353,12 @@ impl<'p> Checker<'p> {
                 // Adding a constant to a partial value would add it once per device.
                 if matches!(op, BinOp::Add | BinOp::Sub) && !t.pending.is_empty() {
                     let t = t.clone();
-                    self.need_reduced(
-                        &t,
-                        &format!("adding a constant with `{}`", op.symbol()),
-                        e,
-                        scope,
-                    );
+                    self.need_reduced(&t, &"adding a constant".to_string(), e, scope);
                     return Val::Poison;
                 }
                 if op == BinOp::Div && matches!(vb, Val::T(_)) && !t.pending.is_empty() {
                     let t = t.clone();
-                    self.need_reduced(&t, "division by", e, scope);
+                    self.need_reduced(&t, "dividing by a partial value", e, scope);
                     return Val::Poison;
                 }
                 return Val::T(t.clone());
@@ -606,7 +610,7 @@ impl<'p> Checker<'p> {
             return Val::Poison;
         }
         if !x.pending.is_empty() && !y.pending.is_empty() {
-            self.need_reduced(y, "`@` with another partial value", b, scope);
+            self.need_reduced(y, "a product of two partial values", b, scope);
             return Val::Poison;
         }
         let kx = &x.dims[x.rank() - 1];
@@ -1589,7 +1593,7 @@ impl<'p> Checker<'p> {
                 .find(|o| !o.0.pending.is_empty())
                 .map(|o| (o.0.clone(), o.1));
             if let Some((t, x)) = o {
-                self.need_reduced(&t, "`einsum` with another partial value", x, scope);
+                self.need_reduced(&t, "an einsum of two partial values", x, scope);
             }
             return Val::Poison;
         }
@@ -2011,7 +2015,7 @@ impl<'p> Checker<'p> {
         let have = ids.numel().and_then(|p| p.substitute(&self.bound));
         if let (Some(w), Some(h)) = (&want, &have) {
             if w != h {
-                self.report_traced(Problem::FeatureTable { span: args.pos[1].span, message: format!("`{fname}` takes {w} ids per batch (`{}`), but these ids hold {h} (`{ids}`)", ft), table: feat.span }, args.pos[1], scope);
+                self.report_traced(Problem::FeatureTable { span: args.pos[1].span, message: format!("`{fname}` takes {w} ids per batch (`{}`), but these ids hold {h} (`{ids}`)", ft), label: "these ids", table: (feat.span, "feature declared here") }, args.pos[1], scope);
                 return Val::Poison;
             }
         }

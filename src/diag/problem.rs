@@ -226,7 +226,8 @@ pub enum Problem {
     FeatureTable {
         span: Span,
         message: String,
-        table: Span,
+        label: &'static str,
+        table: (Span, &'static str),
     },
     BadDirective {
         span: Span,
@@ -391,9 +392,9 @@ impl Problem {
                 .secondary(lhs.0, lhs.1.clone())
                 .secondary(rhs.0, rhs.1.clone())
                 .help("annotate the result (`let y: f32[B@dp, D] = ...`) and the compiler will reshard to it, or reshard an operand with an explicit collective"),
-            PendingUsed { span, ty, op, axes } => d(Code::E0214, format!("`{op}` needs a reduced value, but this value is `{ty}`"), *span, format!("still owes a reduction over {axes}"))
+            PendingUsed { span, ty, op, axes } => d(Code::E0214, format!("{op} needs a reduced value, but this value is `{ty}`"), *span, format!("still owes a reduction over {axes}"))
                 .help(format!("reduce it first: `psum(x, {})` (or `pmax` for a pending max)", axes.replace('`', "")))
-                .note("a partial value holds one addend per device; a non-linear function of it is wrong"),
+                .note("a partial value holds one addend per device; this operation needs their sum"),
             BadCollective { span, message, help } => d(Code::E0215, message.clone(), *span, "here".into()).help(help.clone()),
             ImplicitCollective { span, what, bytes, strict, local } => {
                 let mut x = d(Code::E0216, format!("this needs an implicit {what}"), *span, format!("{bytes} per step"));
@@ -405,7 +406,7 @@ impl Problem {
                 }
                 x.help(format!("write the {what} explicitly"))
             }
-            Einsum { span, message } => d(Code::E0217, format!("invalid einsum: {message}"), *span, "in this specification".into())
+            Einsum { span, message } => d(Code::E0217, format!("invalid einsum: {message}"), *span, "here".into())
                 .help("write `\"ab,bc->ac\"`: one letter per dimension, inputs separated by commas, output after `->`"),
             DimIndex { span, index, rank } => d(Code::E0218, format!("dimension {index} is out of range for a tensor of rank {rank}"), *span, format!("valid: {} to {}", -(*rank as i64), *rank as i64 - 1)),
             RecursiveLayer { span, chain } => d(Code::E0219, "layer contains itself".into(), *span, "instantiated recursively here".into())
@@ -415,7 +416,8 @@ impl Problem {
                 if known.is_empty() { x } else { x.help(format!("known fields: {}", list(known))) }
             }
             UnknownChoice { span, kind, name, known } => {
-                let mut x = d(Code::E0301, format!("unknown {kind} `{name}`"), *span, format!("not a {kind}"));
+                let article = if kind.starts_with(['a', 'e', 'i', 'o', 'u']) { "an" } else { "a" };
+                let mut x = d(Code::E0301, format!("unknown {kind} `{name}`"), *span, format!("not {article} {kind}"));
                 if let Some(s) = super::did_you_mean(name, known.iter().copied()) {
                     x = x.help(format!("did you mean `{s}`?")).fix(*span, s);
                 } else {
@@ -444,7 +446,7 @@ impl Problem {
                 let x = d(Code::E0401, message.clone(), *span, "here".into());
                 match help { Some(h) => x.help(h.clone()), None => x }
             }
-            FeatureTable { span, message, table } => d(Code::E0402, message.clone(), *span, "in this feature".into()).secondary(*table, "table declared here"),
+            FeatureTable { span, message, label, table } => d(Code::E0402, message.clone(), *span, label.to_string()).secondary(table.0, table.1),
             BadDirective { span, message, help } => {
                 let x = d(Code::E0500, message.clone(), *span, "here".into());
                 match help { Some(h) => x.help(h.clone()), None => x }
