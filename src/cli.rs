@@ -51,6 +51,16 @@ pub enum Command {
         #[arg(long)]
         strict: bool,
     },
+    /// Per-device memory, FLOPs and communication per step, from types alone.
+    Plan {
+        file: PathBuf,
+        /// Override mesh axis sizes, e.g. `--mesh dp=16,pp=8,tp=8`.
+        #[arg(long, value_parser = parse_mesh)]
+        mesh: Option<MeshArg>,
+        /// Print the plan as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Explain a diagnostic code, e.g. `shardc explain E0203`.
     Explain { code: Option<String> },
 }
@@ -76,10 +86,28 @@ pub fn main() -> ExitCode {
             } else {
                 Style::Plain
             };
-            check(&files, types, format, &Options { strict }, style)
+            check(
+                &files,
+                types,
+                format,
+                &Options {
+                    strict,
+                    ..Options::default()
+                },
+                style,
+            )
         }
-        Command::Watch { file, strict } => crate::watch::run(&file, &Options { strict }),
+        Command::Watch { file, strict } => crate::watch::run(
+            &file,
+            &Options {
+                strict,
+                ..Options::default()
+            },
+        ),
         Command::Explain { code } => explain(code.as_deref()),
+        Command::Plan { file, mesh, json } => {
+            plan(&file, mesh.map(|m| m.0).unwrap_or_default(), json)
+        }
     }
 }
 
@@ -195,6 +223,80 @@ pub fn types_table(c: &Compilation) -> String {
         }
     }
     out
+}
+
+#[derive(Clone, Debug)]
+pub struct MeshArg(Vec<(String, i64)>);
+
+fn parse_mesh(s: &str) -> Result<MeshArg, String> {
+    let mut v = Vec::new();
+    for part in s.split(',').filter(|p| !p.trim().is_empty()) {
+        let (a, n) = part
+            .split_once('=')
+            .ok_or_else(|| format!("`{part}`: write axis=size, e.g. dp=4"))?;
+        let n: i64 = n
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{part}`: the size must be a positive integer"))?;
+        if n < 1 {
+            return Err(format!("`{part}`: the size must be at least 1"));
+        }
+        v.push((a.trim().to_string(), n));
+    }
+    Ok(MeshArg(v))
+}
+
+fn plan(file: &std::path::Path, mesh: Vec<(String, i64)>, json: bool) -> ExitCode {
+    let opts = Options {
+        mesh: mesh.clone(),
+        ..Options::default()
+    };
+    let c = match world::compile(file, &opts) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: cannot read `{}`: {e}", file.display());
+            return ExitCode::from(2);
+        }
+    };
+    for (axis, _) in &mesh {
+        if !c.program.meshes.iter().any(|m| m.axis(axis).is_some()) {
+            eprintln!(
+                "error: --mesh names axis `{axis}`, which no mesh in `{}` has",
+                file.display()
+            );
+            return ExitCode::from(2);
+        }
+    }
+    if c.has_errors() {
+        let style = if std::io::stderr().is_terminal() {
+            Style::Color
+        } else {
+            Style::Plain
+        };
+        for d in c.diagnostics.iter().filter(|d| d.is_error()) {
+            eprint!("{}", render::human(d, &c.sources, style));
+        }
+        eprintln!("{}", summary(&c, &file.display().to_string()));
+        return ExitCode::from(1);
+    }
+    if c.checked.plans.is_empty() {
+        eprintln!(
+            "error: `{}` has no `train` declaration to plan",
+            file.display()
+        );
+        return ExitCode::from(2);
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&c.checked.plans).unwrap_or_default()
+        );
+    } else {
+        for p in &c.checked.plans {
+            println!("{}", crate::plan::render(p, &c.sources));
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 fn explain(code: Option<&str>) -> ExitCode {

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 pub struct Options {
     /// Every collective must be written explicitly (also `pragma strict`).
     pub strict: bool,
+    /// `--mesh dp=4,mp=2`: axis sizes that replace the file's (the checker re-validates).
+    pub mesh: Vec<(String, i64)>,
 }
 
 pub struct Compilation {
@@ -47,7 +49,14 @@ pub fn compile_source(path: &Path, text: String, opts: &Options) -> Compilation 
     loader.load(root);
     let mut read = vec![path.to_path_buf()];
     read.append(&mut loader.read);
-    let program = loader.resolve(root);
+    let mut program = loader.resolve(root);
+    for m in &mut program.meshes {
+        for (axis, size) in &opts.mesh {
+            if let Some(a) = m.axes.iter_mut().find(|a| a.0 == *axis) {
+                a.1 = *size;
+            }
+        }
+    }
     let (diags, checked) = Checker::new(&program, &sources, opts.strict).run();
     diagnostics.extend(diags);
     // Stable order: by file, then position, errors before notes at the same place.

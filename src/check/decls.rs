@@ -268,6 +268,179 @@ impl<'p> Checker<'p> {
         Some(name.to_string())
     }
 
+    /// Weights, gradients, optimizer state and gradient synchronisation, from the
+    /// model's instance tree (a repeated layer counts once per repetition).
+    fn finish_plan(
+        &mut self,
+        plan: &mut crate::plan::Plan,
+        inst: &std::rc::Rc<super::Inst>,
+        optimizer: &str,
+    ) {
+        let slots = match optimizer {
+            "adam" | "adamw" | "ftrl" => 2.0,
+            "adagrad" | "sgd+momentum" => 1.0,
+            _ => 0.0,
+        };
+        plan.optimizer =
+            format!("{optimizer}: {slots} slot(s) per parameter, in the parameter's layout");
+        type W = (
+            crate::types::TType,
+            crate::types::TType,
+            f64,
+            Option<String>,
+        );
+        let mut weights: Vec<W> = Vec::new();
+        // A pipelined stack is split over its stage axis: each device holds n/|pp|
+        // layers, and those weights are not replicated over that axis.
+        fn walk(c: &Checker, i: &super::Inst, m: f64, stage: Option<String>, out: &mut Vec<W>) {
+            for (stored, used, _) in i.weights.values() {
+                out.push((stored.clone(), used.clone(), m, stage.clone()));
+            }
+            for v in i.subs.values() {
+                match v {
+                    Val::Layer(li) => walk(c, li, m, stage.clone(), out),
+                    Val::Repeat(n, li, st) => {
+                        let k = st.as_ref().map_or(1, |a| c.axis_size(a)).max(1);
+                        walk(
+                            c,
+                            li,
+                            m * (*n / k) as f64,
+                            st.clone().or(stage.clone()),
+                            out,
+                        )
+                    }
+                    _ => {}
+                }
+            }
+        }
+        walk(self, inst, 1.0, None, &mut weights);
+        let mut sync: std::collections::BTreeMap<(String, Vec<String>), f64> = Default::default();
+        for (stored, used, m, stage) in &weights {
+            let Some(n) = self.local_numel(stored) else {
+                continue;
+            };
+            let bytes = n * stored.dtype.bytes() as f64;
+            plan.params += bytes * m;
+            plan.grads += bytes * m;
+            plan.optimizer_state += bytes * m * slots;
+            if stored != used {
+                if let Some(u) = self.local_numel(used) {
+                    let ub = u * used.dtype.bytes() as f64;
+                    plan.gathered_params = plan.gathered_params.max(ub);
+                    let fsdp: Vec<String> = stored
+                        .all_axes()
+                        .into_iter()
+                        .filter(|a| !used.all_axes().contains(a))
+                        .map(|s| s.to_string())
+                        .collect();
+                    let k: f64 = fsdp.iter().map(|a| self.axis_size(a) as f64).product();
+                    *sync
+                        .entry(("param all-gather (FSDP, fwd + bwd)".into(), fsdp.clone()))
+                        .or_default() += 2.0 * ub * (k - 1.0) / k * m;
+                    *sync
+                        .entry(("grad reduce-scatter (FSDP)".into(), fsdp))
+                        .or_default() += ub * (k - 1.0) / k * m;
+                }
+            }
+            // Replicated over an axis: the gradient is partial over it (data parallel,
+            // and tensor-parallel replicas such as LayerNorm scales).
+            let rep: Vec<String> = self
+                .mesh
+                .map(|mm| {
+                    mm.axes
+                        .iter()
+                        .filter(|a| {
+                            a.1 > 1
+                                && !stored.all_axes().contains(&a.0.as_str())
+                                && stage.as_deref() != Some(a.0.as_str())
+                        })
+                        .map(|a| a.0.clone())
+                        .collect()
+                })
+                .unwrap_or_default();
+            if !rep.is_empty() {
+                let k: f64 = rep.iter().map(|a| self.axis_size(a) as f64).product();
+                *sync.entry(("grad all-reduce".into(), rep)).or_default() +=
+                    2.0 * bytes * (k - 1.0) / k * m;
+            }
+        }
+        // Merge per-op rows that are the same collective at the same place.
+        let mut merged: Vec<crate::plan::Comm> = Vec::new();
+        for c in plan.comms.drain(..) {
+            match merged.iter_mut().find(|x| {
+                x.kind == c.kind
+                    && x.axes == c.axes
+                    && x.source == c.source
+                    && x.bytes == c.bytes
+                    && x.explicit == c.explicit
+            }) {
+                Some(x) => x.count += c.count,
+                None => merged.push(c),
+            }
+        }
+        for ((kind, axes), bytes) in sync {
+            merged.push(crate::plan::Comm {
+                kind,
+                axes,
+                bytes,
+                count: 1,
+                span: Span::default(),
+                source: "optimizer step".into(),
+                explicit: true,
+            });
+        }
+        plan.comms = merged;
+    }
+
+    /// Embedding tables: rows MOD-sharded over `devices × sparsecores` partitions,
+    /// vocabularies padded to multiples of 8·N and dims to multiples of 8 (SparseCore).
+    fn plan_tables(&mut self, plan: &mut crate::plan::Plan, mesh: &crate::resolve::Mesh) {
+        for t in &self.prog.tables.clone() {
+            let int = |c: &Checker, k: &str| match t.options.get(k) {
+                Some(OptValue::Expr(e)) => match &e.kind {
+                    ExprKind::Int(v) => Some(*v),
+                    ExprKind::Name(n) => c.prog.consts.get(n).map(|v| v.0),
+                    _ => None,
+                },
+                _ => None,
+            };
+            let (Some(vocab), Some(dim)) = (int(self, "vocab"), int(self, "dim")) else {
+                continue;
+            };
+            let axis = match t.options.get("shard") {
+                Some(OptValue::Expr(Expr {
+                    kind: ExprKind::Call(_, args),
+                    ..
+                })) => match args.first() {
+                    Some(ast::Arg::Pos(Expr {
+                        kind: ExprKind::Name(a),
+                        ..
+                    })) => Some(a.clone()),
+                    _ => None,
+                },
+                _ => None,
+            };
+            let devices = axis.as_ref().map_or(1, |a| mesh.size(a)).max(1);
+            let parts = devices.saturating_mul(mesh.sparsecores.max(1));
+            let pad = |x: i64, m: i64| {
+                ((x.max(0) as u64).div_ceil(m.max(1) as u64) as i64).saturating_mul(m)
+            };
+            let rows = pad(vocab, 8 * parts) / devices;
+            let bytes = rows as f64 * pad(dim, 8) as f64 * 4.0;
+            let slots = match t.options.get("optimizer") {
+                Some(OptValue::Expr(e)) => match call_parts(e).map(|p| p.0) {
+                    Some("adam" | "ftrl") => 2.0,
+                    Some("adagrad") => 1.0,
+                    _ => 0.0,
+                },
+                _ => 0.0,
+            };
+            plan.params += bytes;
+            plan.grads += bytes;
+            plan.optimizer_state += bytes * slots;
+        }
+    }
+
     pub(super) fn check_tables_and_features(&mut self) {
         let tables = self.prog.tables.clone();
         for t in &tables {
@@ -588,9 +761,39 @@ impl<'p> Checker<'p> {
                 }
             }
         }
-        let Some((_, out, _)) = self.check_model(&decl, batch) else {
+        let optimizer = match o.get("optimizer") {
+            Some(OptValue::Expr(e)) => call_parts(e).map_or(String::new(), |(n, _, args)| {
+                let momentum = args
+                    .iter()
+                    .any(|a| matches!(a, ast::Arg::Named(k, _) if k.name == "momentum"));
+                if n == "sgd" && momentum {
+                    "sgd+momentum".into()
+                } else {
+                    n.to_string()
+                }
+            }),
+            _ => String::new(),
+        };
+        self.plan = Some(crate::plan::Plan {
+            model: decl.name.name.clone(),
+            mesh: mesh.name.clone(),
+            mesh_axes: mesh.axes.iter().map(|a| (a.0.clone(), a.1)).collect(),
+            batch,
+            optimizer: optimizer.clone(),
+            ..Default::default()
+        });
+        let checked = self.check_model(&decl, batch);
+        let plan = self.plan.take();
+        let Some((inst, out, _)) = checked else {
             return;
         };
+        if let Some(mut plan) = plan {
+            if !self.diags.iter().any(|d| d.is_error()) {
+                self.finish_plan(&mut plan, &inst, &optimizer);
+                self.plan_tables(&mut plan, mesh);
+                self.out.plans.push(plan);
+            }
+        }
         if let Val::T(ty) = out {
             if !ty.pending.is_empty() {
                 let axes: Vec<String> = ty.pending.keys().cloned().collect();

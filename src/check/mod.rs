@@ -69,7 +69,8 @@ enum Val {
     Int(i64),
     Str(String),
     Layer(Rc<Inst>),
-    Repeat(i64, Rc<Inst>),
+    /// `repeat(n, layer)`, optionally split into pipeline stages over an axis.
+    Repeat(i64, Rc<Inst>, Option<String>),
     /// Already reported; stop cascading.
     Poison,
 }
@@ -82,7 +83,7 @@ impl Val {
             Val::Int(_) => "an integer".into(),
             Val::Str(s) => format!("the string \"{s}\""),
             Val::Layer(i) => format!("the layer `{}`", i.label),
-            Val::Repeat(n, i) => format!("the layer stack `repeat({n}, {})`", i.label),
+            Val::Repeat(n, i, _) => format!("the layer stack `repeat({n}, {})`", i.label),
             Val::Poison => "an invalid value".into(),
         }
     }
@@ -787,8 +788,8 @@ impl<'p> Checker<'p> {
                 }
             }
         }
-        if let Some((ax, sspan)) = stage_axis {
-            let stages = self.axis_size(&ax);
+        if let Some((ref ax, sspan)) = stage_axis {
+            let stages = self.axis_size(ax);
             if n % stages != 0 {
                 self.report(Problem::BadDirective {
                     span: sspan,
@@ -797,7 +798,10 @@ impl<'p> Checker<'p> {
                 });
             }
         }
-        Some(Val::Repeat(n, li))
+        let stages = stage_axis
+            .map(|(a, _)| a)
+            .filter(|a| n % self.axis_size(a) == 0);
+        Some(Val::Repeat(n, li, stages))
     }
 
     fn dim_arg(&mut self, inst: &Inst, e: &DimExpr, axes: Option<&[ast::Ident]>) -> Option<DimVal> {
@@ -1674,9 +1678,14 @@ impl<'p> Checker<'p> {
     }
 
     fn call_layer(&mut self, sub: &Val, vals: Vec<(Val, Span)>, e: &Expr, scope: &Scope) -> Val {
-        let (li, count) = match sub {
-            Val::Layer(li) => (li.clone(), 1),
-            Val::Repeat(n, li) => (li.clone(), *n),
+        let (li, count, per_device) = match sub {
+            Val::Layer(li) => (li.clone(), 1, 1),
+            // Each pipeline stage runs only its share of the repeated layers.
+            Val::Repeat(n, li, stages) => (
+                li.clone(),
+                *n,
+                *n / stages.as_ref().map_or(1, |a| self.axis_size(a)).max(1),
+            ),
             _ => return Val::Poison,
         };
         let Some(f) = find_fn(&li.decl, "forward") else {
@@ -1703,7 +1712,7 @@ impl<'p> Checker<'p> {
         let first = self.checked_fns.insert(key);
         let saved = self.diags.len();
         let saved_mult = self.mult;
-        self.mult = self.mult.saturating_mul(count as u64);
+        self.mult = self.mult.saturating_mul(per_device as u64);
         let out = self.call_fn(&li, f, vals, e.span);
         self.mult = saved_mult;
         if !first {

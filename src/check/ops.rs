@@ -116,23 +116,57 @@ fn human_bytes(b: f64) -> String {
     }
 }
 
+/// Bytes moved per device per step: for people, and as a number for the plan.
+#[derive(Clone, Debug)]
+pub(super) struct Bytes {
+    text: String,
+    num: Option<f64>,
+}
+
 impl<'p> Checker<'p> {
+    /// Record an explicit collective over `axis` on a value of (per-device) type `t`:
+    /// ring algorithms move `factor × (n-1)/n` of the local bytes.
+    fn comm(&mut self, kind: &str, axis: &str, t: &TType, factor: f64, span: Span) {
+        if self.plan.is_none() {
+            return;
+        }
+        let n = self.axis_size(axis) as f64;
+        if let Some(b) = self.bytes_text(t, factor * (n - 1.0) / n).num {
+            self.add_comm(kind, vec![axis.to_string()], b, span, true);
+        }
+    }
+
     /// Bytes each device moves for a collective on a value whose per-device
     /// size is `local` elements: `factor` × local bytes.
-    fn bytes_text(&self, t: &TType, factor: f64) -> String {
+    fn bytes_text(&self, t: &TType, factor: f64) -> Bytes {
         let shards: i64 = t.dims.iter().fold(1i64, |acc, d| {
             acc.saturating_mul(self.axes_product(&d.axes))
         });
         let Some(numel) = t.numel().and_then(|n| n.substitute(&self.bound)) else {
-            return "unknown bytes".into();
+            return Bytes {
+                text: "unknown bytes".into(),
+                num: None,
+            };
         };
         match numel.as_const() {
             Some(n) => {
-                human_bytes(n as f64 * t.dtype.bytes() as f64 / shards.max(1) as f64 * factor)
+                let b = n as f64 * t.dtype.bytes() as f64 / shards.max(1) as f64 * factor;
+                Bytes {
+                    text: human_bytes(b),
+                    num: Some(b),
+                }
             }
             None => {
                 let per = t.dtype.bytes() as f64 * factor / shards.max(1) as f64;
-                format!("{per:.3}×({numel}) B").replace(".000×", "×")
+                let text = if per.fract() == 0.0 && per >= 1.0 {
+                    let scaled = numel
+                        .mul(&crate::types::Poly::constant(per as i64))
+                        .unwrap_or(numel);
+                    format!("{scaled} bytes")
+                } else {
+                    format!("{per:.3} × ({numel}) bytes")
+                };
+                Bytes { text, num: None }
             }
         }
     }
@@ -149,7 +183,7 @@ impl<'p> Checker<'p> {
         scope: &Scope,
     ) -> TType {
         let mut t = got.clone();
-        let mut events: Vec<(String, String, String)> = Vec::new();
+        let mut events: Vec<(String, String, Bytes)> = Vec::new();
         // 1. Pending reductions the target does not keep.
         let owed: Vec<(String, ReduceOp)> = t
             .pending
@@ -265,9 +299,28 @@ impl<'p> Checker<'p> {
         what: String,
         from: String,
         to: String,
-        bytes: String,
+        bytes: Bytes,
         scope: &Scope,
     ) {
+        if let Some(b) = bytes.num {
+            // `what` reads "all-gather over `tp`" / "all-reduce (psum over `mp`)".
+            let kind = what
+                .split(" over")
+                .next()
+                .unwrap_or(&what)
+                .split(" (")
+                .next()
+                .unwrap_or(&what)
+                .to_string();
+            let axes: Vec<String> = what
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .map(|s| s.to_string())
+                .collect();
+            self.add_comm(&kind, axes, b, span, false);
+        }
+        let bytes = bytes.text;
         if self.strict.is_some() || scope.local.is_some() {
             let strict = self.strict.filter(|s| *s != Span::default());
             self.report(Problem::ImplicitCollective {
@@ -302,7 +355,7 @@ impl<'p> Checker<'p> {
             Problem::PendingUsed {
                 span: e.span,
                 ty: t.to_string(),
-                op: op.into(),
+                op,
                 axes: Self::axes_text(&axes),
             },
             e,
@@ -353,7 +406,7 @@ impl<'p> Checker<'p> {
                 // Adding a constant to a partial value would add it once per device.
                 if matches!(op, BinOp::Add | BinOp::Sub) && !t.pending.is_empty() {
                     let t = t.clone();
-                    self.need_reduced(&t, &"adding a constant".to_string(), e, scope);
+                    self.need_reduced(&t, "adding a constant", e, scope);
                     return Val::Poison;
                 }
                 if op == BinOp::Div && matches!(vb, Val::T(_)) && !t.pending.is_empty() {
@@ -694,6 +747,23 @@ impl<'p> Checker<'p> {
                 scope,
             );
             return Val::Poison;
+        }
+        // 2·M·N·K per device: output elements times the local contraction length.
+        let out_t = TType {
+            dtype: x.dtype,
+            dims: dims.clone(),
+            pending: BTreeMap::new(),
+        };
+        if let (Some(n), Some(k)) = (
+            self.local_numel(&out_t),
+            kx.size.substitute(&self.bound).and_then(|p| p.as_const()),
+        ) {
+            let shards = self.axes_product(if kx.axes.is_empty() {
+                &ky.axes
+            } else {
+                &kx.axes
+            }) as f64;
+            self.add_flops(2.0 * n * k as f64 / shards.max(1.0));
         }
         Val::T(TType {
             dtype: x.dtype,
@@ -1324,7 +1394,11 @@ impl<'p> Checker<'p> {
                     return Val::Poison;
                 }
                 let mut t = t_arg!(0, "`reduce`");
+                let owed: Vec<String> = t.pending.keys().cloned().collect();
                 t.pending.clear();
+                for a in owed {
+                    self.comm("all-reduce", &a, &t, 2.0, e.span);
+                }
                 Val::T(t)
             }
             "psum" | "pmean" | "pmax" | "pmin" => {
@@ -1366,6 +1440,7 @@ impl<'p> Checker<'p> {
                     match t.pending.get(a) {
                         Some(o) if *o == want => {
                             t.pending.remove(a);
+                            self.comm("all-reduce", a, &t, 2.0, e.span);
                         }
                         Some(o) => {
                             self.report_traced(Problem::BadCollective { span: e.span, message: format!("`{name}` over `{a}` of a value with a pending {} over `{a}`", o.name()), help: format!("use `{}`", reduce_name(*o)) }, args.pos[0], scope);
@@ -1401,6 +1476,7 @@ impl<'p> Checker<'p> {
                 match dim {
                     Some(k) if t.dims[k].axes.last() == Some(&a) => {
                         t.dims[k].axes.pop();
+                        self.comm("all-gather", &a, &t, 1.0, e.span);
                         Val::T(t)
                     }
                     _ => {
@@ -1438,6 +1514,7 @@ impl<'p> Checker<'p> {
                     });
                     return Val::Poison;
                 }
+                self.comm("reduce-scatter", &a, &t, 1.0, e.span);
                 t.pending.remove(&a);
                 t.dims[k].axes.push(a);
                 let d = t.dims[k].clone();
@@ -1476,6 +1553,7 @@ impl<'p> Checker<'p> {
                     return Val::Poison;
                 }
                 t.dims[f].axes.pop();
+                self.comm("all-to-all", &a, &t, 1.0, e.span);
                 t.dims[to].axes.push(a);
                 let d = t.dims[to].clone();
                 if !self.check_dim(&d, te.span, &format!("dimension {to}")) {
@@ -1488,8 +1566,13 @@ impl<'p> Checker<'p> {
                     return Val::Poison;
                 }
                 let t = t_arg!(0, "`ppermute`");
-                if self.axis_arg(args.pos[1]).is_none() {
+                let Some(ax) = self.axis_arg(args.pos[1]) else {
                     return Val::Poison;
+                };
+                if let Some(b) = self.bytes_text(&t, 1.0).num {
+                    if self.plan.is_some() {
+                        self.add_comm("ppermute", vec![ax], b, e.span, true);
+                    }
                 }
                 Val::T(t)
             }
@@ -1702,6 +1785,18 @@ impl<'p> Checker<'p> {
                 scope,
             );
             return Val::Poison;
+        }
+        // 2 × the local size of the full index space.
+        let mut space = 1.0f64;
+        let mut known = true;
+        for (d, _, _) in letters.values() {
+            match d.size.substitute(&self.bound).and_then(|p| p.as_const()) {
+                Some(v) => space *= v as f64 / self.axes_product(&d.axes).max(1) as f64,
+                None => known = false,
+            }
+        }
+        if known {
+            self.add_flops(2.0 * space);
         }
         Val::T(TType {
             dtype: ops[0].0.dtype,

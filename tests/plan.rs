@@ -1,0 +1,85 @@
+//! `shardc plan` figures against hand-computed values.
+
+use shardc::world::{self, Options};
+use std::path::Path;
+
+fn plan_of(file: &str, mesh: Vec<(String, i64)>) -> shardc::plan::Plan {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+    let c = world::compile(
+        &p,
+        &Options {
+            mesh,
+            ..Options::default()
+        },
+    )
+    .expect("readable");
+    assert!(!c.has_errors(), "{file} has errors");
+    c.checked.plans.into_iter().next().expect("one plan")
+}
+
+#[test]
+fn gptj_parameter_bytes_per_device() {
+    // Per block on mp=2: q,k,v,o 4·3072·4·768/2, w1,w2 2·3072·12288/2, b1 6144, b2 3072,
+    // LayerNorm 2·3072; two blocks; vocab-split embedding and head 2·5000·3072/2; ln_f.
+    let block = 4 * 3072 * 4 * 768 / 2 + 2 * 3072 * 12288 / 2 + 6144 + 3072 + 2 * 3072;
+    let floats = 2 * block + 2 * 5000 * 3072 / 2 + 2 * 3072;
+    let p = plan_of("models/gptj.shard", vec![]);
+    assert_eq!(p.params, (floats * 4) as f64);
+    assert_eq!(p.optimizer_state, 2.0 * p.params, "adam keeps two moments");
+    // LayerNorm scales are replicated over mp too: their gradients are summed over it.
+    assert!(p
+        .comms
+        .iter()
+        .any(|c| c.kind == "grad all-reduce" && c.axes == ["dp", "mp"]));
+}
+
+#[test]
+fn mesh_override_rescales_the_plan() {
+    let a = plan_of("models/gptj.shard", vec![]);
+    let b = plan_of(
+        "models/gptj.shard",
+        vec![("mp".into(), 4), ("dp".into(), 2)],
+    );
+    assert!(
+        b.params < a.params,
+        "more model parallelism, fewer bytes per device"
+    );
+    assert_eq!(
+        b.mesh_axes,
+        vec![("dp".to_string(), 2), ("mp".to_string(), 4)]
+    );
+}
+
+#[test]
+fn fsdp_stores_a_shard_and_reduce_scatters_gradients() {
+    let c = world::compile(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("models/fsdp_mlp.shard"),
+        &Options::default(),
+    )
+    .expect("readable");
+    let dp = &c.checked.plans[0];
+    let fsdp = &c.checked.plans[1];
+    assert!(
+        fsdp.params < dp.params / 4.0,
+        "{} vs {}",
+        fsdp.params,
+        dp.params
+    );
+    assert!(fsdp
+        .comms
+        .iter()
+        .any(|c| c.kind.starts_with("grad reduce-scatter")));
+    assert!(dp
+        .comms
+        .iter()
+        .any(|c| c.kind == "grad all-reduce" && c.axes == ["data"]));
+}
+
+#[test]
+fn plans_a_175b_model_on_1024_devices() {
+    let p = plan_of("examples/gpt3_175b.shard", vec![]);
+    let devices: i64 = p.mesh_axes.iter().map(|a| a.1).product();
+    assert_eq!(devices, 1024);
+    // ≈175e9 parameters over tp·pp = 64 devices, 4 bytes each: ≈ 11 GB per device.
+    assert!(p.params > 10.0e9 && p.params < 12.5e9, "{}", p.params);
+}
