@@ -9,6 +9,18 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+// Writing to a closed pipe (`shardc lower f | head`) is not an error worth a panic.
+macro_rules! out {
+    ($($t:tt)*) => {{
+        let _ = write!(std::io::stdout().lock(), $($t)*);
+    }};
+}
+macro_rules! outln {
+    ($($t:tt)*) => {{
+        let _ = writeln!(std::io::stdout().lock(), $($t)*);
+    }};
+}
+
 #[derive(Parser, Debug)]
 #[command(
     name = "shardc",
@@ -61,6 +73,12 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the SPMD program each `train` declaration lowers to, and verify it.
+    Lower {
+        file: PathBuf,
+        #[arg(long, value_parser = parse_mesh)]
+        mesh: Option<MeshArg>,
+    },
     /// Explain a diagnostic code, e.g. `shardc explain E0203`.
     Explain { code: Option<String> },
 }
@@ -105,6 +123,7 @@ pub fn main() -> ExitCode {
             },
         ),
         Command::Explain { code } => explain(code.as_deref()),
+        Command::Lower { file, mesh } => lower(&file, mesh.map(|m| m.0).unwrap_or_default()),
         Command::Plan { file, mesh, json } => {
             plan(&file, mesh.map(|m| m.0).unwrap_or_default(), json)
         }
@@ -146,7 +165,7 @@ fn check(files: &[PathBuf], types: bool, format: Format, opts: &Options, style: 
                     let _ = write!(err, "{}", render::human(d, &c.sources, style));
                 }
                 if types {
-                    print!("{}", types_table(&c));
+                    out!("{}", types_table(&c));
                 }
                 let _ = writeln!(err, "{}", summary(&c, &f.display().to_string()));
             }
@@ -158,7 +177,7 @@ fn check(files: &[PathBuf], types: bool, format: Format, opts: &Options, style: 
         } else {
             serde_json::Value::Array(json_out)
         };
-        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        outln!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     }
     ExitCode::from(worst)
 }
@@ -287,28 +306,70 @@ fn plan(file: &std::path::Path, mesh: Vec<(String, i64)>, json: bool) -> ExitCod
         return ExitCode::from(2);
     }
     if json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&c.checked.plans).unwrap_or_default()
         );
     } else {
         for p in &c.checked.plans {
-            println!("{}", crate::plan::render(p, &c.sources));
+            outln!("{}", crate::plan::render(p, &c.sources));
         }
     }
     ExitCode::SUCCESS
 }
 
+fn lower(file: &std::path::Path, mesh: Vec<(String, i64)>) -> ExitCode {
+    let opts = Options {
+        mesh,
+        ..Options::default()
+    };
+    let c = match world::compile(file, &opts) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: cannot read `{}`: {e}", file.display());
+            return ExitCode::from(2);
+        }
+    };
+    if c.has_errors() {
+        for d in c.diagnostics.iter().filter(|d| d.is_error()) {
+            eprint!("{}", render::human(d, &c.sources, Style::Plain));
+        }
+        return ExitCode::from(1);
+    }
+    let mut ok = true;
+    for p in &c.checked.programs {
+        out!("{}", p.render(&c.sources));
+        let errs = p.verify();
+        if errs.is_empty() {
+            outln!(
+                "verified: {} ops, {} collectives per step (same sequence on every device)\n",
+                p.nodes.len(),
+                p.collectives().len()
+            );
+        } else {
+            ok = false;
+            for e in errs {
+                outln!("verify error: {e}");
+            }
+        }
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
 fn explain(code: Option<&str>) -> ExitCode {
     let Some(code) = code else {
         for c in Code::ALL {
-            println!("{}  {}", c.as_str(), c.title());
+            outln!("{}  {}", c.as_str(), c.title());
         }
         return ExitCode::SUCCESS;
     };
     match Code::parse(code) {
         Some(c) => {
-            print!("{}", c.explanation());
+            out!("{}", c.explanation());
             ExitCode::SUCCESS
         }
         None => {

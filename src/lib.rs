@@ -11,6 +11,7 @@ pub mod parse;
 pub mod plan;
 pub mod resolve;
 pub mod source;
+pub mod spmd;
 pub mod types;
 pub mod watch;
 pub mod world;

@@ -782,8 +782,24 @@ impl<'p> Checker<'p> {
             optimizer: optimizer.clone(),
             ..Default::default()
         });
+        self.emit = Some(crate::spmd::Program {
+            model: decl.name.name.clone(),
+            mesh: mesh.axes.iter().map(|a| (a.0.clone(), a.1)).collect(),
+            ..Default::default()
+        });
+        self.param_nodes.clear();
+        self.path.clear();
+        let errors_before = self.diags.iter().filter(|d| d.is_error()).count();
         let checked = self.check_model(&decl, batch);
         let plan = self.plan.take();
+        if let Some(mut prog) = self.emit.take() {
+            if self.diags.iter().filter(|d| d.is_error()).count() == errors_before
+                && checked.is_some()
+            {
+                prog.bound = self.bound.clone();
+                self.out.programs.push(prog);
+            }
+        }
         let Some((inst, out, _)) = checked else {
             return;
         };

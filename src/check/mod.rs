@@ -40,6 +40,8 @@ pub struct Checked {
     pub types: Vec<TypeEntry>,
     /// One static plan per `train` declaration.
     pub plans: Vec<crate::plan::Plan>,
+    /// One SPMD program per `train` declaration (when the file has no errors).
+    pub programs: Vec<crate::spmd::Program>,
 }
 
 /// A layer dimension parameter's value: a size and, when written, its sharding.
@@ -92,6 +94,7 @@ impl Val {
 #[derive(Clone, Debug)]
 struct Binding {
     ty: TType,
+    nid: Option<crate::spmd::Nid>,
     span: Span,
     /// Names this binding was computed from, for the shape-flow trace.
     deps: Vec<String>,
@@ -134,6 +137,17 @@ pub struct Checker<'p> {
     /// times the code being checked runs per step (repeated layers).
     plan: Option<crate::plan::Plan>,
     mult: u64,
+    /// The SPMD program being emitted while a trained model is checked: the node
+    /// holding the value of the expression just checked, the layer path of the
+    /// code being checked (`blocks.3.attn`), and parameter nodes by full name.
+    emit: Option<crate::spmd::Program>,
+    last: Option<crate::spmd::Nid>,
+    path: Vec<String>,
+    param_nodes: HashMap<String, crate::spmd::Nid>,
+    /// Nodes of the tensor arguments of the built-in being checked, in order; and
+    /// whether we are inside one (its internal reshards are implied by its result).
+    arg_ids: Vec<Option<crate::spmd::Nid>>,
+    in_builtin: bool,
     checked_fns: HashSet<(Span, String)>,
 }
 
@@ -171,6 +185,12 @@ impl<'p> Checker<'p> {
             hint: None,
             plan: None,
             mult: 1,
+            emit: None,
+            last: None,
+            path: Vec::new(),
+            param_nodes: HashMap::new(),
+            arg_ids: Vec::new(),
+            in_builtin: false,
             checked_fns: HashSet::new(),
         }
     }
@@ -314,11 +334,15 @@ impl<'p> Checker<'p> {
             }
             let ty = self.apply_bound(ty);
             self.validate_type(&ty, te, &format!("of `{}`", name.name));
-            args.push((Val::T(ty), name.span));
+            let nid = self.emit_node(crate::spmd::Op::Input(i), vec![], &ty, name.span);
+            args.push((Val::T(ty), name.span, nid));
         }
         self.sites.push((decl.name.span, decl.name.name.clone()));
         let out = self.call_fn(&inst, fwd, args, decl.name.span);
         self.sites.pop();
+        if let Some(p) = self.emit.as_mut() {
+            p.output = self.last;
+        }
         Some((inst, out, first_dim))
     }
 
@@ -1088,7 +1112,7 @@ impl<'p> Checker<'p> {
         &mut self,
         inst: &Rc<Inst>,
         f: &ast::FnDecl,
-        args: Vec<(Val, Span)>,
+        args: Vec<(Val, Span, Option<crate::spmd::Nid>)>,
         site: Span,
     ) -> Val {
         if args.len() != f.params.len() {
@@ -1113,7 +1137,8 @@ impl<'p> Checker<'p> {
             scope_name: format!("{}.{}", inst.label, f.name.name),
             ..Scope::default()
         };
-        for ((pname, te), (arg, aspan)) in f.params.iter().zip(args) {
+        for ((pname, te), (arg, aspan, nid)) in f.params.iter().zip(args) {
+            self.last = nid;
             let Val::T(at) = arg else {
                 if !matches!(arg, Val::Poison) {
                     self.report(Problem::WrongKind {
@@ -1142,6 +1167,7 @@ impl<'p> Checker<'p> {
                 pname.name.clone(),
                 Binding {
                     ty: bound,
+                    nid: self.last,
                     span: pname.span,
                     deps: vec![],
                 },
@@ -1384,6 +1410,7 @@ impl<'p> Checker<'p> {
                 l.name.name.clone(),
                 Binding {
                     ty: t,
+                    nid: self.last,
                     span: l.name.span,
                     deps,
                 },
@@ -1428,7 +1455,11 @@ impl<'p> Checker<'p> {
     }
 
     fn expr(&mut self, inst: &Rc<Inst>, e: &Expr, scope: &mut Scope) -> Val {
+        self.last = None;
         let v = self.expr_inner(inst, e, scope);
+        if !matches!(v, Val::T(_)) {
+            self.last = None;
+        }
         if let (Val::T(t), Some(_)) = (&v, &self.plan) {
             // Every computed value (not a name) is an activation kept for backward;
             // elementwise work is one FLOP per element (products add their own).
@@ -1443,6 +1474,85 @@ impl<'p> Checker<'p> {
             }
         }
         v
+    }
+
+    /// Add a node to the SPMD program being emitted (if any) and make it the current
+    /// value. A missing operand (an error elsewhere) drops the node.
+    pub(crate) fn emit_node(
+        &mut self,
+        op: crate::spmd::Op,
+        args: Vec<Option<crate::spmd::Nid>>,
+        ty: &TType,
+        span: Span,
+    ) -> Option<crate::spmd::Nid> {
+        self.emit.as_ref()?;
+        let ty = self.apply_bound(ty.clone());
+        let args: Option<Vec<crate::spmd::Nid>> = args.into_iter().collect();
+        let Some(args) = args else {
+            self.last = None;
+            return None;
+        };
+        let id = self.emit.as_mut()?.add(op, args, ty, span);
+        self.last = Some(id);
+        Some(id)
+    }
+
+    /// A weight used in forward: one parameter per layer path, gathered when FSDP
+    /// stores it split.
+    fn emit_param(&mut self, inst: &Inst, n: &str, stored: &TType, used: &TType, span: Span) {
+        if self.emit.is_none() {
+            return;
+        }
+        let mut full = self.path.clone();
+        full.push(n.to_string());
+        let name = full.join(".");
+        if let Some(id) = self.param_nodes.get(&name) {
+            self.last = Some(*id);
+            return;
+        }
+        let init = inst
+            .decl
+            .members
+            .iter()
+            .find_map(|m| match m {
+                Member::Weight {
+                    name: w,
+                    init: Some(i),
+                    ..
+                } if w.name == n => Some(self.sources.get(i.span.file).snippet(i.span).to_string()),
+                _ => None,
+            })
+            .unwrap_or_else(|| "zeros".into());
+        let Some(p) = self.emit.as_mut() else { return };
+        p.params.push(crate::spmd::Param {
+            name: name.clone(),
+            stored: stored.clone(),
+            used: used.clone(),
+            init,
+            span,
+        });
+        let idx = p.params.len() - 1;
+        let mut id = self.emit_node(crate::spmd::Op::Param(idx), vec![], stored, span);
+        if stored != used {
+            id = self.emit_node(
+                crate::spmd::Op::Collective(
+                    "all_gather".into(),
+                    stored
+                        .all_axes()
+                        .into_iter()
+                        .filter(|a| !used.all_axes().contains(a))
+                        .map(|s| s.to_string())
+                        .collect(),
+                    vec![],
+                ),
+                vec![id],
+                used,
+                span,
+            );
+        }
+        if let Some(id) = id {
+            self.param_nodes.insert(name, id);
+        }
     }
 
     /// Elements of one device's piece of `t`, when all sizes are known.
@@ -1496,7 +1606,12 @@ impl<'p> Checker<'p> {
             ExprKind::Neg(x) => match self.expr(inst, x, scope) {
                 Val::Num(v) => Val::Num(-v),
                 Val::Int(v) => Val::Int(v.wrapping_neg()),
-                v @ (Val::T(_) | Val::Poison) => v,
+                Val::T(t) => {
+                    let ix = self.last;
+                    self.emit_node(crate::spmd::Op::Neg, vec![ix], &t, e.span);
+                    Val::T(t)
+                }
+                Val::Poison => Val::Poison,
                 v => {
                     self.report(Problem::WrongKind {
                         span: x.span,
@@ -1508,13 +1623,44 @@ impl<'p> Checker<'p> {
             },
             ExprKind::Bin(a, op, b) => {
                 let va = self.expr(inst, a, scope);
+                let ia = self.last;
                 let vb = self.expr(inst, b, scope);
-                self.binary(*op, (va, a), (vb, b), e, scope)
+                let ib = self.last;
+                let num = |v: &Val| match v {
+                    Val::Num(x) => Some(*x),
+                    Val::Int(x) => Some(*x as f64),
+                    _ => None,
+                };
+                let (na, nb) = (num(&va), num(&vb));
+                let r = self.binary(*op, (va, a), (vb, b), e, scope);
+                if let Val::T(t) = &r {
+                    use crate::spmd::Op;
+                    let (o, args) = match (na, nb) {
+                        (None, Some(c)) => (Op::Binary(*op, Some(c)), vec![ia]),
+                        (Some(c), None) => (Op::ScalarLeft(*op, c), vec![ib]),
+                        _ if *op == ast::BinOp::MatMul => (Op::MatMul, vec![ia, ib]),
+                        _ => (Op::Binary(*op, None), vec![ia, ib]),
+                    };
+                    self.emit_node(o, args, t, e.span);
+                }
+                r
             }
             ExprKind::Call(callee, args) => self.call(inst, callee, args, e, scope),
             ExprKind::Index(base, slices) => {
                 let v = self.expr(inst, base, scope);
-                self.index(inst, v, slices, e, scope)
+                let ib = self.last;
+                let r = self.index(inst, v, slices, e, scope);
+                if let Val::T(t) = &r {
+                    let text = self.sources.get(e.span.file).snippet(e.span);
+                    let sl = text.rfind('[').map_or("", |i| &text[i..]).to_string();
+                    self.emit_node(
+                        crate::spmd::Op::Builtin("index".into(), vec![(String::new(), sl)]),
+                        vec![ib],
+                        t,
+                        e.span,
+                    );
+                }
+                r
             }
             ExprKind::List(_) => {
                 self.report(Problem::WrongKind {
@@ -1538,12 +1684,14 @@ impl<'p> Checker<'p> {
 
     fn name(&mut self, inst: &Rc<Inst>, n: &str, span: Span, scope: &Scope) -> Val {
         if let Some(b) = scope.vars.get(n) {
+            self.last = b.nid;
             return Val::T(b.ty.clone());
         }
         if scope.poisoned.contains(n) || inst.poisoned.contains(n) {
             return Val::Poison;
         }
-        if let Some((_, used, _)) = inst.weights.get(n) {
+        if let Some((stored, used, wspan)) = inst.weights.get(n) {
+            self.emit_param(inst, n, stored, used, *wspan);
             return Val::T(used.clone());
         }
         if let Some(s) = inst.subs.get(n) {
@@ -1608,7 +1756,7 @@ impl<'p> Checker<'p> {
                 match a {
                     Arg::Pos(x) => {
                         let v = self.expr(inst, x, scope);
-                        vals.push((v, x.span));
+                        vals.push((v, x.span, self.last));
                     }
                     other => {
                         self.report(Problem::WrongKind {
@@ -1620,7 +1768,7 @@ impl<'p> Checker<'p> {
                     }
                 }
             }
-            return self.call_layer(&sub, vals, e, scope);
+            return self.call_layer(name, &sub, vals, e, scope);
         }
         if !scope.vars.contains_key(name) {
             if let Some(f) = find_fn(&inst.decl, name) {
@@ -1628,7 +1776,7 @@ impl<'p> Checker<'p> {
                 for a in args {
                     if let Arg::Pos(x) = a {
                         let v = self.expr(inst, x, scope);
-                        vals.push((v, x.span));
+                        vals.push((v, x.span, self.last));
                     }
                 }
                 self.sites.push((e.span, inst.label.clone()));
@@ -1677,7 +1825,14 @@ impl<'p> Checker<'p> {
         Val::Poison
     }
 
-    fn call_layer(&mut self, sub: &Val, vals: Vec<(Val, Span)>, e: &Expr, scope: &Scope) -> Val {
+    fn call_layer(
+        &mut self,
+        name: &str,
+        sub: &Val,
+        vals: Vec<(Val, Span, Option<crate::spmd::Nid>)>,
+        e: &Expr,
+        scope: &Scope,
+    ) -> Val {
         let (li, count, per_device) = match sub {
             Val::Layer(li) => (li.clone(), 1, 1),
             // Each pipeline stage runs only its share of the repeated layers.
@@ -1695,14 +1850,14 @@ impl<'p> Checker<'p> {
             });
             return Val::Poison;
         };
-        let input = vals.first().map(|(v, _)| v.clone());
+        let input = vals.first().map(|(v, _, _)| v.clone());
         self.sites.push((e.span, li.label.clone()));
         let key = (
             f.span,
             format!(
                 "{:?}",
                 vals.iter()
-                    .map(|(v, _)| match v {
+                    .map(|(v, _, _)| match v {
                         Val::T(t) => t.to_string(),
                         _ => String::new(),
                     })
@@ -1713,7 +1868,29 @@ impl<'p> Checker<'p> {
         let saved = self.diags.len();
         let saved_mult = self.mult;
         self.mult = self.mult.saturating_mul(per_device as u64);
-        let out = self.call_fn(&li, f, vals, e.span);
+        let out = if self.emit.is_some() && count > 1 {
+            // The program gets every repetition, each with its own parameters
+            // (`blocks.0`, `blocks.1`, ...); the plan counts the first one, scaled.
+            let mut vals = vals;
+            let mut out = Val::Poison;
+            let mut saved_plan = None;
+            for i in 0..count {
+                self.path.push(format!("{name}.{i}"));
+                out = self.call_fn(&li, f, vals.clone(), e.span);
+                self.path.pop();
+                if i == 0 {
+                    saved_plan = self.plan.take();
+                }
+                vals = vec![(out.clone(), e.span, self.last)];
+            }
+            self.plan = saved_plan;
+            out
+        } else {
+            self.path.push(name.to_string());
+            let o = self.call_fn(&li, f, vals, e.span);
+            self.path.pop();
+            o
+        };
         self.mult = saved_mult;
         if !first {
             // Same layer, same argument types: its diagnostics were already reported.

@@ -285,8 +285,13 @@ impl<'p> Checker<'p> {
                 .collect();
         }
         let to = t.to_string();
+        let changed = !events.is_empty() || t != *got;
         for (what, from, bytes) in events {
             self.implicit(span, what, from, to.clone(), bytes, scope);
+        }
+        if changed && !self.in_builtin {
+            let input = self.last;
+            self.emit_node(crate::spmd::Op::Reshard, vec![input], &t, span);
         }
         t
     }
@@ -952,6 +957,7 @@ impl<'p> Checker<'p> {
         what: &str,
     ) -> Option<TType> {
         let v = self.expr(inst, e, scope);
+        self.arg_ids.push(self.last);
         self.tensor(v, e, what)
     }
 
@@ -965,7 +971,89 @@ impl<'p> Checker<'p> {
         self.reshard(t, &target, &t.pending, span, scope)
     }
 
+    /// A built-in call: checked by `builtin_rule`, emitted as one node whose
+    /// operands are its tensor arguments and whose result type carries the layout
+    /// (the reshards the rule reported are implied by it).
     pub(super) fn builtin(
+        &mut self,
+        inst: &Rc<Inst>,
+        name: &str,
+        name_span: Span,
+        raw: &[Arg],
+        e: &Expr,
+        scope: &mut Scope,
+    ) -> Val {
+        let saved_ids = std::mem::take(&mut self.arg_ids);
+        let saved_in = std::mem::replace(&mut self.in_builtin, true);
+        let r = self.builtin_rule(inst, name, name_span, raw, e, scope);
+        self.in_builtin = saved_in;
+        let ids = std::mem::replace(&mut self.arg_ids, saved_ids);
+        if let (Val::T(t), true) = (&r, self.emit.is_some()) {
+            let text = |s: Span| self.sources.get(s.file).snippet(s).to_string();
+            let mut axes = Vec::new();
+            let mut attrs: Vec<(String, String)> = Vec::new();
+            for a in raw {
+                match a {
+                    Arg::Pos(x) => match &x.kind {
+                        ExprKind::Name(n)
+                            if self.mesh.is_some_and(|m| m.axis(n).is_some())
+                                && !scope.vars.contains_key(n) =>
+                        {
+                            axes.push(n.clone())
+                        }
+                        ExprKind::Name(n)
+                            if scope.vars.contains_key(n) || inst.weights.contains_key(n) => {}
+                        ExprKind::Str(_)
+                        | ExprKind::List(_)
+                        | ExprKind::Int(_)
+                        | ExprKind::Float(_)
+                        | ExprKind::Neg(_)
+                        | ExprKind::Name(_) => attrs.push((String::new(), text(x.span))),
+                        _ => {}
+                    },
+                    Arg::Named(k, v) => attrs.push((k.name.clone(), text(v.span()))),
+                    Arg::Arrow(..) => {}
+                }
+            }
+            let collective = [
+                "reduce",
+                "psum",
+                "pmean",
+                "pmax",
+                "pmin",
+                "all_gather",
+                "psum_scatter",
+                "all_to_all",
+                "ppermute",
+            ]
+            .contains(&name);
+            let op = if collective {
+                if axes.is_empty() {
+                    // `reduce(x)` / `psum(x)`: every pending axis of the operand.
+                    axes = ids
+                        .first()
+                        .copied()
+                        .flatten()
+                        .and_then(|i| {
+                            self.emit
+                                .as_ref()
+                                .map(|p| p.nodes[i as usize].ty.pending.keys().cloned().collect())
+                        })
+                        .unwrap_or_default();
+                }
+                crate::spmd::Op::Collective(name.to_string(), axes, attrs)
+            } else {
+                if !axes.is_empty() {
+                    attrs.extend(axes.into_iter().map(|a| (String::new(), a)));
+                }
+                crate::spmd::Op::Builtin(name.to_string(), attrs)
+            };
+            self.emit_node(op, ids, &t.clone(), e.span);
+        }
+        r
+    }
+
+    fn builtin_rule(
         &mut self,
         inst: &Rc<Inst>,
         name: &str,

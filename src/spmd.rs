@@ -1,0 +1,285 @@
+//! Stage 4: the SPMD program — one straight-line program for every device, with
+//! global types (so local shapes follow from the mesh), layers inlined, each
+//! parameter named by its dotted layer path, every collective explicit (written in
+//! the source or inserted by the checker), and a span for each op.
+//!
+//! `verify` checks the invariants after lowering: operands defined before use, mesh
+//! axes known, every sharded size divisible so that local shape × shard count equals
+//! the global shape, and the collective sequence (identical on every device, since
+//! the program has no device-dependent control flow).
+
+use crate::ast::ReduceOp;
+use crate::source::{SourceMap, Span};
+use crate::types::{Poly, TType};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+pub type Nid = u32;
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// The i-th model input.
+    Input(usize),
+    /// A parameter, by index into `Program::params` (its stored layout).
+    Param(usize),
+    /// Elementwise arithmetic with broadcasting; a `Some` scalar replaces the second operand.
+    Binary(ast_op::Bin, Option<f64>),
+    /// Scalar on the left: `2.0 - x`, `1.0 / x`.
+    ScalarLeft(ast_op::Bin, f64),
+    Neg,
+    MatMul,
+    /// A built-in function by name, with its non-tensor arguments as text.
+    Builtin(String, Vec<(String, String)>),
+    /// A collective written in the source (psum, all_gather, ...): kind, axes, and
+    /// its other arguments as text (`shift: 1`).
+    Collective(String, Vec<String>, Vec<(String, String)>),
+    /// A layout change inserted by the checker (all-gather, all-reduce, slice, ...).
+    Reshard,
+}
+
+pub mod ast_op {
+    pub use crate::ast::BinOp as Bin;
+}
+
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub op: Op,
+    pub args: Vec<Nid>,
+    pub ty: TType,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug)]
+pub struct Param {
+    /// `blocks.3.attn.wqkv`
+    pub name: String,
+    /// Storage layout (FSDP weights are stored split over the data axis).
+    pub stored: TType,
+    /// Layout used by the forward pass.
+    pub used: TType,
+    /// Initializer as written, e.g. `normal(0.02)`.
+    pub init: String,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Program {
+    pub model: String,
+    pub mesh: Vec<(String, i64)>,
+    pub params: Vec<Param>,
+    pub nodes: Vec<Node>,
+    pub output: Option<Nid>,
+    /// Values of the symbolic sizes (the batch).
+    pub bound: BTreeMap<String, Poly>,
+}
+
+impl Program {
+    pub fn add(&mut self, op: Op, args: Vec<Nid>, ty: TType, span: Span) -> Nid {
+        self.nodes.push(Node { op, args, ty, span });
+        (self.nodes.len() - 1) as Nid
+    }
+
+    fn axis_size(&self, a: &str) -> Option<i64> {
+        self.mesh.iter().find(|m| m.0 == a).map(|m| m.1)
+    }
+
+    /// Per-device shape, or why it does not exist.
+    pub fn local_shape(&self, t: &TType) -> Result<Vec<i64>, String> {
+        let mut out = Vec::new();
+        for (i, d) in t.dims.iter().enumerate() {
+            let size = d
+                .size
+                .substitute(&self.bound)
+                .and_then(|p| p.as_const())
+                .ok_or_else(|| format!("dimension {i} has symbolic size {}", d.size))?;
+            let mut n = 1i64;
+            for a in &d.axes {
+                n = n.saturating_mul(
+                    self.axis_size(a)
+                        .ok_or_else(|| format!("unknown mesh axis `{a}`"))?,
+                );
+            }
+            if size % n != 0 {
+                return Err(format!(
+                    "dimension {i} of size {size} does not split into {n} pieces"
+                ));
+            }
+            out.push(size / n);
+        }
+        Ok(out)
+    }
+
+    /// Check the invariants; returns the problems found (empty when valid).
+    pub fn verify(&self) -> Vec<String> {
+        let mut errs = Vec::new();
+        for (i, p) in self.params.iter().enumerate() {
+            for t in [&p.stored, &p.used] {
+                if let Err(e) = self.check_type(t) {
+                    errs.push(format!("param {i} `{}`: {e}", p.name));
+                }
+            }
+        }
+        for (i, n) in self.nodes.iter().enumerate() {
+            for a in &n.args {
+                if *a as usize >= i {
+                    errs.push(format!("%{i} uses %{a}, which is not defined before it"));
+                }
+            }
+            if let Op::Param(p) = n.op {
+                if p >= self.params.len() {
+                    errs.push(format!("%{i} names parameter {p}, which does not exist"));
+                }
+            }
+            if let Err(e) = self.check_type(&n.ty) {
+                errs.push(format!("%{i}: {e}"));
+            }
+        }
+        if let Some(o) = self.output {
+            if o as usize >= self.nodes.len() {
+                errs.push("the output is not a node".into());
+            }
+        }
+        errs
+    }
+
+    fn check_type(&self, t: &TType) -> Result<(), String> {
+        let local = self.local_shape(t)?;
+        // local × shard count = global, and no axis splits two dimensions.
+        let mut seen = Vec::new();
+        for (d, l) in t.dims.iter().zip(&local) {
+            let n: i64 = d
+                .axes
+                .iter()
+                .map(|a| self.axis_size(a).unwrap_or(1))
+                .product();
+            let g = d
+                .size
+                .substitute(&self.bound)
+                .and_then(|p| p.as_const())
+                .unwrap_or(-1);
+            if l * n != g {
+                return Err(format!("local {l} × {n} shards ≠ global {g}"));
+            }
+            for a in &d.axes {
+                if seen.contains(&a) {
+                    return Err(format!("axis `{a}` splits two dimensions"));
+                }
+                seen.push(a);
+            }
+        }
+        for a in t.pending.keys() {
+            if self.axis_size(a).is_none() {
+                return Err(format!("pending reduction over unknown axis `{a}`"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The collectives every device issues, in program order.
+    pub fn collectives(&self) -> Vec<(Nid, String)> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| match &n.op {
+                Op::Collective(k, axes, _) if !axes.is_empty() => {
+                    Some((i as Nid, format!("{k}({})", axes.join(", "))))
+                }
+                Op::Reshard => {
+                    let from = &self.nodes[n.args[0] as usize].ty;
+                    Some((i as Nid, format!("reshard {from} → {}", n.ty)))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn render(&self, sources: &SourceMap) -> String {
+        let mut s = String::new();
+        let mesh: Vec<String> = self.mesh.iter().map(|(a, n)| format!("{a}={n}")).collect();
+        let _ = writeln!(
+            s,
+            "spmd program {} on ({}): {} params, {} ops",
+            self.model,
+            mesh.join(", "),
+            self.params.len(),
+            self.nodes.len()
+        );
+        let local = |t: &TType| match self.local_shape(t) {
+            Ok(v) => format!(
+                "{}[{}]",
+                t.dtype.name(),
+                v.iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Err(e) => format!("<{e}>"),
+        };
+        for (i, p) in self.params.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "  param {i:<3} {:<28} {:<32} local {:<24} init {}",
+                p.name,
+                p.stored.to_string(),
+                local(&p.stored),
+                p.init
+            );
+        }
+        for (i, n) in self.nodes.iter().enumerate() {
+            let args: Vec<String> = n.args.iter().map(|a| format!("%{a}")).collect();
+            let op = match &n.op {
+                Op::Input(k) => format!("input {k}"),
+                Op::Param(p) => format!("param {}", self.params.get(*p).map_or("?", |p| &p.name)),
+                Op::Binary(b, Some(c)) => format!("{} {} {c}", args.join(""), b.symbol()),
+                Op::Binary(b, None) => args.join(&format!(" {} ", b.symbol())),
+                Op::ScalarLeft(b, c) => format!("{c} {} {}", b.symbol(), args.join("")),
+                Op::Neg => format!("-{}", args.join("")),
+                Op::MatMul => args.join(" @ "),
+                Op::Builtin(name, attrs) => {
+                    let mut a = args.clone();
+                    a.extend(attrs.iter().map(|(k, v)| {
+                        if k.is_empty() {
+                            v.clone()
+                        } else {
+                            format!("{k}: {v}")
+                        }
+                    }));
+                    format!("{name}({})", a.join(", "))
+                }
+                Op::Collective(k, axes, attrs) => {
+                    let mut a = args.clone();
+                    a.extend(axes.iter().cloned());
+                    a.extend(attrs.iter().map(|(k, v)| format!("{k}: {v}")));
+                    format!("{k}({})", a.join(", "))
+                }
+                Op::Reshard => format!("reshard {}", args.join("")),
+            };
+            let at = if n.span == Span::default() {
+                String::new()
+            } else {
+                sources.describe(n.span)
+            };
+            let _ = writeln!(
+                s,
+                "  %{i:<4} = {:<40} : {:<36} local {:<24} {at}",
+                op,
+                n.ty.to_string(),
+                local(&n.ty)
+            );
+        }
+        if let Some(o) = self.output {
+            let _ = writeln!(s, "  return %{o}");
+        }
+        s
+    }
+}
+
+/// Which reduction a collective performs, for runtimes.
+pub fn reduce_of(kind: &str) -> Option<ReduceOp> {
+    match kind {
+        "psum" | "pmean" | "reduce" => Some(ReduceOp::Sum),
+        "pmax" => Some(ReduceOp::Max),
+        "pmin" => Some(ReduceOp::Min),
+        _ => None,
+    }
+}

@@ -1,0 +1,78 @@
+//! Lowering: every seed model becomes an SPMD program that verifies, with one
+//! parameter per layer path and the collectives the types call for.
+
+use shardc::spmd::Op;
+use shardc::world::{self, Options};
+use std::path::Path;
+
+fn programs(file: &str) -> Vec<shardc::spmd::Program> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+    let c = world::compile(&p, &Options::default()).expect("readable");
+    assert!(!c.has_errors(), "{file} has errors");
+    c.checked.programs
+}
+
+#[test]
+fn seed_models_lower_and_verify() {
+    for m in [
+        "models/shakespeare.shard",
+        "models/gptj.shard",
+        "models/fsdp_mlp.shard",
+        "models/transformer_3d.shard",
+        "examples/gpt3_175b.shard",
+    ] {
+        let ps = programs(m);
+        assert!(!ps.is_empty(), "{m} lowered to nothing");
+        for p in ps {
+            assert_eq!(p.verify(), Vec::<String>::new(), "{m}");
+            assert!(p.output.is_some(), "{m} has no output");
+        }
+    }
+}
+
+#[test]
+fn repeated_blocks_get_their_own_parameters() {
+    let p = &programs("models/gptj.shard")[0];
+    let names: Vec<&str> = p.params.iter().map(|p| p.name.as_str()).collect();
+    assert!(
+        names.contains(&"blocks.0.wq") && names.contains(&"blocks.1.wq"),
+        "{names:?}"
+    );
+    assert!(
+        names.contains(&"embed.w") && names.contains(&"head.w"),
+        "{names:?}"
+    );
+    // One all-reduce per block (psum over mp) plus the embedding's.
+    let psums = p
+        .nodes
+        .iter()
+        .filter(|n| matches!(&n.op, Op::Collective(k, a, _) if k == "psum" && a == &["mp"]))
+        .count();
+    assert_eq!(psums, 2);
+}
+
+#[test]
+fn fsdp_gathers_each_sharded_weight_before_use() {
+    let ps = programs("models/fsdp_mlp.shard");
+    let gathers = |p: &shardc::spmd::Program| {
+        p.nodes
+            .iter()
+            .filter(|n| matches!(&n.op, Op::Collective(k, _, _) if k == "all_gather"))
+            .count()
+    };
+    assert_eq!(gathers(&ps[0]), 0, "plain data parallel gathers nothing");
+    assert_eq!(
+        gathers(&ps[1]),
+        3,
+        "three of four FSDP weights exceed min_size and are split"
+    );
+}
+
+#[test]
+fn annotated_layout_change_becomes_a_reshard() {
+    let p = &programs("models/transformer_3d.shard")[0];
+    assert!(
+        p.nodes.iter().any(|n| n.op == Op::Reshard),
+        "the sequence-parallel input is gathered"
+    );
+}
