@@ -79,6 +79,28 @@ pub enum Command {
         #[arg(long, value_parser = parse_mesh)]
         mesh: Option<MeshArg>,
     },
+    /// Train a model on a mesh of virtual devices.
+    Run {
+        file: PathBuf,
+        /// Override mesh axis sizes, e.g. `--mesh dp=2,mp=4` (the checker re-validates).
+        #[arg(long, value_parser = parse_mesh)]
+        mesh: Option<MeshArg>,
+        /// Steps to train (default: the file's `steps`).
+        #[arg(long)]
+        steps: Option<usize>,
+        /// Random seed for initialisation, data and dropout (default: the file's `seed`).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Which model to train when the file has several `train` declarations.
+        #[arg(long)]
+        model: Option<String>,
+        /// Write the per-step training losses as JSON `{"losses": [...]}`.
+        #[arg(long)]
+        dump_losses: Option<PathBuf>,
+        /// Compute in f64 (for checking numerics).
+        #[arg(long)]
+        f64: bool,
+    },
     /// Explain a diagnostic code, e.g. `shardc explain E0203`.
     Explain { code: Option<String> },
 }
@@ -123,6 +145,23 @@ pub fn main() -> ExitCode {
             },
         ),
         Command::Explain { code } => explain(code.as_deref()),
+        Command::Run {
+            file,
+            mesh,
+            steps,
+            seed,
+            model,
+            dump_losses,
+            f64,
+        } => run(
+            &file,
+            mesh.map(|m| m.0).unwrap_or_default(),
+            steps,
+            seed,
+            model,
+            dump_losses,
+            f64,
+        ),
         Command::Lower { file, mesh } => lower(&file, mesh.map(|m| m.0).unwrap_or_default()),
         Command::Plan { file, mesh, json } => {
             plan(&file, mesh.map(|m| m.0).unwrap_or_default(), json)
@@ -316,6 +355,147 @@ fn plan(file: &std::path::Path, mesh: Vec<(String, i64)>, json: bool) -> ExitCod
         }
     }
     ExitCode::SUCCESS
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run(
+    file: &std::path::Path,
+    mesh: Vec<(String, i64)>,
+    steps: Option<usize>,
+    seed: Option<u64>,
+    model: Option<String>,
+    dump: Option<PathBuf>,
+    f64: bool,
+) -> ExitCode {
+    use crate::runtime::train;
+    let opts = Options {
+        mesh: mesh.clone(),
+        ..Options::default()
+    };
+    let c = match world::compile(file, &opts) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: cannot read `{}`: {e}", file.display());
+            return ExitCode::from(2);
+        }
+    };
+    for (axis, _) in &mesh {
+        if !c.program.meshes.iter().any(|m| m.axis(axis).is_some()) {
+            eprintln!(
+                "error: --mesh names axis `{axis}`, which no mesh in `{}` has",
+                file.display()
+            );
+            return ExitCode::from(2);
+        }
+    }
+    let style = if std::io::stderr().is_terminal() {
+        Style::Color
+    } else {
+        Style::Plain
+    };
+    if c.has_errors() {
+        for d in c.diagnostics.iter().filter(|d| d.is_error()) {
+            eprint!("{}", render::human(d, &c.sources, style));
+        }
+        eprintln!("{}", summary(&c, &file.display().to_string()));
+        return ExitCode::from(1);
+    }
+    let train = match &model {
+        Some(m) => c.program.trains.iter().find(|t| &t.model.name == m),
+        None => c.program.trains.first(),
+    };
+    let Some(train) = train else {
+        eprintln!(
+            "error: `{}` has no `train` declaration{}",
+            file.display(),
+            model.map_or(String::new(), |m| format!(" for `{m}`"))
+        );
+        return ExitCode::from(2);
+    };
+    let Some(prog) = c
+        .checked
+        .programs
+        .iter()
+        .find(|p| p.model == train.model.name)
+    else {
+        eprintln!("error: `{}` could not be lowered", train.model.name);
+        return ExitCode::from(1);
+    };
+    if !c.program.tables.is_empty() {
+        eprintln!("error: embedding tables (`table`, `lookup`) are checked but not executed yet; `shardc run` cannot train `{}`", train.model.name);
+        return ExitCode::from(2);
+    }
+    let mut cfg = train::config(train, &c.program.consts);
+    if let Some(s) = steps {
+        cfg.steps = s;
+    }
+    if let Some(s) = seed {
+        cfg.seed = s;
+    }
+    if f64 {
+        cfg.dtype = candle_core::DType::F64;
+    }
+    let classes = prog
+        .output
+        .map(|o| {
+            prog.nodes[o as usize]
+                .ty
+                .dims
+                .last()
+                .and_then(|d| d.size.as_const())
+                .unwrap_or(1) as usize
+        })
+        .unwrap_or(1);
+    let src = train::source(train, &c.program.consts, classes);
+    let mesh_txt: Vec<String> = prog.mesh.iter().map(|(a, n)| format!("{a}={n}")).collect();
+    eprintln!(
+        "training {} on {} ({}) for {} steps, batch {}, {} {}",
+        prog.model,
+        train.mesh.name,
+        mesh_txt.join(", "),
+        cfg.steps,
+        cfg.batch,
+        cfg.optimizer.kind,
+        if f64 { "f64" } else { "f32" }
+    );
+    let start = std::time::Instant::now();
+    let mut last = start;
+    let res = train::run(prog, &cfg, &src, false, &mut |r| {
+        let now = std::time::Instant::now();
+        eprintln!(
+            "step {:>5}/{}  loss {:.6}  lr {:.3e}  |g| {:.4}  {:.0} ms",
+            r.step + 1,
+            cfg.steps,
+            r.loss,
+            r.lr,
+            r.grad_norm,
+            (now - last).as_secs_f64() * 1e3
+        );
+        last = now;
+    });
+    match res {
+        Ok(out) => {
+            if let Some(path) = dump {
+                let json = serde_json::json!({ "losses": out.losses });
+                if let Err(e) = std::fs::write(&path, json.to_string()) {
+                    eprintln!("error: cannot write `{}`: {e}", path.display());
+                    return ExitCode::from(2);
+                }
+            }
+            let first = out.losses.first().copied().unwrap_or(f64::NAN);
+            let lastl = out.losses.last().copied().unwrap_or(f64::NAN);
+            eprintln!(
+                "done: {} steps in {:.1} s, loss {first:.4} → {lastl:.4}",
+                out.losses.len(),
+                start.elapsed().as_secs_f64()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: the run stopped: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 fn lower(file: &std::path::Path, mesh: Vec<(String, i64)>) -> ExitCode {

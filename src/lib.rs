@@ -10,6 +10,7 @@ pub mod diag;
 pub mod parse;
 pub mod plan;
 pub mod resolve;
+pub mod runtime;
 pub mod source;
 pub mod spmd;
 pub mod types;

@@ -1,0 +1,108 @@
+//! Data sources. Batches are global and deterministic (a function of the seed and
+//! the step); each device takes its piece according to the input's layout.
+
+use std::collections::HashMap;
+
+/// The built-in corpus (public domain), shipped inside the binary.
+pub const SHAKESPEARE: &str = include_str!("../../data/tinyshakespeare.txt");
+
+/// Word-level tokens as seed 000's loader forms them: lowercase, split on
+/// non-letters; vocabulary = the V−1 most frequent words (ties alphabetical) plus
+/// id 0 for everything else.
+pub fn shakespeare_words(vocab: usize) -> Vec<u32> {
+    let text = SHAKESPEARE.to_lowercase();
+    let words: Vec<&str> = text
+        .split(|c: char| !c.is_ascii_alphabetic())
+        .filter(|w| !w.is_empty())
+        .collect();
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for w in &words {
+        *counts.entry(w).or_default() += 1;
+    }
+    let mut by_freq: Vec<(&str, usize)> = counts.into_iter().collect();
+    by_freq.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let ids: HashMap<&str, u32> = by_freq
+        .iter()
+        .take(vocab.saturating_sub(1))
+        .enumerate()
+        .map(|(i, (w, _))| (*w, i as u32 + 1))
+        .collect();
+    words
+        .iter()
+        .map(|w| ids.get(w).copied().unwrap_or(0))
+        .collect()
+}
+
+pub fn shakespeare_chars() -> Vec<u32> {
+    SHAKESPEARE.bytes().map(|b| b as u32).collect()
+}
+
+/// One global batch: the model's inputs (flattened, row-major) and the labels.
+pub struct Batch {
+    pub inputs: Vec<Vec<f64>>,
+    pub labels: Vec<i64>,
+}
+
+pub enum Source {
+    /// Normal inputs, uniform labels in [0, classes): one fixed batch.
+    Synthetic { classes: usize },
+    /// Token windows: inputs `seq` ids, labels the next `seq` ids.
+    Tokens { ids: Vec<u32>, seq: usize },
+}
+
+impl Source {
+    /// Batch `step`: `input_sizes` are the element counts of each input; `rows` the
+    /// number of label rows (batch × positions).
+    pub fn batch(
+        &self,
+        seed: u64,
+        step: usize,
+        batch: usize,
+        input_sizes: &[usize],
+        vocab: usize,
+        per_position: bool,
+    ) -> Batch {
+        match self {
+            Source::Synthetic { classes } => {
+                // One batch reused every step, as seeds 000 and 003 do.
+                let _ = step;
+                let s = seed ^ super::init::hash_str("data");
+                let mut inputs = Vec::new();
+                for (k, n) in input_sizes.iter().enumerate() {
+                    let sk = s ^ (k as u64 + 1).wrapping_mul(0x9E37_79B9);
+                    inputs.push((0..*n as u64).map(|i| super::init::normal(sk, i)).collect());
+                }
+                let c = (*classes).max(1);
+                let labels = (0..batch as u64)
+                    .map(|i| {
+                        (super::init::uniform(s ^ 0x1234_5678, i) * c as f64) as i64 % c as i64
+                    })
+                    .collect();
+                Batch { inputs, labels }
+            }
+            Source::Tokens { ids, seq } => {
+                // Consecutive windows, wrapping around the corpus.
+                let n = ids.len().max(seq + 2);
+                let mut x = Vec::with_capacity(batch * seq);
+                let mut y = Vec::with_capacity(batch * seq);
+                for b in 0..batch {
+                    let start = ((step * batch + b) * seq) % (n - seq - 1);
+                    let id = |i: usize| ids.get(i).copied().unwrap_or(0) as usize % vocab.max(1);
+                    for t in 0..*seq {
+                        x.push(id(start + t) as f64);
+                        if per_position {
+                            y.push(id(start + t + 1) as i64);
+                        }
+                    }
+                    if !per_position {
+                        y.push(id(start + seq) as i64);
+                    }
+                }
+                Batch {
+                    inputs: vec![x],
+                    labels: y,
+                }
+            }
+        }
+    }
+}

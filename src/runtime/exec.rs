@@ -1,0 +1,1010 @@
+//! Executing the SPMD program on one device: forward with local tensors, and exact
+//! reverse mode on the same program.
+//!
+//! Cotangents follow the dual of each value's layout: a value split over an axis
+//! has a split cotangent; a value replicated over an axis has a cotangent held as
+//! addends (one per device, summing to the gradient); a partial value has a
+//! replicated cotangent. The transposes of the collectives follow: psum ↔ psum,
+//! all_gather ↔ psum_scatter, a local slice ↔ zero padding. Parameter gradients are
+//! then summed over the axes their parameter is replicated over.
+
+use super::mesh::Comm;
+use crate::ast::BinOp;
+use crate::spmd::{Op, Program};
+use crate::types::TType;
+use candle_core::{DType, Device, Tensor, D};
+
+pub type R<T> = std::result::Result<T, String>;
+
+fn ce<E: std::fmt::Display>(e: E) -> String {
+    e.to_string()
+}
+
+pub struct Exec<'a> {
+    pub prog: &'a Program,
+    pub comm: &'a Comm,
+    pub rank: usize,
+    pub dtype: DType,
+    pub dev: Device,
+}
+
+/// What forward keeps for backward: every node's local value.
+pub struct Tape {
+    pub vals: Vec<Tensor>,
+    /// Dropout masks by node.
+    pub masks: Vec<Option<Tensor>>,
+}
+
+impl<'a> Exec<'a> {
+    fn size(&self, a: &str) -> usize {
+        self.comm.topo.size(a)
+    }
+
+    /// Move a local piece of dimension `dim` from layout `from` to layout `to`
+    /// (gather the axes `to` lacks, minor first; slice for the ones it adds).
+    fn relayout(&self, t: &Tensor, dim: usize, from: &[String], to: &[String]) -> R<Tensor> {
+        let mut cur = from.to_vec();
+        let mut t = t.clone();
+        while !to.starts_with(&cur) {
+            let a = cur.pop().unwrap_or_default();
+            t = self.comm.all_gather(self.rank, &t, &a, dim).map_err(ce)?;
+        }
+        for a in &to[cur.len()..] {
+            let n = self.size(a);
+            let len = t.dims()[dim] / n;
+            t = t
+                .narrow(dim, self.comm.topo.coord(self.rank, a) * len, len)
+                .map_err(ce)?;
+        }
+        Ok(t)
+    }
+
+    /// Transpose of `relayout`: pad where it sliced, reduce-scatter where it gathered.
+    fn relayout_t(&self, ct: &Tensor, dim: usize, from: &[String], to: &[String]) -> R<Tensor> {
+        let mut cur = from.to_vec();
+        let mut gathered = Vec::new();
+        while !to.starts_with(&cur) {
+            gathered.push(cur.pop().unwrap_or_default());
+        }
+        let mut ct = ct.clone();
+        for a in to[cur.len()..].iter().rev() {
+            let n = self.size(a);
+            let len = ct.dims()[dim];
+            let i = self.comm.topo.coord(self.rank, a);
+            ct = ct
+                .pad_with_zeros(dim, i * len, (n - 1 - i) * len)
+                .map_err(ce)?;
+        }
+        for a in gathered.iter().rev() {
+            ct = self.comm.psum_scatter(self.rank, &ct, a, dim).map_err(ce)?;
+        }
+        Ok(ct)
+    }
+
+    /// Bring operand `x` (type `xt`) to the layout of `out` for an elementwise op,
+    /// dims aligned from the right; broadcast dims (size 1) are left alone.
+    fn align(
+        &self,
+        x: &Tensor,
+        xt: &TType,
+        out: &TType,
+        transpose_ct: Option<&Tensor>,
+    ) -> R<Tensor> {
+        let off = out.rank() - xt.rank();
+        let mut t = transpose_ct.cloned().unwrap_or_else(|| x.clone());
+        for i in 0..xt.rank() {
+            let (f, o) = (&xt.dims[i], &out.dims[i + off]);
+            if f.axes == o.axes || f.size.as_const() == Some(1) && o.size.as_const() != Some(1) {
+                continue;
+            }
+            t = if transpose_ct.is_some() {
+                self.relayout_t(&t, i, &f.axes, &o.axes)?
+            } else {
+                self.relayout(&t, i, &f.axes, &o.axes)?
+            };
+        }
+        Ok(t)
+    }
+
+    /// Sum a cotangent of broadcast shape back to the operand's local shape.
+    fn unbroadcast(ct: &Tensor, shape: &[usize]) -> R<Tensor> {
+        let mut ct = ct.clone();
+        while ct.rank() > shape.len() {
+            ct = ct.sum(0).map_err(ce)?;
+        }
+        for (i, &s) in shape.iter().enumerate() {
+            if s == 1 && ct.dims()[i] != 1 {
+                ct = ct.sum_keepdim(i).map_err(ce)?;
+            }
+        }
+        Ok(ct)
+    }
+
+    pub fn forward(
+        &self,
+        params: &[Tensor],
+        inputs: &[Tensor],
+        dropout_seed: Option<u64>,
+    ) -> R<Tape> {
+        let n = self.prog.nodes.len();
+        let mut vals: Vec<Tensor> = Vec::with_capacity(n);
+        let mut masks = vec![None; n];
+        for (i, node) in self.prog.nodes.iter().enumerate() {
+            let a = |k: usize| -> &Tensor { &vals[node.args[k] as usize] };
+            let at = |k: usize| -> &TType { &self.prog.nodes[node.args[k] as usize].ty };
+            let out = &node.ty;
+            let v: Tensor = match &node.op {
+                Op::Input(k) => inputs.get(*k).cloned().ok_or("missing input")?,
+                Op::Param(p) => params.get(*p).cloned().ok_or("missing parameter")?,
+                Op::Binary(op, Some(c)) => scalar_op(a(0), *op, *c, false)?,
+                Op::ScalarLeft(op, c) => scalar_op(a(0), *op, *c, true)?,
+                Op::Neg => a(0).neg().map_err(ce)?,
+                Op::Binary(op, None) => {
+                    let x = self.align(a(0), at(0), out, None)?;
+                    let y = self.align(a(1), at(1), out, None)?;
+                    match op {
+                        BinOp::Add => x.broadcast_add(&y),
+                        BinOp::Sub => x.broadcast_sub(&y),
+                        BinOp::Mul => x.broadcast_mul(&y),
+                        _ => x.broadcast_div(&y),
+                    }
+                    .map_err(ce)?
+                }
+                Op::MatMul => {
+                    let (x, y) = self.matmul_operands(a(0), at(0), a(1), at(1), out, None)?;
+                    matmul(&x, &y)?
+                }
+                Op::Collective(kind, axes, _) => self.collective(kind, axes, a(0), at(0), out)?,
+                Op::Reshard => self.reshard(a(0), at(0), out)?,
+                Op::Builtin(name, attrs) => {
+                    let args: Vec<&Tensor> = node.args.iter().map(|k| &vals[*k as usize]).collect();
+                    let types: Vec<&TType> = node
+                        .args
+                        .iter()
+                        .map(|k| &self.prog.nodes[*k as usize].ty)
+                        .collect();
+                    let (v, m) = self.builtin(name, attrs, &args, &types, out, i, dropout_seed)?;
+                    masks[i] = m;
+                    v
+                }
+            };
+            vals.push(v);
+        }
+        Ok(Tape { vals, masks })
+    }
+
+    fn matmul_operands(
+        &self,
+        x: &Tensor,
+        xt: &TType,
+        y: &Tensor,
+        yt: &TType,
+        out: &TType,
+        _ct: Option<()>,
+    ) -> R<(Tensor, Tensor)> {
+        // Contraction layout: whichever side is split (the checker made them agree).
+        let kx = &xt.dims[xt.rank() - 1].axes;
+        let ky_i = if yt.rank() == 1 { 0 } else { yt.rank() - 2 };
+        let ky = &yt.dims[ky_i].axes;
+        let k = if kx.is_empty() {
+            ky.clone()
+        } else {
+            kx.clone()
+        };
+        let mut xw = xt.clone();
+        xw.dims.last_mut().ok_or("rank 0")?.axes = k.clone();
+        let mut x2 = self.relayout(x, xt.rank() - 1, kx, &k)?;
+        // Batch and row dims follow the result.
+        for i in 0..xt.rank() - 1 {
+            let o = &out.dims[i + out.rank() + usize::from(yt.rank() == 1) - xt.rank()];
+            if xt.dims[i].axes != o.axes && xt.dims[i].size.as_const() != Some(1) {
+                x2 = self.relayout(&x2, i, &xt.dims[i].axes, &o.axes)?;
+            }
+        }
+        let mut y2 = self.relayout(y, ky_i, ky, &k)?;
+        if yt.rank() >= 2 {
+            let last = yt.rank() - 1;
+            let o = &out.dims[out.rank() - 1];
+            if yt.dims[last].axes != o.axes {
+                y2 = self.relayout(&y2, last, &yt.dims[last].axes, &o.axes)?;
+            }
+        }
+        let _ = xw;
+        Ok((x2, y2))
+    }
+
+    fn collective(
+        &self,
+        kind: &str,
+        axes: &[String],
+        x: &Tensor,
+        xt: &TType,
+        out: &TType,
+    ) -> R<Tensor> {
+        match kind {
+            "reduce" | "psum" => self.comm.psum(self.rank, x, axes).map_err(ce),
+            "pmean" => {
+                let n: usize = axes.iter().map(|a| self.size(a)).product();
+                (self.comm.psum(self.rank, x, axes).map_err(ce)? / n as f64).map_err(ce)
+            }
+            "pmax" => self.comm.pmax(self.rank, x, axes).map_err(ce),
+            "all_gather" | "psum_scatter" | "all_to_all" => self.reshard(x, xt, out),
+            other => Err(format!("the runtime does not implement `{other}` yet")),
+        }
+    }
+
+    /// A layout change between two types of the same shape: reduce what is pending,
+    /// then move every dimension's axes.
+    fn reshard(&self, x: &Tensor, xt: &TType, out: &TType) -> R<Tensor> {
+        let mut t = x.clone();
+        let owed: Vec<String> = xt
+            .pending
+            .keys()
+            .filter(|a| !out.pending.contains_key(*a))
+            .cloned()
+            .collect();
+        if !owed.is_empty() {
+            // Reduce-scatter into a dim that gains the axis, else all-reduce.
+            t = self.comm.psum(self.rank, &t, &owed).map_err(ce)?;
+            let mut cur = xt.clone();
+            cur.pending.clear();
+            return self.reshard_dims(&t, &cur, out);
+        }
+        self.reshard_dims(&t, xt, out)
+    }
+
+    fn reshard_dims(&self, x: &Tensor, xt: &TType, out: &TType) -> R<Tensor> {
+        let mut t = x.clone();
+        // Gather first (so a dim that loses an axis is whole), then slice.
+        for i in 0..xt.rank() {
+            let (f, o) = (&xt.dims[i].axes, &out.dims[i].axes);
+            if f != o {
+                let keep: Vec<String> = f.iter().take_while(|a| o.contains(a)).cloned().collect();
+                t = self.relayout(&t, i, f, &keep)?;
+            }
+        }
+        for i in 0..xt.rank() {
+            let (f, o) = (&xt.dims[i].axes, &out.dims[i].axes);
+            if f != o {
+                let keep: Vec<String> = f.iter().take_while(|a| o.contains(a)).cloned().collect();
+                t = self.relayout(&t, i, &keep, o)?;
+            }
+        }
+        Ok(t)
+    }
+
+    fn reshard_t(&self, ct: &Tensor, xt: &TType, out: &TType) -> R<Tensor> {
+        let mut t = ct.clone();
+        for i in 0..xt.rank() {
+            let (f, o) = (&xt.dims[i].axes, &out.dims[i].axes);
+            if f != o {
+                let keep: Vec<String> = f.iter().take_while(|a| o.contains(a)).cloned().collect();
+                t = self.relayout_t(&t, i, &keep, o)?;
+            }
+        }
+        for i in 0..xt.rank() {
+            let (f, o) = (&xt.dims[i].axes, &out.dims[i].axes);
+            if f != o {
+                let keep: Vec<String> = f.iter().take_while(|a| o.contains(a)).cloned().collect();
+                t = self.relayout_t(&t, i, f, &keep)?;
+            }
+        }
+        let owed: Vec<String> = xt
+            .pending
+            .keys()
+            .filter(|a| !out.pending.contains_key(*a))
+            .cloned()
+            .collect();
+        if !owed.is_empty() {
+            t = self.comm.psum(self.rank, &t, &owed).map_err(ce)?;
+        }
+        Ok(t)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn builtin(
+        &self,
+        name: &str,
+        attrs: &[(String, String)],
+        a: &[&Tensor],
+        ts: &[&TType],
+        out: &TType,
+        node: usize,
+        dropout_seed: Option<u64>,
+    ) -> R<(Tensor, Option<Tensor>)> {
+        let x = a.first().copied().ok_or("missing operand")?;
+        let v = match name {
+            "relu" => x.relu(),
+            "gelu" => x.gelu(),
+            "silu" => x.silu(),
+            "tanh" => x.tanh(),
+            "exp" => x.exp(),
+            "log" => x.log(),
+            "sqrt" => x.sqrt(),
+            "square" => x.sqr(),
+            "abs" => x.abs(),
+            "sigmoid" => sigmoid(x),
+            "stop_gradient" | "cast" => Ok(x.clone()),
+            "dropout" => {
+                let rate = attrs
+                    .iter()
+                    .find(|(k, _)| k.is_empty() || k == "rate")
+                    .and_then(|(_, v)| v.parse::<f64>().ok())
+                    .unwrap_or(0.0);
+                match dropout_seed {
+                    Some(seed) if rate > 0.0 => {
+                        let mask = self.dropout_mask(
+                            ts[0],
+                            seed ^ (node as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                            rate,
+                        )?;
+                        let y = x.broadcast_mul(&mask).map_err(ce)?;
+                        return Ok((y, Some(mask)));
+                    }
+                    _ => Ok(x.clone()),
+                }
+            }
+            "layer_norm" => {
+                let (y, _) = layer_norm(x, a[1], a[2])?;
+                return Ok((y, None));
+            }
+            "einsum" => {
+                let spec = attrs
+                    .first()
+                    .map(|s| s.1.trim_matches('"').to_string())
+                    .ok_or("einsum spec")?;
+                let (x2, y2) = self.einsum_operands(&spec, a, ts, out)?;
+                return Ok((einsum(&spec, &x2, &y2)?, None));
+            }
+            "causal_attention" => {
+                let (y, _) = attention(a[0], a[1], a[2])?;
+                return Ok((y, None));
+            }
+            "embed" => {
+                let (y, _, _) = self.embed(a[0], ts[0], a[1])?;
+                return Ok((y, None));
+            }
+            "index" => {
+                let sl = attrs.first().map(|s| s.1.clone()).unwrap_or_default();
+                let k: usize = sl
+                    .trim_matches(|c| c == '[' || c == ']')
+                    .trim()
+                    .parse()
+                    .map_err(|_| {
+                        format!("the runtime only supports `x[k]` indexing, not `{sl}`")
+                    })?;
+                x.get(k)
+            }
+            other => return Err(format!("the runtime does not implement `{other}` yet")),
+        }
+        .map_err(ce)?;
+        Ok((v, None))
+    }
+
+    fn einsum_operands(
+        &self,
+        spec: &str,
+        a: &[&Tensor],
+        ts: &[&TType],
+        out: &TType,
+    ) -> R<(Tensor, Tensor)> {
+        let (ins, o) = spec.split_once("->").ok_or("einsum spec")?;
+        let ins: Vec<&str> = ins.split(',').collect();
+        // Target layout of each letter: the output's, else whichever operand is split.
+        let mut want: std::collections::HashMap<char, Vec<String>> = Default::default();
+        for (c, d) in o.chars().zip(&out.dims) {
+            want.insert(c, d.axes.clone());
+        }
+        for (s, t) in ins.iter().zip(ts) {
+            for (c, d) in s.chars().zip(&t.dims) {
+                let e = want.entry(c).or_default();
+                if e.is_empty() && !d.axes.is_empty() && !o.contains(c) {
+                    *e = d.axes.clone();
+                }
+            }
+        }
+        let mut res = Vec::new();
+        for ((s, t), x) in ins.iter().zip(ts).zip(a) {
+            let mut x = (*x).clone();
+            for (i, (c, d)) in s.chars().zip(&t.dims).enumerate() {
+                let w = want.get(&c).cloned().unwrap_or_default();
+                if d.axes != w {
+                    x = self.relayout(&x, i, &d.axes, &w)?;
+                }
+            }
+            res.push(x);
+        }
+        if res.len() != 2 {
+            return Err("the runtime supports two-operand einsums".into());
+        }
+        Ok((res[0].clone(), res[1].clone()))
+    }
+
+    /// Vocab-parallel embedding: rows outside this device's window give zeros.
+    fn embed(&self, w: &Tensor, wt: &TType, ids: &Tensor) -> R<(Tensor, Tensor, Tensor)> {
+        let (idx, _) = self.comm.topo.shard_index(self.rank, &wt.dims[0].axes);
+        let vloc = w.dims()[0];
+        let off = (idx * vloc) as i64;
+        let flat: Vec<i64> = ids
+            .flatten_all()
+            .and_then(|t| t.to_dtype(DType::I64))
+            .and_then(|t| t.to_vec1::<i64>())
+            .map_err(ce)?;
+        let mut local = Vec::with_capacity(flat.len());
+        let mut mask = Vec::with_capacity(flat.len());
+        for id in flat {
+            let l = id - off;
+            let inside = l >= 0 && (l as usize) < vloc;
+            local.push(if inside { l as u32 } else { 0 });
+            mask.push(if inside { 1.0f64 } else { 0.0 });
+        }
+        let n = local.len();
+        let li = Tensor::from_vec(local, n, &self.dev).map_err(ce)?;
+        let m = Tensor::from_vec(mask, (n, 1), &self.dev)
+            .and_then(|t| t.to_dtype(w.dtype()))
+            .map_err(ce)?;
+        let rows = w
+            .index_select(&li, 0)
+            .and_then(|r| r.broadcast_mul(&m))
+            .map_err(ce)?;
+        let mut shape = ids.dims().to_vec();
+        shape.push(w.dims()[1]);
+        Ok((rows.reshape(shape).map_err(ce)?, li, m))
+    }
+
+    fn dropout_mask(&self, t: &TType, seed: u64, rate: f64) -> R<Tensor> {
+        let idx = self.global_indices(t)?;
+        let keep = 1.0 / (1.0 - rate);
+        let v: Vec<f64> = idx
+            .iter()
+            .map(|g| {
+                if super::init::uniform(seed, *g) < rate {
+                    0.0
+                } else {
+                    keep
+                }
+            })
+            .collect();
+        let shape = self.prog.local_shape(t).map_err(|e| e.to_string())?;
+        let shape: Vec<usize> = shape.iter().map(|x| *x as usize).collect();
+        Tensor::from_vec(v, shape, &self.dev)
+            .and_then(|t| t.to_dtype(self.dtype))
+            .map_err(ce)
+    }
+
+    /// Global row-major index of each local element of a value of type `t`.
+    pub fn global_indices(&self, t: &TType) -> R<Vec<u64>> {
+        super::init::global_indices(&self.comm.topo, self.rank, t, &self.prog.bound)
+    }
+
+    /// Reverse pass. `ct_out` is the output's cotangent; returns each parameter's
+    /// gradient in its stored layout, still partial over the axes it is replicated on.
+    pub fn backward(&self, tape: &Tape, ct_out: Tensor) -> R<Vec<Option<Tensor>>> {
+        let n = self.prog.nodes.len();
+        let mut ct: Vec<Option<Tensor>> = vec![None; n];
+        let out = self.prog.output.ok_or("no output")? as usize;
+        ct[out] = Some(ct_out);
+        let mut grads = vec![None; self.prog.params.len()];
+        let add = |slot: &mut Option<Tensor>, g: Tensor| -> R<()> {
+            *slot = Some(match slot.take() {
+                Some(s) => (s + g).map_err(ce)?,
+                None => g,
+            });
+            Ok(())
+        };
+        for i in (0..n).rev() {
+            // Collectives must run on every device in the same order, even when a
+            // device's cotangent happens to be absent: use zeros.
+            let node = &self.prog.nodes[i];
+            let g = match ct[i].take() {
+                Some(g) => g,
+                None if matches!(node.op, Op::Collective(..) | Op::Reshard)
+                    || node.op == Op::MatMul
+                    || matches!(node.op, Op::Builtin(..)) =>
+                {
+                    tape.vals[i].zeros_like().map_err(ce)?
+                }
+                None => continue,
+            };
+            let v = |k: usize| -> &Tensor { &tape.vals[node.args[k] as usize] };
+            let vt = |k: usize| -> &TType { &self.prog.nodes[node.args[k] as usize].ty };
+            let arg = |k: usize| node.args[k] as usize;
+            let out_t = &node.ty;
+            match &node.op {
+                Op::Input(_) => {}
+                Op::Param(p) => add(&mut grads[*p], g)?,
+                Op::Neg => add(&mut ct[arg(0)], g.neg().map_err(ce)?)?,
+                Op::Binary(op, Some(c)) => {
+                    let d = match op {
+                        BinOp::Mul => (g * *c).map_err(ce)?,
+                        BinOp::Div => (g / *c).map_err(ce)?,
+                        _ => g,
+                    };
+                    add(&mut ct[arg(0)], d)?
+                }
+                Op::ScalarLeft(op, c) => {
+                    let x = v(0);
+                    let d = match op {
+                        BinOp::Sub => g.neg().map_err(ce)?,
+                        BinOp::Mul => (g * *c).map_err(ce)?,
+                        // d(c/x) = -c/x²
+                        BinOp::Div => g
+                            .mul(
+                                &(x.sqr().and_then(|s| s.recip()).map_err(ce)? * (-c))
+                                    .map_err(ce)?,
+                            )
+                            .map_err(ce)?,
+                        _ => g,
+                    };
+                    add(&mut ct[arg(0)], d)?
+                }
+                Op::Binary(op, None) => {
+                    let x = self.align(v(0), vt(0), out_t, None)?;
+                    let y = self.align(v(1), vt(1), out_t, None)?;
+                    let (gx, gy) = match op {
+                        BinOp::Add => (g.clone(), g.clone()),
+                        BinOp::Sub => (g.clone(), g.neg().map_err(ce)?),
+                        BinOp::Mul => (
+                            g.broadcast_mul(&y).map_err(ce)?,
+                            g.broadcast_mul(&x).map_err(ce)?,
+                        ),
+                        _ => {
+                            let gx = g.broadcast_div(&y).map_err(ce)?;
+                            let gy = g
+                                .broadcast_mul(&x)
+                                .and_then(|t| t.broadcast_div(&y.sqr()?))
+                                .and_then(|t| t.neg())
+                                .map_err(ce)?;
+                            (gx, gy)
+                        }
+                    };
+                    let gx = Self::unbroadcast(&gx, x.dims())?;
+                    let gy = Self::unbroadcast(&gy, y.dims())?;
+                    let gx = self.align(v(0), vt(0), out_t, Some(&gx))?;
+                    let gy = self.align(v(1), vt(1), out_t, Some(&gy))?;
+                    add(&mut ct[arg(0)], gx)?;
+                    add(&mut ct[arg(1)], gy)?;
+                }
+                Op::MatMul => {
+                    let (x, y) = self.matmul_operands(v(0), vt(0), v(1), vt(1), out_t, None)?;
+                    let (gx, gy) = matmul_vjp(&x, &y, &g)?;
+                    let (gx, gy) = self.matmul_operands_t(vt(0), vt(1), out_t, gx, gy)?;
+                    add(&mut ct[arg(0)], gx)?;
+                    add(&mut ct[arg(1)], gy)?;
+                }
+                Op::Collective(kind, axes, _) => {
+                    let d = match kind.as_str() {
+                        "reduce" | "psum" => self.comm.psum(self.rank, &g, axes).map_err(ce)?,
+                        "pmean" => {
+                            let k: usize = axes.iter().map(|a| self.size(a)).product();
+                            (self.comm.psum(self.rank, &g, axes).map_err(ce)? / k as f64)
+                                .map_err(ce)?
+                        }
+                        "all_gather" | "psum_scatter" | "all_to_all" => {
+                            self.reshard_t(&g, vt(0), out_t)?
+                        }
+                        other => return Err(format!("no gradient for `{other}` yet")),
+                    };
+                    add(&mut ct[arg(0)], d)?
+                }
+                Op::Reshard => add(&mut ct[arg(0)], self.reshard_t(&g, vt(0), out_t)?)?,
+                Op::Builtin(name, attrs) => {
+                    let ds = self.builtin_vjp(name, attrs, node, tape, i, &g)?;
+                    for (k, d) in ds.into_iter().enumerate() {
+                        if let Some(d) = d {
+                            add(&mut ct[arg(k)], d)?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(grads)
+    }
+
+    fn matmul_operands_t(
+        &self,
+        xt: &TType,
+        yt: &TType,
+        out: &TType,
+        gx: Tensor,
+        gy: Tensor,
+    ) -> R<(Tensor, Tensor)> {
+        let kx = &xt.dims[xt.rank() - 1].axes;
+        let ky_i = if yt.rank() == 1 { 0 } else { yt.rank() - 2 };
+        let ky = &yt.dims[ky_i].axes;
+        let k = if kx.is_empty() {
+            ky.clone()
+        } else {
+            kx.clone()
+        };
+        let mut gx = gx;
+        for i in 0..xt.rank() - 1 {
+            let o = &out.dims[i + out.rank() + usize::from(yt.rank() == 1) - xt.rank()];
+            if xt.dims[i].axes != o.axes && xt.dims[i].size.as_const() != Some(1) {
+                gx = self.relayout_t(&gx, i, &xt.dims[i].axes, &o.axes)?;
+            }
+        }
+        gx = self.relayout_t(&gx, xt.rank() - 1, kx, &k)?;
+        let mut gy = gy;
+        if yt.rank() >= 2 {
+            let last = yt.rank() - 1;
+            let o = &out.dims[out.rank() - 1];
+            if yt.dims[last].axes != o.axes {
+                gy = self.relayout_t(&gy, last, &yt.dims[last].axes, &o.axes)?;
+            }
+        }
+        gy = self.relayout_t(&gy, ky_i, ky, &k)?;
+        Ok((gx, gy))
+    }
+
+    fn builtin_vjp(
+        &self,
+        name: &str,
+        attrs: &[(String, String)],
+        node: &crate::spmd::Node,
+        tape: &Tape,
+        i: usize,
+        g: &Tensor,
+    ) -> R<Vec<Option<Tensor>>> {
+        let v = |k: usize| -> &Tensor { &tape.vals[node.args[k] as usize] };
+        let ty = |k: usize| -> &TType { &self.prog.nodes[node.args[k] as usize].ty };
+        let y = &tape.vals[i];
+        let one = |t: candle_core::Result<Tensor>| -> R<Vec<Option<Tensor>>> {
+            Ok(vec![Some(t.map_err(ce)?)])
+        };
+        match name {
+            "relu" => one(v(0)
+                .ge(0.0)
+                .and_then(|m| m.to_dtype(g.dtype()))
+                .and_then(|m| g.mul(&m))),
+            "tanh" => one(y
+                .sqr()
+                .and_then(|s| s.affine(-1.0, 1.0))
+                .and_then(|d| g.mul(&d))),
+            "exp" => one(g.mul(y)),
+            "log" => one(g.div(v(0))),
+            "sqrt" => one(g.div(&(y * 2.0).map_err(ce)?)),
+            "square" => one(g.mul(&(v(0) * 2.0).map_err(ce)?)),
+            "abs" => one(v(0)
+                .ge(0.0)
+                .and_then(|m| m.to_dtype(g.dtype()))
+                .and_then(|m| m.affine(2.0, -1.0))
+                .and_then(|s| g.mul(&s))),
+            "sigmoid" => one(y
+                .affine(-1.0, 1.0)
+                .and_then(|d| d.mul(y))
+                .and_then(|d| g.mul(&d))),
+            "silu" => {
+                let x = v(0);
+                let s = sigmoid(x).map_err(ce)?;
+                // σ(x)(1 + x(1 − σ(x)))
+                one(s
+                    .affine(-1.0, 1.0)
+                    .and_then(|d| d.mul(x))
+                    .and_then(|d| d.affine(1.0, 1.0))
+                    .and_then(|d| d.mul(&s))
+                    .and_then(|d| g.mul(&d)))
+            }
+            "gelu" => one(gelu_tanh_grad(v(0)).and_then(|d| g.mul(&d))),
+            "stop_gradient" => Ok(vec![None]),
+            "cast" => Ok(vec![Some(g.clone())]),
+            "dropout" => match &tape.masks[i] {
+                Some(m) => one(g.broadcast_mul(m)),
+                None => Ok(vec![Some(g.clone())]),
+            },
+            "layer_norm" => {
+                let (_, (xhat, inv)) = layer_norm(v(0), v(1), v(2))?;
+                let w = v(1);
+                let dxhat = g.broadcast_mul(w).map_err(ce)?;
+                let m1 = dxhat.mean_keepdim(D::Minus1).map_err(ce)?;
+                let m2 = dxhat
+                    .mul(&xhat)
+                    .and_then(|t| t.mean_keepdim(D::Minus1))
+                    .map_err(ce)?;
+                let dx = dxhat
+                    .broadcast_sub(&m1)
+                    .and_then(|t| t.broadcast_sub(&xhat.broadcast_mul(&m2)?))
+                    .and_then(|t| t.broadcast_mul(&inv))
+                    .map_err(ce)?;
+                let lead = g.rank() - 1;
+                let mut dw = g.mul(&xhat).map_err(ce)?;
+                let mut db = g.clone();
+                for _ in 0..lead {
+                    dw = dw.sum(0).map_err(ce)?;
+                    db = db.sum(0).map_err(ce)?;
+                }
+                Ok(vec![Some(dx), Some(dw), Some(db)])
+            }
+            "einsum" => {
+                let spec = attrs
+                    .first()
+                    .map(|s| s.1.trim_matches('"').to_string())
+                    .ok_or("einsum spec")?;
+                let a: Vec<&Tensor> = vec![v(0), v(1)];
+                let ts: Vec<&TType> = vec![ty(0), ty(1)];
+                let (x2, y2) = self.einsum_operands(&spec, &a, &ts, &node.ty)?;
+                let (ins, o) = spec.split_once("->").ok_or("einsum spec")?;
+                let (sa, sb) = ins.split_once(',').ok_or("einsum spec")?;
+                for c in sa.chars().chain(sb.chars()) {
+                    if !(o.contains(c) || sa.contains(c) && sb.contains(c)) {
+                        return Err(format!(
+                            "no gradient yet for an einsum that sums out `{c}` from one operand"
+                        ));
+                    }
+                }
+                let ga = einsum(&format!("{o},{sb}->{sa}"), g, &y2)?;
+                let gb = einsum(&format!("{o},{sa}->{sb}"), g, &x2)?;
+                // Transpose the operand relayouts.
+                let mut want: std::collections::HashMap<char, Vec<String>> = Default::default();
+                for (c, d) in o.chars().zip(&node.ty.dims) {
+                    want.insert(c, d.axes.clone());
+                }
+                for (s, t) in [(sa, ty(0)), (sb, ty(1))] {
+                    for (c, d) in s.chars().zip(&t.dims) {
+                        let e = want.entry(c).or_default();
+                        if e.is_empty() && !d.axes.is_empty() && !o.contains(c) {
+                            *e = d.axes.clone();
+                        }
+                    }
+                }
+                let mut out = Vec::new();
+                for (gk, (s, t)) in [(ga, (sa, ty(0))), (gb, (sb, ty(1)))] {
+                    let mut gk = gk;
+                    for (j, (c, d)) in s.chars().zip(&t.dims).enumerate() {
+                        let w = want.get(&c).cloned().unwrap_or_default();
+                        if d.axes != w {
+                            gk = self.relayout_t(&gk, j, &d.axes, &w)?;
+                        }
+                    }
+                    out.push(Some(gk));
+                }
+                Ok(out)
+            }
+            "causal_attention" => {
+                let (_, p) = attention(v(0), v(1), v(2))?;
+                let (dq, dk, dv) = attention_vjp(v(0), v(1), v(2), &p, g)?;
+                Ok(vec![Some(dq), Some(dk), Some(dv)])
+            }
+            "embed" => {
+                let (_, li, m) = self.embed(v(0), ty(0), v(1))?;
+                let d = v(0).dims()[1];
+                let rows = g
+                    .reshape(((), d))
+                    .and_then(|r| r.broadcast_mul(&m))
+                    .map_err(ce)?;
+                let dw = v(0)
+                    .zeros_like()
+                    .and_then(|z| z.index_add(&li, &rows, 0))
+                    .map_err(ce)?;
+                Ok(vec![Some(dw), None])
+            }
+            "index" => {
+                let sl = attrs.first().map(|s| s.1.clone()).unwrap_or_default();
+                let k: usize = sl
+                    .trim_matches(|c| c == '[' || c == ']')
+                    .trim()
+                    .parse()
+                    .map_err(|_| "index".to_string())?;
+                let n = v(0).dims()[0];
+                let d = g
+                    .unsqueeze(0)
+                    .and_then(|t| t.pad_with_zeros(0, k, n - 1 - k))
+                    .map_err(ce)?;
+                Ok(vec![Some(d)])
+            }
+            other => Err(format!("no gradient for `{other}` yet")),
+        }
+    }
+}
+
+fn scalar_op(x: &Tensor, op: BinOp, c: f64, left: bool) -> R<Tensor> {
+    match (op, left) {
+        (BinOp::Add, _) => x.affine(1.0, c),
+        (BinOp::Sub, false) => x.affine(1.0, -c),
+        (BinOp::Sub, true) => x.affine(-1.0, c),
+        (BinOp::Mul, _) => x.affine(c, 0.0),
+        (BinOp::Div, false) => x.affine(1.0 / c, 0.0),
+        (BinOp::Div, true) => x.recip().and_then(|r| r.affine(c, 0.0)),
+        (BinOp::MatMul, _) => return Err("matmul by a scalar".into()),
+    }
+    .map_err(ce)
+}
+
+fn sigmoid(x: &Tensor) -> candle_core::Result<Tensor> {
+    x.neg()?.exp()?.affine(1.0, 1.0)?.recip()
+}
+
+/// d/dx of candle's tanh-approximated GELU, with the constants in full precision.
+fn gelu_tanh_grad(x: &Tensor) -> candle_core::Result<Tensor> {
+    let c = (2.0 / std::f64::consts::PI).sqrt();
+    let x2 = x.sqr()?;
+    let inner = x.mul(&x2.affine(0.044715, 1.0)?)?.affine(c, 0.0)?;
+    let t = inner.tanh()?;
+    let dinner = x2.affine(3.0 * 0.044715 * c, c)?;
+    let left = t.affine(0.5, 0.5)?;
+    let right = x
+        .mul(&t.sqr()?.affine(-1.0, 1.0)?)?
+        .mul(&dinner)?
+        .affine(0.5, 0.0)?;
+    left + right
+}
+
+/// Batched matmul with broadcasting of the leading dims, and `[..., K] @ [K]`.
+fn matmul(x: &Tensor, y: &Tensor) -> R<Tensor> {
+    if y.rank() == 1 {
+        return x
+            .broadcast_matmul(&y.unsqueeze(1).map_err(ce)?)
+            .and_then(|t| t.squeeze(D::Minus1))
+            .map_err(ce);
+    }
+    if y.rank() == 2 && x.rank() > 2 {
+        // Fold the leading dims into rows: one big GEMM.
+        let mut shape = x.dims().to_vec();
+        let k = shape.pop().unwrap_or(1);
+        let rows: usize = shape.iter().product();
+        let out = x
+            .contiguous()
+            .and_then(|x| x.reshape((rows, k)))
+            .and_then(|x| x.matmul(y))
+            .map_err(ce)?;
+        shape.push(y.dims()[1]);
+        return out.reshape(shape).map_err(ce);
+    }
+    x.broadcast_matmul(y).map_err(ce)
+}
+
+fn matmul_vjp(x: &Tensor, y: &Tensor, g: &Tensor) -> R<(Tensor, Tensor)> {
+    if y.rank() == 1 {
+        let g1 = g.unsqueeze(D::Minus1).map_err(ce)?;
+        let gx = g1.broadcast_mul(y).map_err(ce)?;
+        let mut gy = x.broadcast_mul(&g1).map_err(ce)?;
+        while gy.rank() > 1 {
+            gy = gy.sum(0).map_err(ce)?;
+        }
+        return Ok((gx, gy));
+    }
+    let yt = y.t().map_err(ce)?;
+    let gx = matmul(g, &yt.contiguous().map_err(ce)?)?;
+    let gy = if y.rank() == 2 {
+        let k = x.dims()[x.rank() - 1];
+        let n = g.dims()[g.rank() - 1];
+        let xf = x
+            .contiguous()
+            .and_then(|t| t.reshape(((), k)))
+            .map_err(ce)?;
+        let gf = g
+            .contiguous()
+            .and_then(|t| t.reshape(((), n)))
+            .map_err(ce)?;
+        xf.t().and_then(|t| t.matmul(&gf)).map_err(ce)?
+    } else {
+        x.t()
+            .and_then(|t| t.contiguous())
+            .and_then(|t| t.broadcast_matmul(g))
+            .map_err(ce)?
+    };
+    Ok((gx, gy))
+}
+
+/// LayerNorm over the last dim (eps 1e-5, as Haiku): output, and (x̂, 1/σ) for backward.
+fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor) -> R<(Tensor, (Tensor, Tensor))> {
+    let mu = x.mean_keepdim(D::Minus1).map_err(ce)?;
+    let xc = x.broadcast_sub(&mu).map_err(ce)?;
+    let var = xc
+        .sqr()
+        .and_then(|s| s.mean_keepdim(D::Minus1))
+        .map_err(ce)?;
+    let inv = var
+        .affine(1.0, 1e-5)
+        .and_then(|v| v.sqrt())
+        .and_then(|s| s.recip())
+        .map_err(ce)?;
+    let xhat = xc.broadcast_mul(&inv).map_err(ce)?;
+    let y = xhat
+        .broadcast_mul(w)
+        .and_then(|t| t.broadcast_add(b))
+        .map_err(ce)?;
+    Ok((y, (xhat, inv)))
+}
+
+/// Two-operand einsum through permute + reshape + one batched matmul.
+pub fn einsum(spec: &str, a: &Tensor, b: &Tensor) -> R<Tensor> {
+    let (ins, o) = spec.split_once("->").ok_or("einsum spec")?;
+    let (sa, sb) = ins.split_once(',').ok_or("einsum spec")?;
+    let size = |c: char| -> usize {
+        if let Some(i) = sa.find(c) {
+            a.dims()[i]
+        } else if let Some(i) = sb.find(c) {
+            b.dims()[i]
+        } else {
+            1
+        }
+    };
+    let batch: Vec<char> = o
+        .chars()
+        .filter(|c| sa.contains(*c) && sb.contains(*c))
+        .collect();
+    let contr: Vec<char> = sa
+        .chars()
+        .filter(|c| sb.contains(*c) && !o.contains(*c))
+        .collect();
+    let af: Vec<char> = sa.chars().filter(|c| !sb.contains(*c)).collect();
+    let bf: Vec<char> = sb.chars().filter(|c| !sa.contains(*c)).collect();
+    if af.iter().chain(&bf).any(|c| !o.contains(*c)) {
+        return Err("the runtime's einsum needs every single-operand letter in the output".into());
+    }
+    let perm = |s: &str, order: &[char]| -> Vec<usize> {
+        order.iter().filter_map(|c| s.find(*c)).collect()
+    };
+    let prod = |cs: &[char]| -> usize { cs.iter().map(|c| size(*c)).product() };
+    let mut ao: Vec<char> = batch.clone();
+    ao.extend(&af);
+    ao.extend(&contr);
+    let mut bo: Vec<char> = batch.clone();
+    bo.extend(&contr);
+    bo.extend(&bf);
+    let a2 = a
+        .permute(perm(sa, &ao))
+        .and_then(|t| t.contiguous())
+        .and_then(|t| t.reshape((prod(&batch), prod(&af), prod(&contr))))
+        .map_err(ce)?;
+    let b2 = b
+        .permute(perm(sb, &bo))
+        .and_then(|t| t.contiguous())
+        .and_then(|t| t.reshape((prod(&batch), prod(&contr), prod(&bf))))
+        .map_err(ce)?;
+    let c = a2.matmul(&b2).map_err(ce)?;
+    let mut co: Vec<char> = batch.clone();
+    co.extend(&af);
+    co.extend(&bf);
+    let shape: Vec<usize> = co.iter().map(|c| size(*c)).collect();
+    let c = c.reshape(shape).map_err(ce)?;
+    let p: Vec<usize> = o
+        .chars()
+        .filter_map(|ch| co.iter().position(|x| *x == ch))
+        .collect();
+    c.permute(p).and_then(|t| t.contiguous()).map_err(ce)
+}
+
+/// Causal softmax attention on [B, T, H, E]; returns the output and the weights [B, H, T, T].
+fn attention(q: &Tensor, k: &Tensor, v: &Tensor) -> R<(Tensor, Tensor)> {
+    let e = q.dims()[3] as f64;
+    let t = q.dims()[1];
+    let s = einsum("bthe,bshe->bhts", q, k)?;
+    let s = (s / e.sqrt()).map_err(ce)?;
+    let mask: Vec<f64> = (0..t * t)
+        .map(|i| if i % t > i / t { -1e10 } else { 0.0 })
+        .collect();
+    let mask = Tensor::from_vec(mask, (t, t), q.device())
+        .and_then(|m| m.to_dtype(q.dtype()))
+        .map_err(ce)?;
+    let s = s.broadcast_add(&mask).map_err(ce)?;
+    let mx = s.max_keepdim(D::Minus1).map_err(ce)?;
+    let ex = s.broadcast_sub(&mx).and_then(|x| x.exp()).map_err(ce)?;
+    let p = ex
+        .broadcast_div(&ex.sum_keepdim(D::Minus1).map_err(ce)?)
+        .map_err(ce)?;
+    let out = einsum("bhts,bshe->bthe", &p, v)?;
+    Ok((out, p))
+}
+
+fn attention_vjp(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    p: &Tensor,
+    g: &Tensor,
+) -> R<(Tensor, Tensor, Tensor)> {
+    let e = q.dims()[3] as f64;
+    let dv = einsum("bhts,bthe->bshe", p, g)?;
+    let dp = einsum("bthe,bshe->bhts", g, v)?;
+    let dot = dp
+        .mul(p)
+        .and_then(|x| x.sum_keepdim(D::Minus1))
+        .map_err(ce)?;
+    let ds = dp.broadcast_sub(&dot).and_then(|x| x.mul(p)).map_err(ce)?;
+    let ds = (ds / e.sqrt()).map_err(ce)?;
+    let dq = einsum("bhts,bshe->bthe", &ds, k)?;
+    let dk = einsum("bhts,bthe->bshe", &ds, q)?;
+    Ok((dq, dk, dv))
+}

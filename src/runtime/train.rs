@@ -1,0 +1,675 @@
+//! The training step on every device: forward, sharded softmax cross-entropy,
+//! backward, gradient synchronisation, clipping and our own optimizers (their
+//! state lives in the parameter's layout, ready for checkpoints).
+
+use super::data::{Batch, Source};
+use super::exec::{Exec, R};
+use super::init;
+use super::mesh::{Comm, Topology};
+use crate::ast::{DType as SDType, Expr, ExprKind, OptValue, Options, TrainDecl};
+use crate::spmd::{Op, Program};
+use crate::types::TType;
+use candle_core::{DType, Device, Tensor};
+use std::sync::mpsc;
+
+fn ce<E: std::fmt::Display>(e: E) -> String {
+    e.to_string()
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Schedule {
+    Constant(f64),
+    /// optax.warmup_cosine_decay_schedule
+    WarmupCosine {
+        init: f64,
+        peak: f64,
+        warmup: usize,
+        decay: usize,
+        end: f64,
+    },
+}
+
+impl Schedule {
+    pub fn at(&self, step: usize) -> f64 {
+        match *self {
+            Schedule::Constant(v) => v,
+            Schedule::WarmupCosine {
+                init,
+                peak,
+                warmup,
+                decay,
+                end,
+            } => {
+                if step < warmup {
+                    init + (peak - init) * step as f64 / warmup.max(1) as f64
+                } else {
+                    let span = decay.saturating_sub(warmup).max(1) as f64;
+                    let t = ((step - warmup) as f64 / span).min(1.0);
+                    end + (peak - end) * 0.5 * (1.0 + (std::f64::consts::PI * t).cos())
+                }
+            }
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Optimizer {
+    pub kind: String,
+    pub lr: Schedule,
+    pub b1: f64,
+    pub b2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    pub momentum: f64,
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub steps: usize,
+    pub seed: u64,
+    pub batch: usize,
+    pub optimizer: Optimizer,
+    pub clip: Option<f64>,
+    pub dtype: DType,
+    /// Initial values for some parameters (global arrays), instead of their initializers.
+    pub init: std::collections::HashMap<String, Vec<f64>>,
+}
+
+fn num(e: &Expr) -> Option<f64> {
+    match &e.kind {
+        ExprKind::Float(v) => Some(*v),
+        ExprKind::Int(v) => Some(*v as f64),
+        ExprKind::Neg(x) => num(x).map(|v| -v),
+        _ => None,
+    }
+}
+
+fn call(e: &Expr) -> Option<(&str, Vec<(&str, &Expr)>)> {
+    match &e.kind {
+        ExprKind::Name(n) => Some((n, vec![])),
+        ExprKind::Call(c, args) => match &c.kind {
+            ExprKind::Name(n) => Some((
+                n,
+                args.iter()
+                    .filter_map(|a| match a {
+                        crate::ast::Arg::Named(k, OptValue::Expr(v)) => Some((k.name.as_str(), v)),
+                        _ => None,
+                    })
+                    .collect(),
+            )),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn opt_expr<'a>(o: &'a Options, k: &str) -> Option<&'a Expr> {
+    match o.get(k) {
+        Some(OptValue::Expr(e)) => Some(e),
+        _ => None,
+    }
+}
+
+/// Read the (already checked) `train` options.
+pub fn config(
+    t: &TrainDecl,
+    consts: &std::collections::HashMap<String, (i64, crate::source::Span)>,
+) -> Config {
+    let int = |k: &str| -> Option<i64> {
+        opt_expr(&t.options, k).and_then(|e| match &e.kind {
+            ExprKind::Int(v) => Some(*v),
+            ExprKind::Name(n) => consts.get(n).map(|c| c.0),
+            _ => None,
+        })
+    };
+    let mut opt = Optimizer {
+        kind: "adam".into(),
+        lr: Schedule::Constant(1e-3),
+        b1: 0.9,
+        b2: 0.999,
+        eps: 1e-8,
+        weight_decay: 1e-4,
+        momentum: 0.0,
+    };
+    if let Some((name, args)) = opt_expr(&t.options, "optimizer").and_then(call) {
+        opt.kind = name.to_string();
+        for (k, v) in args {
+            match k {
+                "lr" => {
+                    opt.lr = match call(v) {
+                        Some(("warmup_cosine", a)) => {
+                            let g = |n: &str| {
+                                a.iter()
+                                    .find(|x| x.0 == n)
+                                    .and_then(|x| num(x.1))
+                                    .unwrap_or(0.0)
+                            };
+                            Schedule::WarmupCosine {
+                                init: g("init"),
+                                peak: g("peak"),
+                                warmup: g("warmup") as usize,
+                                decay: g("decay") as usize,
+                                end: g("end"),
+                            }
+                        }
+                        Some(("constant", a)) => {
+                            Schedule::Constant(a.first().and_then(|x| num(x.1)).unwrap_or(1e-3))
+                        }
+                        _ => Schedule::Constant(num(v).unwrap_or(1e-3)),
+                    }
+                }
+                "b1" => opt.b1 = num(v).unwrap_or(opt.b1),
+                "b2" => opt.b2 = num(v).unwrap_or(opt.b2),
+                "eps" => opt.eps = num(v).unwrap_or(opt.eps),
+                "weight_decay" => opt.weight_decay = num(v).unwrap_or(opt.weight_decay),
+                "momentum" => opt.momentum = num(v).unwrap_or(0.0),
+                _ => {}
+            }
+        }
+    }
+    Config {
+        steps: int("steps").unwrap_or(10).max(0) as usize,
+        seed: int("seed").unwrap_or(0) as u64,
+        batch: int("batch").unwrap_or(1).max(1) as usize,
+        optimizer: opt,
+        clip: opt_expr(&t.options, "clip_grad_norm").and_then(num),
+        dtype: DType::F32,
+        init: Default::default(),
+    }
+}
+
+/// The data source named in `train`, or synthetic data.
+pub fn source(
+    t: &TrainDecl,
+    consts: &std::collections::HashMap<String, (i64, crate::source::Span)>,
+    classes: usize,
+) -> Source {
+    let int = |e: &Expr| match &e.kind {
+        ExprKind::Int(v) => Some(*v as usize),
+        ExprKind::Name(n) => consts.get(n).map(|c| c.0 as usize),
+        _ => None,
+    };
+    match opt_expr(&t.options, "data").and_then(call) {
+        Some(("shakespeare_words", a)) => {
+            let g = |n: &str| a.iter().find(|x| x.0 == n).and_then(|x| int(x.1));
+            Source::Tokens {
+                ids: super::data::shakespeare_words(g("vocab").unwrap_or(classes)),
+                seq: g("seq").unwrap_or(16),
+            }
+        }
+        Some(("shakespeare_chars", a)) => Source::Tokens {
+            ids: super::data::shakespeare_chars(),
+            seq: a
+                .iter()
+                .find(|x| x.0 == "seq")
+                .and_then(|x| int(x.1))
+                .unwrap_or(64),
+        },
+        _ => Source::Synthetic { classes },
+    }
+}
+
+/// Per-step results, reported by device 0.
+#[derive(Clone, Debug)]
+pub struct StepReport {
+    pub step: usize,
+    pub loss: f64,
+    pub lr: f64,
+    pub grad_norm: f64,
+}
+
+/// Named global arrays (parameter name → row-major values).
+pub type Named = Vec<(String, Vec<f64>)>;
+
+pub struct RunOutput {
+    pub losses: Vec<f64>,
+    /// Gradients at the first step, gathered to global arrays, when asked for.
+    pub first_grads: Option<Named>,
+}
+
+/// Local piece of a global array (row-major `values`) for a value of type `t`.
+fn local_piece(
+    topo: &Topology,
+    rank: usize,
+    t: &TType,
+    prog: &Program,
+    values: &[f64],
+    dtype: DType,
+    dev: &Device,
+) -> R<Tensor> {
+    let idx = init::global_indices(topo, rank, t, &prog.bound)?;
+    let v: Vec<f64> = idx
+        .iter()
+        .map(|i| values.get(*i as usize).copied().unwrap_or(0.0))
+        .collect();
+    let shape: Vec<usize> = prog.local_shape(t)?.iter().map(|x| *x as usize).collect();
+    let dt = if matches!(t.dtype, SDType::I32 | SDType::I64) {
+        DType::I64
+    } else {
+        dtype
+    };
+    if dt == DType::I64 {
+        let iv: Vec<i64> = v.iter().map(|x| *x as i64).collect();
+        return Tensor::from_vec(iv, shape, dev).map_err(ce);
+    }
+    Tensor::from_vec(v, shape, dev)
+        .and_then(|t| t.to_dtype(dt))
+        .map_err(ce)
+}
+
+/// Train `prog` for `cfg.steps` steps on a virtual mesh; `on_step` sees each step.
+pub fn run(
+    prog: &Program,
+    cfg: &Config,
+    src: &Source,
+    want_grads: bool,
+    on_step: &mut dyn FnMut(&StepReport),
+) -> R<RunOutput> {
+    let topo = Topology {
+        axes: prog
+            .mesh
+            .iter()
+            .map(|(a, n)| (a.clone(), *n as usize))
+            .collect(),
+    };
+    let comm = Comm::new(topo.clone());
+    let out_id = prog.output.ok_or("the model has no output")? as usize;
+    let out_t = prog.nodes[out_id].ty.clone();
+    if !out_t.pending.is_empty() {
+        return Err("the model's output still owes a reduction".into());
+    }
+    let inputs: Vec<TType> = prog
+        .nodes
+        .iter()
+        .filter_map(|n| {
+            if let Op::Input(_) = n.op {
+                Some(n.ty.clone())
+            } else {
+                None
+            }
+        })
+        .collect();
+    let input_sizes: Vec<usize> = inputs
+        .iter()
+        .map(|t| {
+            prog.local_shape(t)
+                .map(|v| v.iter().product::<i64>() as usize)
+                .unwrap_or(0)
+                * t.dims
+                    .iter()
+                    .map(|d| d.axes.iter().map(|a| topo.size(a)).product::<usize>())
+                    .product::<usize>()
+        })
+        .collect();
+    let vocab = out_t
+        .dims
+        .last()
+        .and_then(|d| d.size.as_const())
+        .unwrap_or(1) as usize;
+    let label_t = TType {
+        dtype: SDType::I64,
+        dims: out_t.dims[..out_t.rank() - 1].to_vec(),
+        pending: Default::default(),
+    };
+    let rows: usize = label_t
+        .dims
+        .iter()
+        .map(|d| {
+            d.size
+                .substitute(&prog.bound)
+                .and_then(|p| p.as_const())
+                .unwrap_or(1) as usize
+        })
+        .product();
+    let per_position = label_t.rank() > 1;
+    let batches: Vec<Batch> = (0..cfg.steps)
+        .map(|s| src.batch(cfg.seed, s, cfg.batch, &input_sizes, vocab, per_position))
+        .collect();
+    let (tx, rx) = mpsc::channel::<StepReport>();
+    let mut result: R<RunOutput> = Err("no device ran".into());
+    std::thread::scope(|scope| {
+        let mut handles = Vec::new();
+        for rank in 0..topo.devices() {
+            let tx = tx.clone();
+            let (comm, topo, batches, label_t, inputs, out_t) =
+                (&comm, &topo, &batches, &label_t, &inputs, &out_t);
+            handles.push(scope.spawn(move || -> R<Option<Named>> {
+                let dev = Device::Cpu;
+                let ex = Exec {
+                    prog,
+                    comm,
+                    rank,
+                    dtype: cfg.dtype,
+                    dev: dev.clone(),
+                };
+                // Parameters: each device computes only its own piece.
+                let mut params = Vec::new();
+                for p in &prog.params {
+                    let idx = init::global_indices(topo, rank, &p.stored, &prog.bound)?;
+                    let v = match cfg.init.get(&p.name) {
+                        Some(g) => idx.iter().map(|i| g.get(*i as usize).copied().unwrap_or(0.0)).collect(),
+                        None => init::init_values(&p.init, &p.stored, cfg.seed ^ init::hash_str(&p.name), &idx, &prog.bound)?,
+                    };
+                    let shape: Vec<usize> = prog
+                        .local_shape(&p.stored)?
+                        .iter()
+                        .map(|x| *x as usize)
+                        .collect();
+                    params.push(
+                        Tensor::from_vec(v, shape, &dev)
+                            .and_then(|t| t.to_dtype(cfg.dtype))
+                            .map_err(ce)?,
+                    );
+                }
+                let mut state = OptState::new(&params)?;
+                let mut first = None;
+                for (step, b) in batches.iter().enumerate() {
+                    let xs: Vec<Tensor> = inputs
+                        .iter()
+                        .zip(&b.inputs)
+                        .map(|(t, v)| local_piece(topo, rank, t, prog, v, cfg.dtype, &dev))
+                        .collect::<R<_>>()?;
+                    let labels_f: Vec<f64> = b.labels.iter().map(|x| *x as f64).collect();
+                    let y = local_piece(topo, rank, label_t, prog, &labels_f, cfg.dtype, &dev)?;
+                    let tape = ex.forward(
+                        &params,
+                        &xs,
+                        Some(cfg.seed ^ (step as u64).wrapping_mul(0xA24B_AED4_963E_E407)),
+                    )?;
+                    let (loss, ct) = cross_entropy(&ex, &tape.vals[out_id], out_t, &y, rows)?;
+                    let grads = ex.backward(&tape, ct)?;
+                    let grads = sync_grads(&ex, &params, grads)?;
+                    if want_grads && step == 0 {
+                        first = Some(gather_global(&ex, &grads)?);
+                    }
+                    let norm = global_norm(&ex, &grads)?;
+                    let scale = match cfg.clip {
+                        Some(c) if norm > c => c / norm,
+                        _ => 1.0,
+                    };
+                    let lr = cfg.optimizer.lr.at(step);
+                    state.update(&cfg.optimizer, lr, step + 1, &mut params, &grads, scale)?;
+                    if rank == 0 {
+                        let _ = tx.send(StepReport {
+                            step,
+                            loss,
+                            lr,
+                            grad_norm: norm,
+                        });
+                    }
+                }
+                Ok(first)
+            }));
+        }
+        drop(tx);
+        let mut losses = Vec::new();
+        for r in rx.iter() {
+            on_step(&r);
+            losses.push(r.loss);
+        }
+        let mut first = None;
+        for (rank, h) in handles.into_iter().enumerate() {
+            match h.join() {
+                Ok(Ok(g)) => {
+                    if rank == 0 {
+                        first = g;
+                    }
+                }
+                Ok(Err(e)) => {
+                    result = Err(e);
+                    return;
+                }
+                Err(_) => {
+                    result = Err(format!("device {rank} panicked"));
+                    return;
+                }
+            }
+        }
+        result = Ok(RunOutput {
+            losses,
+            first_grads: first,
+        });
+    });
+    result
+}
+
+/// Mean softmax cross-entropy over all label rows, with logits possibly split over
+/// the vocabulary (seed 001): only the max, the sum of exponentials and the target
+/// logit cross devices. Returns the global loss and the logits' cotangent.
+fn cross_entropy(
+    ex: &Exec,
+    logits: &Tensor,
+    lt: &TType,
+    labels: &Tensor,
+    rows: usize,
+) -> R<(f64, Tensor)> {
+    let topo = &ex.comm.topo;
+    let vaxes = lt.dims[lt.rank() - 1].axes.clone();
+    let vloc = logits.dims()[logits.rank() - 1];
+    let (vi, _) = topo.shard_index(ex.rank, &vaxes);
+    let off = (vi * vloc) as i64;
+    let d = candle_core::D::Minus1;
+    let m = logits.max_keepdim(d).map_err(ce)?;
+    let m = ex.comm.pmax(ex.rank, &m, &vaxes).map_err(ce)?;
+    let e = logits.broadcast_sub(&m).and_then(|x| x.exp()).map_err(ce)?;
+    let se = e.sum_keepdim(d).map_err(ce)?;
+    let se = ex.comm.psum(ex.rank, &se, &vaxes).map_err(ce)?;
+    let lse = se.log().and_then(|l| l.add(&m)).map_err(ce)?;
+    // One-hot of the labels inside this device's vocabulary window.
+    let lab: Vec<i64> = labels
+        .flatten_all()
+        .and_then(|t| t.to_vec1::<i64>())
+        .map_err(ce)?;
+    let mut oh = vec![0f64; lab.len() * vloc];
+    for (r, l) in lab.iter().enumerate() {
+        let k = l - off;
+        if k >= 0 && (k as usize) < vloc {
+            oh[r * vloc + k as usize] = 1.0;
+        }
+    }
+    let oh = Tensor::from_vec(oh, logits.dims(), logits.device())
+        .and_then(|t| t.to_dtype(logits.dtype()))
+        .map_err(ce)?;
+    let tgt = logits.mul(&oh).and_then(|x| x.sum_keepdim(d)).map_err(ce)?;
+    let tgt = ex.comm.psum(ex.rank, &tgt, &vaxes).map_err(ce)?;
+    let local = lse
+        .sub(&tgt)
+        .and_then(|x| x.sum_all())
+        .and_then(|x| x.to_dtype(DType::F64))
+        .map_err(ce)?;
+    // Rows are split over the label dims' axes: sum over those devices.
+    let raxes: Vec<String> = lt.dims[..lt.rank() - 1]
+        .iter()
+        .flat_map(|d| d.axes.clone())
+        .collect();
+    let total = ex.comm.psum(ex.rank, &local, &raxes).map_err(ce)?;
+    let loss = total.to_scalar::<f64>().map_err(ce)? / rows as f64;
+    // d loss / d logits, held as addends over the axes the logits are replicated on.
+    let used: Vec<&str> = lt.all_axes();
+    let rep: usize = topo
+        .axes
+        .iter()
+        .filter(|(a, _)| !used.contains(&a.as_str()))
+        .map(|a| a.1)
+        .product();
+    let p = e.broadcast_div(&se).map_err(ce)?;
+    let ct = p
+        .sub(&oh)
+        .and_then(|x| x / (rows * rep) as f64)
+        .map_err(ce)?;
+    Ok((loss, ct))
+}
+
+/// Sum each gradient over the axes its parameter is replicated on.
+fn sync_grads(ex: &Exec, params: &[Tensor], grads: Vec<Option<Tensor>>) -> R<Vec<Tensor>> {
+    let mut out = Vec::new();
+    for ((p, g), t) in ex.prog.params.iter().zip(grads).zip(params) {
+        let g = match g {
+            Some(g) => g,
+            None => t.zeros_like().map_err(ce)?,
+        };
+        let used = p.stored.all_axes();
+        let rep: Vec<String> = ex
+            .comm
+            .topo
+            .axes
+            .iter()
+            .filter(|(a, n)| *n > 1 && !used.contains(&a.as_str()))
+            .map(|a| a.0.clone())
+            .collect();
+        out.push(ex.comm.psum(ex.rank, &g, &rep).map_err(ce)?);
+    }
+    Ok(out)
+}
+
+/// Global L2 norm of all gradients (each element counted once).
+fn global_norm(ex: &Exec, grads: &[Tensor]) -> R<f64> {
+    let mut local = 0.0;
+    for (p, g) in ex.prog.params.iter().zip(grads) {
+        let used = p.stored.all_axes();
+        let rep: usize = ex
+            .comm
+            .topo
+            .axes
+            .iter()
+            .filter(|(a, _)| !used.contains(&a.as_str()))
+            .map(|a| a.1)
+            .product();
+        let s = g
+            .sqr()
+            .and_then(|x| x.sum_all())
+            .and_then(|x| x.to_dtype(DType::F64))
+            .and_then(|x| x.to_scalar::<f64>())
+            .map_err(ce)?;
+        local += s / rep as f64;
+    }
+    let t = Tensor::new(local, &ex.dev).map_err(ce)?;
+    let all: Vec<String> = ex.comm.topo.axes.iter().map(|a| a.0.clone()).collect();
+    let s = ex
+        .comm
+        .psum(ex.rank, &t, &all)
+        .and_then(|x| x.to_scalar::<f64>())
+        .map_err(ce)?;
+    Ok(s.sqrt())
+}
+
+/// Assemble each gradient into its global array (for tests and `--dump-grads`).
+fn gather_global(ex: &Exec, grads: &[Tensor]) -> R<Named> {
+    let mut out = Vec::new();
+    let all: Vec<String> = ex.comm.topo.axes.iter().map(|a| a.0.clone()).collect();
+    for (p, g) in ex.prog.params.iter().zip(grads) {
+        let n: usize = p
+            .stored
+            .dims
+            .iter()
+            .map(|d| d.size.as_const().unwrap_or(0) as usize)
+            .product();
+        let idx = ex.global_indices(&p.stored)?;
+        let vals: Vec<f64> = g
+            .flatten_all()
+            .and_then(|t| t.to_dtype(DType::F64))
+            .and_then(|t| t.to_vec1::<f64>())
+            .map_err(ce)?;
+        let mut full = vec![0f64; n];
+        for (i, v) in idx.iter().zip(vals) {
+            full[*i as usize] = v;
+        }
+        // Replicas hold the same values; pieces are disjoint: a max-magnitude merge
+        // would do, but summing then dividing by the replica count is exact.
+        let used = p.stored.all_axes();
+        let rep: usize = ex
+            .comm
+            .topo
+            .axes
+            .iter()
+            .filter(|(a, _)| !used.contains(&a.as_str()))
+            .map(|a| a.1)
+            .product();
+        let t = Tensor::from_vec(full, n, &ex.dev).map_err(ce)?;
+        let t = ex.comm.psum(ex.rank, &t, &all).map_err(ce)?;
+        let t = (t / rep as f64).map_err(ce)?;
+        out.push((p.name.clone(), t.to_vec1::<f64>().map_err(ce)?));
+    }
+    Ok(out)
+}
+
+/// Optimizer state in each parameter's layout.
+pub struct OptState {
+    pub m: Vec<Tensor>,
+    pub v: Vec<Tensor>,
+}
+
+impl OptState {
+    fn new(params: &[Tensor]) -> R<OptState> {
+        let z: Vec<Tensor> = params
+            .iter()
+            .map(|p| p.zeros_like())
+            .collect::<candle_core::Result<_>>()
+            .map_err(ce)?;
+        Ok(OptState { m: z.clone(), v: z })
+    }
+
+    fn update(
+        &mut self,
+        o: &Optimizer,
+        lr: f64,
+        t: usize,
+        params: &mut [Tensor],
+        grads: &[Tensor],
+        scale: f64,
+    ) -> R<()> {
+        for i in 0..params.len() {
+            let g = (&grads[i] * scale).map_err(ce)?;
+            let p = &params[i];
+            let new = match o.kind.as_str() {
+                "sgd" => {
+                    if o.momentum > 0.0 {
+                        self.m[i] =
+                            (self.m[i].affine(o.momentum, 0.0).map_err(ce)? + &g).map_err(ce)?;
+                        (p - self.m[i].affine(lr, 0.0).map_err(ce)?).map_err(ce)?
+                    } else {
+                        (p - g.affine(lr, 0.0).map_err(ce)?).map_err(ce)?
+                    }
+                }
+                "adagrad" => {
+                    self.v[i] = (&self.v[i] + g.sqr().map_err(ce)?).map_err(ce)?;
+                    let d = g
+                        .div(
+                            &self.v[i]
+                                .sqrt()
+                                .and_then(|s| s.affine(1.0, o.eps))
+                                .map_err(ce)?,
+                        )
+                        .map_err(ce)?;
+                    (p - d.affine(lr, 0.0).map_err(ce)?).map_err(ce)?
+                }
+                _ => {
+                    // Adam / AdamW, as optax (bias-corrected, eps outside the sqrt).
+                    self.m[i] = (self.m[i].affine(o.b1, 0.0).map_err(ce)?
+                        + g.affine(1.0 - o.b1, 0.0).map_err(ce)?)
+                    .map_err(ce)?;
+                    self.v[i] = (self.v[i].affine(o.b2, 0.0).map_err(ce)?
+                        + g.sqr()
+                            .and_then(|s| s.affine(1.0 - o.b2, 0.0))
+                            .map_err(ce)?)
+                    .map_err(ce)?;
+                    let mh = self.m[i]
+                        .affine(1.0 / (1.0 - o.b1.powi(t as i32)), 0.0)
+                        .map_err(ce)?;
+                    let vh = self.v[i]
+                        .affine(1.0 / (1.0 - o.b2.powi(t as i32)), 0.0)
+                        .map_err(ce)?;
+                    let mut d = mh
+                        .div(&vh.sqrt().and_then(|s| s.affine(1.0, o.eps)).map_err(ce)?)
+                        .map_err(ce)?;
+                    if o.kind == "adamw" {
+                        d = (d + p.affine(o.weight_decay, 0.0).map_err(ce)?).map_err(ce)?;
+                    }
+                    (p - d.affine(lr, 0.0).map_err(ce)?).map_err(ce)?
+                }
+            };
+            params[i] = new;
+        }
+        Ok(())
+    }
+}
