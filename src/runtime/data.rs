@@ -53,13 +53,16 @@ pub enum Source {
 impl Source {
     /// Batch `step`: `input_sizes` are the element counts of each input; `rows` the
     /// number of label rows (batch × positions).
+    #[allow(clippy::too_many_arguments)]
     pub fn batch(
         &self,
         seed: u64,
         step: usize,
         batch: usize,
         input_sizes: &[usize],
+        int_inputs: &[bool],
         vocab: usize,
+        rows: usize,
         per_position: bool,
     ) -> Batch {
         match self {
@@ -70,10 +73,19 @@ impl Source {
                 let mut inputs = Vec::new();
                 for (k, n) in input_sizes.iter().enumerate() {
                     let sk = s ^ (k as u64 + 1).wrapping_mul(0x9E37_79B9);
-                    inputs.push((0..*n as u64).map(|i| super::init::normal(sk, i)).collect());
+                    // Token-id inputs are drawn uniformly below the vocabulary size.
+                    if int_inputs.get(k) == Some(&true) {
+                        inputs.push(
+                            (0..*n as u64)
+                                .map(|i| (super::init::uniform(sk, i) * vocab as f64).floor())
+                                .collect(),
+                        );
+                    } else {
+                        inputs.push((0..*n as u64).map(|i| super::init::normal(sk, i)).collect());
+                    }
                 }
                 let c = (*classes).max(1);
-                let labels = (0..batch as u64)
+                let labels = (0..rows as u64)
                     .map(|i| {
                         (super::init::uniform(s ^ 0x1234_5678, i) * c as f64) as i64 % c as i64
                     })

@@ -322,8 +322,20 @@ pub fn run(
         })
         .product();
     let per_position = label_t.rank() > 1;
+    let int_inputs: Vec<bool> = inputs.iter().map(|t| !t.dtype.is_float()).collect();
     let batches: Vec<Batch> = (0..cfg.steps)
-        .map(|s| src.batch(cfg.seed, s, cfg.batch, &input_sizes, vocab, per_position))
+        .map(|s| {
+            src.batch(
+                cfg.seed,
+                s,
+                cfg.batch,
+                &input_sizes,
+                &int_inputs,
+                vocab,
+                rows,
+                per_position,
+            )
+        })
         .collect();
     let (tx, rx) = mpsc::channel::<StepReport>();
     let mut result: R<RunOutput> = Err("no device ran".into());
@@ -347,8 +359,17 @@ pub fn run(
                 for p in &prog.params {
                     let idx = init::global_indices(topo, rank, &p.stored, &prog.bound)?;
                     let v = match cfg.init.get(&p.name) {
-                        Some(g) => idx.iter().map(|i| g.get(*i as usize).copied().unwrap_or(0.0)).collect(),
-                        None => init::init_values(&p.init, &p.stored, cfg.seed ^ init::hash_str(&p.name), &idx, &prog.bound)?,
+                        Some(g) => idx
+                            .iter()
+                            .map(|i| g.get(*i as usize).copied().unwrap_or(0.0))
+                            .collect(),
+                        None => init::init_values(
+                            &p.init,
+                            &p.stored,
+                            cfg.seed ^ init::hash_str(&p.name),
+                            &idx,
+                            &prog.bound,
+                        )?,
                     };
                     let shape: Vec<usize> = prog
                         .local_shape(&p.stored)?

@@ -1,0 +1,296 @@
+//! Numerics of `shardc run`: sharded runs against mesh-of-1 runs (gradients per
+//! tensor at init, first losses), determinism, and finite differences in f64 for
+//! every differentiated op and collective.
+
+use shardc::runtime::train::{self, Config, Named};
+use shardc::spmd::Program;
+use shardc::world::{self, Options};
+use std::path::Path;
+
+fn setup_text(
+    name: &str,
+    text: &str,
+    mesh: &[(&str, i64)],
+    model: Option<&str>,
+) -> (Program, Config, shardc::runtime::data::Source) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
+    let opts = Options {
+        mesh: mesh.iter().map(|(a, n)| (a.to_string(), *n)).collect(),
+        ..Options::default()
+    };
+    let c = world::compile_source(&path, text.to_string(), &opts);
+    assert!(
+        !c.has_errors(),
+        "{name}: {:?}",
+        c.diagnostics
+            .iter()
+            .map(|d| d.message.clone())
+            .collect::<Vec<_>>()
+    );
+    let t = match model {
+        Some(m) => c
+            .program
+            .trains
+            .iter()
+            .find(|t| t.model.name == m)
+            .expect("train"),
+        None => &c.program.trains[0],
+    };
+    let prog = c
+        .checked
+        .programs
+        .iter()
+        .find(|p| p.model == t.model.name)
+        .expect("lowered")
+        .clone();
+    let cfg = train::config(t, &c.program.consts);
+    let classes = prog
+        .output
+        .map(|o| {
+            prog.nodes[o as usize]
+                .ty
+                .dims
+                .last()
+                .and_then(|d| d.size.as_const())
+                .unwrap_or(1) as usize
+        })
+        .unwrap_or(1);
+    let src = train::source(t, &c.program.consts, classes);
+    (prog, cfg, src)
+}
+
+fn setup(
+    file: &str,
+    mesh: &[(&str, i64)],
+    model: Option<&str>,
+) -> (Program, Config, shardc::runtime::data::Source) {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file))
+        .expect("model file");
+    setup_text(file, &text, mesh, model)
+}
+
+fn grads_and_losses(
+    file: &str,
+    mesh: &[(&str, i64)],
+    model: Option<&str>,
+    steps: usize,
+    f64: bool,
+) -> (Named, Vec<f64>) {
+    let (prog, mut cfg, src) = setup(file, mesh, model);
+    cfg.steps = steps;
+    if f64 {
+        cfg.dtype = candle_core::DType::F64;
+    }
+    let out = train::run(&prog, &cfg, &src, true, &mut |_| {}).expect("run");
+    (out.first_grads.expect("grads"), out.losses)
+}
+
+fn max_rel(a: &[f64], b: &[f64]) -> f64 {
+    let scale = b.iter().fold(0f64, |m, x| m.max(x.abs())).max(1e-12);
+    a.iter().zip(b).fold(0f64, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+/// Per-tensor gradients and the first losses of a sharded run match the mesh-of-1 run.
+fn compare(file: &str, sharded: &[(&str, i64)], single: &[(&str, i64)], model: Option<&str>) {
+    let (g8, _) = grads_and_losses(file, sharded, model, 1, true);
+    let (g1, _) = grads_and_losses(file, single, model, 1, true);
+    assert_eq!(g8.len(), g1.len());
+    for ((n8, a), (n1, b)) in g8.iter().zip(&g1) {
+        assert_eq!(n8, n1);
+        let r = max_rel(a, b);
+        assert!(
+            r < 1e-5,
+            "{file} {model:?}: gradient of `{n8}` differs by {r:e} (relative)"
+        );
+        assert!(
+            b.iter().any(|x| *x != 0.0),
+            "`{n1}` has an all-zero gradient"
+        );
+    }
+    let (_, l8) = grads_and_losses(file, sharded, model, 10, false);
+    let (_, l1) = grads_and_losses(file, single, model, 10, false);
+    for (i, (x, y)) in l8.iter().zip(&l1).enumerate() {
+        assert!(
+            ((x - y) / y).abs() < 1e-4,
+            "{file} {model:?}: loss {i} is {x} sharded vs {y} on one device"
+        );
+    }
+}
+
+#[test]
+fn data_parallel_matches_one_device() {
+    compare(
+        "models/fsdp_mlp.shard",
+        &[("data", 8)],
+        &[("data", 1)],
+        Some("DPClassifier"),
+    );
+}
+
+/// Trap: a loss averaged across devices before differentiation scales FSDP
+/// gradients by the device count. Compared per tensor, so a constant factor shows.
+#[test]
+fn fsdp_matches_one_device() {
+    compare(
+        "models/fsdp_mlp.shard",
+        &[("data", 8)],
+        &[("data", 1)],
+        Some("FSDPClassifier"),
+    );
+}
+
+/// Also covers the trap of LayerNorm scales replicated across tensor-parallel shards
+/// whose gradients must be summed over them, and the all_gather transpose (a
+/// gathered replicated value whose gradient must not be doubled).
+#[test]
+fn tensor_parallel_gptj_matches_one_device() {
+    compare(
+        "tests/models/gptj_small.shard",
+        &[("dp", 4), ("mp", 2)],
+        &[("dp", 1), ("mp", 1)],
+        None,
+    );
+}
+
+#[test]
+fn same_seed_same_losses_bit_for_bit() {
+    let (_, a) = grads_and_losses(
+        "models/fsdp_mlp.shard",
+        &[("data", 8)],
+        Some("FSDPClassifier"),
+        5,
+        false,
+    );
+    let (_, b) = grads_and_losses(
+        "models/fsdp_mlp.shard",
+        &[("data", 8)],
+        Some("FSDPClassifier"),
+        5,
+        false,
+    );
+    assert_eq!(
+        a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        b.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn training_lowers_the_loss() {
+    let (_, l) = grads_and_losses(
+        "models/fsdp_mlp.shard",
+        &[("data", 8)],
+        Some("DPClassifier"),
+        15,
+        false,
+    );
+    assert!(l[l.len() - 1] < 0.5 * l[0], "{l:?}");
+}
+
+/// Loss at the given global parameter values (f64, one step, no update counted).
+fn loss_at(
+    prog: &Program,
+    cfg: &Config,
+    src: &shardc::runtime::data::Source,
+    params: &Named,
+) -> f64 {
+    let mut c = cfg.clone();
+    c.steps = 1;
+    c.dtype = candle_core::DType::F64;
+    c.init = params.iter().cloned().collect();
+    train::run(prog, &c, src, false, &mut |_| {})
+        .expect("run")
+        .losses[0]
+}
+
+fn global_params(prog: &Program, cfg: &Config) -> Named {
+    // Initial values, computed as a one-device run would.
+    let t = &prog.params;
+    t.iter()
+        .map(|p| {
+            let n: usize = p
+                .stored
+                .dims
+                .iter()
+                .map(|d| d.size.as_const().unwrap_or(0) as usize)
+                .product();
+            let idx: Vec<u64> = (0..n as u64).collect();
+            let v = shardc::runtime::init::init_values(
+                &p.init,
+                &p.stored,
+                cfg.seed ^ shardc::runtime::init::hash_str(&p.name),
+                &idx,
+                &prog.bound,
+            )
+            .expect("init");
+            (p.name.clone(), v)
+        })
+        .collect()
+}
+
+/// Central differences on a few elements of every parameter, on a sharded mesh.
+fn finite_differences(name: &str, text: &str, mesh: &[(&str, i64)]) {
+    let (prog, mut cfg, src) = setup_text(name, text, mesh, None);
+    cfg.dtype = candle_core::DType::F64;
+    cfg.steps = 1;
+    let params = global_params(&prog, &cfg);
+    cfg.init = params.iter().cloned().collect();
+    let out = train::run(&prog, &cfg, &src, true, &mut |_| {}).expect("run");
+    let grads = out.first_grads.expect("grads");
+    let h = 1e-5;
+    for (pi, (pname, values)) in params.iter().enumerate() {
+        let n = values.len();
+        for &k in &[0, n / 3, n / 2, n - 1] {
+            let mut plus = params.clone();
+            plus[pi].1[k] += h;
+            let mut minus = params.clone();
+            minus[pi].1[k] -= h;
+            let fd = (loss_at(&prog, &cfg, &src, &plus) - loss_at(&prog, &cfg, &src, &minus))
+                / (2.0 * h);
+            let an = grads[pi].1[k];
+            let err = (fd - an).abs() / fd.abs().max(an.abs()).max(1e-6);
+            assert!(
+                err < 1e-5,
+                "{name}: d loss / d {pname}[{k}]: analytic {an:e}, finite difference {fd:e}"
+            );
+        }
+    }
+}
+
+const FD_MESH: &str = "mesh m(dp: 2, mp: 2)\n";
+
+#[test]
+fn finite_differences_elementwise_and_matmul() {
+    let text = format!(
+        "{FD_MESH}model M {{\n  w: f32[6, 8@mp] init normal(0.5)\n  b: f32[8@mp] init normal(0.5)\n  v: f32[8@mp, 5] init normal(0.5)\n  c: f32[5] init normal(0.5)\n  fn forward(x: f32[B@dp, 6]) -> f32[B@dp, 5] {{\n    let h = x @ w + b\n    let g = relu(h) * 0.5 + gelu(h) - silu(h) / 2.0 + tanh(h) * sigmoid(h) + square(h) * 0.1 - exp(h * 0.1) + 3.0 - h\n    psum(g @ v, mp) * c + c / (square(c) + 1.0)\n  }}\n}}\ntrain M on m {{ data: synthetic(classes: 5), batch: 4, steps: 1, optimizer: sgd(lr: 0.1) }}\n"
+    );
+    finite_differences("fd_elementwise.shard", &text, &[]);
+}
+
+#[test]
+fn finite_differences_layer_norm_einsum_attention() {
+    let text = format!(
+        "{FD_MESH}import nn\nmodel M {{\n  ln = LayerNorm(8)\n  wq: f32[8, 2@mp, 4] init normal(0.5)\n  wo: f32[2@mp, 4, 5] init normal(0.5)\n  fn forward(x: f32[B@dp, 3, 8]) -> f32[B@dp, 3, 5] {{\n    let h = ln(x)\n    let q = einsum(\"btd,dhe->bthe\", h, wq)\n    let a = causal_attention(q, q * 0.5, q)\n    psum(einsum(\"bthe,hed->btd\", a, wo), mp)\n  }}\n}}\ntrain M on m {{ data: synthetic(classes: 5), batch: 4, steps: 1, optimizer: sgd(lr: 0.1) }}\n"
+    );
+    finite_differences("fd_attention.shard", &text, &[]);
+}
+
+#[test]
+fn finite_differences_vocab_parallel_embedding_and_sharded_loss() {
+    let text = format!(
+        "{FD_MESH}import nn\nmodel M {{\n  e = Embed(16@mp, 6)\n  w: f32[6, 16@mp] init normal(0.5)\n  fn forward(ids: i32[B@dp, 3]) -> f32[B@dp, 3, 16@mp] {{\n    e(ids) @ w\n  }}\n}}\ntrain M on m {{ data: synthetic(), batch: 4, steps: 1, optimizer: sgd(lr: 0.1) }}\n"
+    );
+    finite_differences("fd_embed.shard", &text, &[]);
+}
+
+#[test]
+fn finite_differences_collectives_and_reshards() {
+    // all_gather ↔ psum_scatter, all-reduce ↔ all-reduce, slice ↔ pad, FSDP gather.
+    let text = format!(
+        "{FD_MESH}model M {{\n  shard_params(dp, min_size: 4)\n  w: f32[6, 8@mp] init normal(0.5)\n  v: f32[8, 4] init normal(0.5)\n  fn forward(x: f32[B@dp, 6]) -> f32[B@dp, 4] {{\n    let h = x @ w\n    let g: f32[B@dp, 8] = tanh(h)\n    let s = psum_scatter(g @ v * 1.0, dp, dim: 1)\n    let p: f32[B@dp, 4] = all_gather(x @ w @ v, dp, dim: 0) * 0.0 + 0.0\n    tanh(g @ v)\n  }}\n}}\ntrain M on m {{ data: synthetic(classes: 4), batch: 4, steps: 1, optimizer: sgd(lr: 0.1) }}\n"
+    );
+    let _ = text;
+    let text = format!(
+        "{FD_MESH}model M {{\n  shard_params(dp, min_size: 4)\n  w: f32[6, 8@mp] init normal(0.5)\n  v: f32[8, 4] init normal(0.5)\n  fn forward(x: f32[B@dp, 6]) -> f32[B@dp, 4] {{\n    let g: f32[B@dp, 8@_] = tanh(x @ w)\n    let r: f32[B@_, 4] = g @ v\n    let back: f32[B@dp, 4] = r\n    tanh(back)\n  }}\n}}\ntrain M on m {{ data: synthetic(classes: 4), batch: 4, steps: 1, optimizer: sgd(lr: 0.1) }}\n"
+    );
+    finite_differences("fd_collectives.shard", &text, &[]);
+}
