@@ -100,6 +100,9 @@ pub enum Command {
         /// Compute in f64 (for checking numerics).
         #[arg(long)]
         f64: bool,
+        /// Print the per-device memory measured on device 0, next to the plan's figures.
+        #[arg(long)]
+        mem: bool,
     },
     /// Explain a diagnostic code, e.g. `shardc explain E0203`.
     Explain { code: Option<String> },
@@ -153,6 +156,7 @@ pub fn main() -> ExitCode {
             model,
             dump_losses,
             f64,
+            mem,
         } => run(
             &file,
             mesh.map(|m| m.0).unwrap_or_default(),
@@ -161,6 +165,7 @@ pub fn main() -> ExitCode {
             model,
             dump_losses,
             f64,
+            mem,
         ),
         Command::Lower { file, mesh } => lower(&file, mesh.map(|m| m.0).unwrap_or_default()),
         Command::Plan { file, mesh, json } => {
@@ -366,6 +371,7 @@ fn run(
     model: Option<String>,
     dump: Option<PathBuf>,
     f64: bool,
+    mem: bool,
 ) -> ExitCode {
     use crate::runtime::train;
     let opts = Options {
@@ -448,6 +454,24 @@ fn run(
         .unwrap_or(1);
     let src = train::source(train, &c.program.consts, classes);
     let mesh_txt: Vec<String> = prog.mesh.iter().map(|(a, n)| format!("{a}={n}")).collect();
+    // Virtual devices share this machine's memory: refuse a run that cannot fit.
+    let plan = c.checked.plans.iter().find(|p| p.model == prog.model);
+    if let (Some(p), Some(avail)) = (plan, available_memory()) {
+        let devices: i64 = prog.mesh.iter().map(|m| m.1).product();
+        let scale = if f64 { 2.0 } else { 1.0 };
+        let need = p.total_memory() * devices as f64 * scale;
+        if need > avail {
+            out!("{}", crate::plan::render(p, &c.sources));
+            eprintln!(
+                "error: this run needs about {} on this machine ({} devices × {} each), but only {} is available; nothing was allocated",
+                crate::plan::human_bytes(need),
+                devices,
+                crate::plan::human_bytes(need / devices as f64),
+                crate::plan::human_bytes(avail)
+            );
+            return ExitCode::from(1);
+        }
+    }
     eprintln!(
         "training {} on {} ({}) for {} steps, batch {}, {} {}",
         prog.model,
@@ -482,6 +506,35 @@ fn run(
                     return ExitCode::from(2);
                 }
             }
+            if let (true, Some(m)) = (mem, &out.memory) {
+                let planned = plan.cloned().unwrap_or_default();
+                let row = |name: &str, got: f64, want: f64| {
+                    format!(
+                        "  {name:<16} {:>12} {:>12}\n",
+                        crate::plan::human_bytes(got),
+                        crate::plan::human_bytes(want)
+                    )
+                };
+                let mut t = format!(
+                    "memory on device 0 (measured vs planned)\n  {:<16} {:>12} {:>12}\n",
+                    "", "measured", "planned"
+                );
+                t += &row("params", m.params, planned.params);
+                t += &row("grads", m.grads, planned.grads);
+                t += &row(
+                    "optimizer state",
+                    m.optimizer_state,
+                    planned.optimizer_state,
+                );
+                t += &row(
+                    "gathered params",
+                    m.gathered_params,
+                    planned.gathered_params,
+                );
+                t += &row("activations", m.activations, planned.activations);
+                t += &row("total", m.total(), planned.total_memory());
+                out!("{t}");
+            }
             let first = out.losses.first().copied().unwrap_or(f64::NAN);
             let lastl = out.losses.last().copied().unwrap_or(f64::NAN);
             eprintln!(
@@ -492,10 +545,32 @@ fn run(
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("error: the run stopped: {e}");
+            // Point at the source of the op a runtime error names.
+            let at = e
+                .split("node %")
+                .nth(1)
+                .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
+                .and_then(|n| n.parse::<usize>().ok())
+                .and_then(|i| prog.nodes.get(i))
+                .map(|n| (n.span, n.ty.to_string()));
+            match at {
+                Some((span, ty)) => eprintln!(
+                    "error: the run stopped: {e}\n  --> {} (a value of type {ty})",
+                    c.sources.describe(span)
+                ),
+                None => eprintln!("error: the run stopped: {e}"),
+            }
             ExitCode::from(1)
         }
     }
+}
+
+/// Bytes this machine can still give (Linux `MemAvailable`), if known.
+fn available_memory() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024.0)
 }
 
 fn lower(file: &std::path::Path, mesh: Vec<(String, i64)>) -> ExitCode {

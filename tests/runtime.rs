@@ -294,3 +294,57 @@ fn finite_differences_collectives_and_reshards() {
     );
     finite_differences("fd_collectives.shard", &text, &[]);
 }
+
+/// `shardc plan` predicts the per-device memory that a run measures, within 10%.
+#[test]
+fn plan_matches_measured_memory() {
+    for (file, model, mesh) in [
+        ("models/fsdp_mlp.shard", Some("DPClassifier"), vec![]),
+        ("models/fsdp_mlp.shard", Some("FSDPClassifier"), vec![]),
+        ("tests/models/gptj_small.shard", None, vec![]),
+    ] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+        let c = world::compile(
+            &path,
+            &Options {
+                mesh,
+                ..Options::default()
+            },
+        )
+        .expect("readable");
+        let (prog, mut cfg, src) = setup(file, &[], model);
+        cfg.steps = 1;
+        let out = train::run(&prog, &cfg, &src, false, &mut |_| {}).expect("run");
+        let measured = out.memory.expect("memory").total();
+        let planned = c
+            .checked
+            .plans
+            .iter()
+            .find(|p| p.model == prog.model)
+            .expect("plan")
+            .total_memory();
+        let r = (planned - measured).abs() / measured;
+        assert!(
+            r < 0.10,
+            "{file} {model:?}: plan {planned} vs measured {measured} ({:.1}% off)",
+            r * 100.0
+        );
+    }
+}
+
+/// A NaN in the loss stops the run with the step and the op that produced it.
+#[test]
+fn nan_loss_names_the_step_and_the_op() {
+    let text = "mesh m(dp: 2)\nmodel M {\n  w: f32[4, 3] init normal(1.0)\n  fn forward(x: f32[B@dp, 4]) -> f32[B@dp, 3] {\n    let h = x @ w\n    log(h * 0.0 - 1.0)\n  }\n}\ntrain M on m { data: synthetic(classes: 3), batch: 4, steps: 3, optimizer: sgd(lr: 0.1) }\n";
+    let (prog, cfg, src) = setup_text("nan.shard", text, &[], None);
+    let err = train::run(&prog, &cfg, &src, false, &mut |_| {})
+        .err()
+        .expect("the run must stop");
+    assert!(err.contains("step 1") && err.contains("node %"), "{err}");
+    let node: usize = err
+        .split("node %")
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("node id");
+    assert!(matches!(&prog.nodes[node].op, shardc::spmd::Op::Builtin(n, _) if n == "log"));
+}

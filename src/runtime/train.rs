@@ -221,7 +221,30 @@ pub struct StepReport {
 /// Named global arrays (parameter name → row-major values).
 pub type Named = Vec<(String, Vec<f64>)>;
 
+/// Live bytes on device 0, measured from its tensors during the first step.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Memory {
+    pub params: f64,
+    pub grads: f64,
+    pub optimizer_state: f64,
+    /// Forward values kept for backward (inputs and parameters excluded).
+    pub activations: f64,
+    /// FSDP parameters gathered for use.
+    pub gathered_params: f64,
+}
+
+impl Memory {
+    pub fn total(&self) -> f64 {
+        self.params + self.grads + self.optimizer_state + self.activations + self.gathered_params
+    }
+}
+
+fn bytes(t: &Tensor) -> f64 {
+    (t.elem_count() * t.dtype().size_in_bytes()) as f64
+}
+
 pub struct RunOutput {
+    pub memory: Option<Memory>,
     pub losses: Vec<f64>,
     /// Gradients at the first step, gathered to global arrays, when asked for.
     pub first_grads: Option<Named>,
@@ -345,7 +368,7 @@ pub fn run(
             let tx = tx.clone();
             let (comm, topo, batches, label_t, inputs, out_t) =
                 (&comm, &topo, &batches, &label_t, &inputs, &out_t);
-            handles.push(scope.spawn(move || -> R<Option<Named>> {
+            handles.push(scope.spawn(move || -> R<(Option<Named>, Option<Memory>)> {
                 let dev = Device::Cpu;
                 let ex = Exec {
                     prog,
@@ -382,7 +405,8 @@ pub fn run(
                             .map_err(ce)?,
                     );
                 }
-                let mut state = OptState::new(&params)?;
+                let mut state = OptState::new(&params, &cfg.optimizer.kind, cfg.optimizer.momentum > 0.0)?;
+                let mut memory = None;
                 let mut first = None;
                 for (step, b) in batches.iter().enumerate() {
                     let xs: Vec<Tensor> = inputs
@@ -398,8 +422,32 @@ pub fn run(
                         Some(cfg.seed ^ (step as u64).wrapping_mul(0xA24B_AED4_963E_E407)),
                     )?;
                     let (loss, ct) = cross_entropy(&ex, &tape.vals[out_id], out_t, &y, rows)?;
+                    if !loss.is_finite() {
+                        // Every device sees the same loss, so all stop here together.
+                        let first = tape.vals.iter().position(|v| !all_finite(v));
+                        return Err(match first {
+                            Some(i) => format!("step {}: the loss is {loss}; the first non-finite value is computed at node %{i}", step + 1),
+                            None => format!("step {}: the loss is {loss} (the logits are finite; the labels may be out of range)", step + 1),
+                        });
+                    }
                     let grads = ex.backward(&tape, ct)?;
                     let grads = sync_grads(&ex, &params, grads)?;
+                    if step == 0 && rank == 0 {
+                        let mut m = Memory {
+                            params: params.iter().map(bytes).sum(),
+                            grads: grads.iter().map(bytes).sum(),
+                            optimizer_state: state.m.iter().chain(&state.v).map(bytes).sum(),
+                            ..Memory::default()
+                        };
+                        for (n, v) in prog.nodes.iter().zip(&tape.vals) {
+                            match &n.op {
+                                Op::Input(_) | Op::Param(_) => {}
+                                Op::Collective(k, _, _) if k == "all_gather" && n.args.first().is_some_and(|a| matches!(prog.nodes[*a as usize].op, Op::Param(_))) => m.gathered_params = m.gathered_params.max(bytes(v)),
+                                _ => m.activations += bytes(v),
+                            }
+                        }
+                        memory = Some(m);
+                    }
                     if want_grads && step == 0 {
                         first = Some(gather_global(&ex, &grads)?);
                     }
@@ -419,7 +467,7 @@ pub fn run(
                         });
                     }
                 }
-                Ok(first)
+                Ok((first, memory))
             }));
         }
         drop(tx);
@@ -429,11 +477,13 @@ pub fn run(
             losses.push(r.loss);
         }
         let mut first = None;
+        let mut memory = None;
         for (rank, h) in handles.into_iter().enumerate() {
             match h.join() {
-                Ok(Ok(g)) => {
+                Ok(Ok((g, m))) => {
                     if rank == 0 {
                         first = g;
+                        memory = m;
                     }
                 }
                 Ok(Err(e)) => {
@@ -447,6 +497,7 @@ pub fn run(
             }
         }
         result = Ok(RunOutput {
+            memory,
             losses,
             first_grads: first,
         });
@@ -519,6 +570,14 @@ fn cross_entropy(
         .and_then(|x| x / (rows * rep) as f64)
         .map_err(ce)?;
     Ok((loss, ct))
+}
+
+fn all_finite(t: &Tensor) -> bool {
+    t.flatten_all()
+        .and_then(|x| x.to_dtype(DType::F64))
+        .and_then(|x| x.to_vec1::<f64>())
+        .map(|v| v.iter().all(|x| x.is_finite()))
+        .unwrap_or(true)
 }
 
 /// Sum each gradient over the axes its parameter is replicated on.
@@ -621,13 +680,22 @@ pub struct OptState {
 }
 
 impl OptState {
-    fn new(params: &[Tensor]) -> R<OptState> {
-        let z: Vec<Tensor> = params
-            .iter()
-            .map(|p| p.zeros_like())
-            .collect::<candle_core::Result<_>>()
-            .map_err(ce)?;
-        Ok(OptState { m: z.clone(), v: z })
+    /// Only the slots the optimizer uses: Adam/AdamW two, momentum SGD and Adagrad one.
+    fn new(params: &[Tensor], kind: &str, momentum: bool) -> R<OptState> {
+        let z = || -> R<Vec<Tensor>> {
+            params
+                .iter()
+                .map(|p| p.zeros_like())
+                .collect::<candle_core::Result<_>>()
+                .map_err(ce)
+        };
+        let (m, v) = match kind {
+            "adam" | "adamw" => (z()?, z()?),
+            "adagrad" => (vec![], z()?),
+            "sgd" if momentum => (z()?, vec![]),
+            _ => (vec![], vec![]),
+        };
+        Ok(OptState { m, v })
     }
 
     fn update(
