@@ -431,6 +431,24 @@ fn run(
         eprintln!("error: embedding tables (`table`, `lookup`) are checked but not executed yet; `shardc run` cannot train `{}`", train.model.name);
         return ExitCode::from(2);
     }
+    // Say plainly what this version does not execute yet, rather than ignore it.
+    let unsupported: Vec<&str> = ["accumulate", "eval", "checkpoint", "fdo", "log_every"]
+        .into_iter()
+        .filter(|k| train.options.get(k).is_some())
+        .collect();
+    if !unsupported.is_empty() {
+        eprintln!(
+            "warning: not executed yet, ignored for this run: {}",
+            unsupported.join(", ")
+        );
+    }
+    let staged = c.program.layers.values().flat_map(|l| l.members.iter()).any(|m| match m {
+        crate::ast::Member::Sub { value, .. } => matches!(&value.kind, crate::ast::ExprKind::Call(_, args) if args.iter().any(|a| matches!(a, crate::ast::Arg::Named(k, _) if k.name == "stages"))),
+        _ => false,
+    });
+    if staged {
+        eprintln!("warning: pipeline stages are not executed yet: every device runs the whole stack (the pipeline axis acts as a replica axis)");
+    }
     let mut cfg = train::config(train, &c.program.consts);
     if let Some(s) = steps {
         cfg.steps = s;
