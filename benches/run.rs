@@ -11,35 +11,8 @@ fn bench(file: &str, model: Option<&str>, steps: usize) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
     let c = world::compile(&path, &Options::default()).expect("readable");
     assert!(!c.has_errors(), "{file} has errors");
-    let t = match model {
-        Some(m) => c
-            .program
-            .trains
-            .iter()
-            .find(|t| t.model.name == m)
-            .expect("train"),
-        None => &c.program.trains[0],
-    };
-    let prog = c
-        .checked
-        .programs
-        .iter()
-        .find(|p| p.model == t.model.name)
-        .expect("lowered");
-    let mut cfg = train::config(t, &c.program.consts);
+    let (prog, _, mut cfg, src) = train::prepare(&c, model).expect("runnable");
     cfg.steps = steps;
-    let classes = prog
-        .output
-        .map(|o| {
-            prog.nodes[o as usize]
-                .ty
-                .dims
-                .last()
-                .and_then(|d| d.size.as_const())
-                .unwrap_or(1) as usize
-        })
-        .unwrap_or(1);
-    let src = train::source(t, &c.program.consts, classes);
     let mut times = Vec::new();
     let mut last = Instant::now();
     let out = train::run(prog, &cfg, &src, false, &mut |_| {

@@ -309,25 +309,27 @@ fn parse_mesh(s: &str) -> Result<MeshArg, String> {
     Ok(MeshArg(v))
 }
 
-fn plan(file: &std::path::Path, mesh: Vec<(String, i64)>, json: bool) -> ExitCode {
+/// Compile for a command that needs a clean program: checks `--mesh` names and
+/// reports errors (exit 1) or unreadable files (exit 2).
+fn compile_clean(
+    file: &std::path::Path,
+    mesh: Vec<(String, i64)>,
+) -> Result<Compilation, ExitCode> {
     let opts = Options {
         mesh: mesh.clone(),
         ..Options::default()
     };
-    let c = match world::compile(file, &opts) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: cannot read `{}`: {e}", file.display());
-            return ExitCode::from(2);
-        }
-    };
+    let c = world::compile(file, &opts).map_err(|e| {
+        eprintln!("error: cannot read `{}`: {e}", file.display());
+        ExitCode::from(2)
+    })?;
     for (axis, _) in &mesh {
         if !c.program.meshes.iter().any(|m| m.axis(axis).is_some()) {
             eprintln!(
                 "error: --mesh names axis `{axis}`, which no mesh in `{}` has",
                 file.display()
             );
-            return ExitCode::from(2);
+            return Err(ExitCode::from(2));
         }
     }
     if c.has_errors() {
@@ -340,8 +342,16 @@ fn plan(file: &std::path::Path, mesh: Vec<(String, i64)>, json: bool) -> ExitCod
             eprint!("{}", render::human(d, &c.sources, style));
         }
         eprintln!("{}", summary(&c, &file.display().to_string()));
-        return ExitCode::from(1);
+        return Err(ExitCode::from(1));
     }
+    Ok(c)
+}
+
+fn plan(file: &std::path::Path, mesh: Vec<(String, i64)>, json: bool) -> ExitCode {
+    let c = match compile_clean(file, mesh) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
     if c.checked.plans.is_empty() {
         eprintln!(
             "error: `{}` has no `train` declaration to plan",
@@ -374,63 +384,17 @@ fn run(
     mem: bool,
 ) -> ExitCode {
     use crate::runtime::train;
-    let opts = Options {
-        mesh: mesh.clone(),
-        ..Options::default()
-    };
-    let c = match world::compile(file, &opts) {
+    let c = match compile_clean(file, mesh) {
         Ok(c) => c,
+        Err(code) => return code,
+    };
+    let (prog, train, mut cfg, src) = match train::prepare(&c, model.as_deref()) {
+        Ok(x) => x,
         Err(e) => {
-            eprintln!("error: cannot read `{}`: {e}", file.display());
+            eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     };
-    for (axis, _) in &mesh {
-        if !c.program.meshes.iter().any(|m| m.axis(axis).is_some()) {
-            eprintln!(
-                "error: --mesh names axis `{axis}`, which no mesh in `{}` has",
-                file.display()
-            );
-            return ExitCode::from(2);
-        }
-    }
-    let style = if std::io::stderr().is_terminal() {
-        Style::Color
-    } else {
-        Style::Plain
-    };
-    if c.has_errors() {
-        for d in c.diagnostics.iter().filter(|d| d.is_error()) {
-            eprint!("{}", render::human(d, &c.sources, style));
-        }
-        eprintln!("{}", summary(&c, &file.display().to_string()));
-        return ExitCode::from(1);
-    }
-    let train = match &model {
-        Some(m) => c.program.trains.iter().find(|t| &t.model.name == m),
-        None => c.program.trains.first(),
-    };
-    let Some(train) = train else {
-        eprintln!(
-            "error: `{}` has no `train` declaration{}",
-            file.display(),
-            model.map_or(String::new(), |m| format!(" for `{m}`"))
-        );
-        return ExitCode::from(2);
-    };
-    let Some(prog) = c
-        .checked
-        .programs
-        .iter()
-        .find(|p| p.model == train.model.name)
-    else {
-        eprintln!("error: `{}` could not be lowered", train.model.name);
-        return ExitCode::from(1);
-    };
-    if !c.program.tables.is_empty() {
-        eprintln!("error: embedding tables (`table`, `lookup`) are checked but not executed yet; `shardc run` cannot train `{}`", train.model.name);
-        return ExitCode::from(2);
-    }
     // Say plainly what this version does not execute yet, rather than ignore it.
     let unsupported: Vec<&str> = ["accumulate", "eval", "checkpoint", "fdo", "log_every"]
         .into_iter()
@@ -449,7 +413,6 @@ fn run(
     if staged {
         eprintln!("warning: pipeline stages are not executed yet: every device runs the whole stack (the pipeline axis acts as a replica axis)");
     }
-    let mut cfg = train::config(train, &c.program.consts);
     if let Some(s) = steps {
         cfg.steps = s;
     }
@@ -459,18 +422,6 @@ fn run(
     if f64 {
         cfg.dtype = candle_core::DType::F64;
     }
-    let classes = prog
-        .output
-        .map(|o| {
-            prog.nodes[o as usize]
-                .ty
-                .dims
-                .last()
-                .and_then(|d| d.size.as_const())
-                .unwrap_or(1) as usize
-        })
-        .unwrap_or(1);
-    let src = train::source(train, &c.program.consts, classes);
     let mesh_txt: Vec<String> = prog.mesh.iter().map(|(a, n)| format!("{a}={n}")).collect();
     // Virtual devices share this machine's memory: refuse a run that cannot fit.
     let plan = c.checked.plans.iter().find(|p| p.model == prog.model);
@@ -592,23 +543,10 @@ fn available_memory() -> Option<f64> {
 }
 
 fn lower(file: &std::path::Path, mesh: Vec<(String, i64)>) -> ExitCode {
-    let opts = Options {
-        mesh,
-        ..Options::default()
-    };
-    let c = match world::compile(file, &opts) {
+    let c = match compile_clean(file, mesh) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: cannot read `{}`: {e}", file.display());
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
-    if c.has_errors() {
-        for d in c.diagnostics.iter().filter(|d| d.is_error()) {
-            eprint!("{}", render::human(d, &c.sources, Style::Plain));
-        }
-        return ExitCode::from(1);
-    }
     let mut ok = true;
     for p in &c.checked.programs {
         out!("{}", p.render(&c.sources));

@@ -27,36 +27,8 @@ fn setup_text(
             .map(|d| d.message.clone())
             .collect::<Vec<_>>()
     );
-    let t = match model {
-        Some(m) => c
-            .program
-            .trains
-            .iter()
-            .find(|t| t.model.name == m)
-            .expect("train"),
-        None => &c.program.trains[0],
-    };
-    let prog = c
-        .checked
-        .programs
-        .iter()
-        .find(|p| p.model == t.model.name)
-        .expect("lowered")
-        .clone();
-    let cfg = train::config(t, &c.program.consts);
-    let classes = prog
-        .output
-        .map(|o| {
-            prog.nodes[o as usize]
-                .ty
-                .dims
-                .last()
-                .and_then(|d| d.size.as_const())
-                .unwrap_or(1) as usize
-        })
-        .unwrap_or(1);
-    let src = train::source(t, &c.program.consts, classes);
-    (prog, cfg, src)
+    let (prog, _, cfg, src) = train::prepare(&c, model).expect("runnable");
+    (prog.clone(), cfg, src)
 }
 
 fn setup(

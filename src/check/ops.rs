@@ -101,21 +101,7 @@ fn int_of(e: &Expr) -> Option<i64> {
     }
 }
 
-fn human_bytes(b: f64) -> String {
-    const U: &[&str] = &["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < U.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{v:.0} B")
-    } else {
-        format!("{v:.1} {}", U[i])
-    }
-}
-
+use crate::plan::human_bytes;
 /// Bytes moved per device per step: for people, and as a number for the plan.
 #[derive(Clone, Debug)]
 pub(super) struct Bytes {

@@ -391,18 +391,7 @@ impl<'a> Exec<'a> {
         let (ins, o) = spec.split_once("->").ok_or("einsum spec")?;
         let ins: Vec<&str> = ins.split(',').collect();
         // Target layout of each letter: the output's, else whichever operand is split.
-        let mut want: std::collections::HashMap<char, Vec<String>> = Default::default();
-        for (c, d) in o.chars().zip(&out.dims) {
-            want.insert(c, d.axes.clone());
-        }
-        for (s, t) in ins.iter().zip(ts) {
-            for (c, d) in s.chars().zip(&t.dims) {
-                let e = want.entry(c).or_default();
-                if e.is_empty() && !d.axes.is_empty() && !o.contains(c) {
-                    *e = d.axes.clone();
-                }
-            }
-        }
+        let want = einsum_layout(&ins, o, ts, out);
         let mut res = Vec::new();
         for ((s, t), x) in ins.iter().zip(ts).zip(a) {
             let mut x = (*x).clone();
@@ -735,18 +724,7 @@ impl<'a> Exec<'a> {
                 let ga = einsum(&format!("{o},{sb}->{sa}"), g, &y2)?;
                 let gb = einsum(&format!("{o},{sa}->{sb}"), g, &x2)?;
                 // Transpose the operand relayouts.
-                let mut want: std::collections::HashMap<char, Vec<String>> = Default::default();
-                for (c, d) in o.chars().zip(&node.ty.dims) {
-                    want.insert(c, d.axes.clone());
-                }
-                for (s, t) in [(sa, ty(0)), (sb, ty(1))] {
-                    for (c, d) in s.chars().zip(&t.dims) {
-                        let e = want.entry(c).or_default();
-                        if e.is_empty() && !d.axes.is_empty() && !o.contains(c) {
-                            *e = d.axes.clone();
-                        }
-                    }
-                }
+                let want = einsum_layout(&[sa, sb], o, &[ty(0), ty(1)], &node.ty);
                 let mut out = Vec::new();
                 for (gk, (s, t)) in [(ga, (sa, ty(0))), (gb, (sb, ty(1)))] {
                     let mut gk = gk;
@@ -795,6 +773,29 @@ impl<'a> Exec<'a> {
             other => Err(format!("no gradient for `{other}` yet")),
         }
     }
+}
+
+/// The layout each einsum letter is computed in: the output's, else (for a
+/// contracted letter) whichever operand splits it.
+fn einsum_layout(
+    ins: &[&str],
+    o: &str,
+    ts: &[&TType],
+    out: &TType,
+) -> std::collections::HashMap<char, Vec<String>> {
+    let mut want: std::collections::HashMap<char, Vec<String>> = Default::default();
+    for (c, d) in o.chars().zip(&out.dims) {
+        want.insert(c, d.axes.clone());
+    }
+    for (s, t) in ins.iter().zip(ts) {
+        for (c, d) in s.chars().zip(&t.dims) {
+            let e = want.entry(c).or_default();
+            if e.is_empty() && !d.axes.is_empty() && !o.contains(c) {
+                *e = d.axes.clone();
+            }
+        }
+    }
+    want
 }
 
 fn scalar_op(x: &Tensor, op: BinOp, c: f64, left: bool) -> R<Tensor> {

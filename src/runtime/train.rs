@@ -209,6 +209,45 @@ pub fn source(
     }
 }
 
+/// Everything a run needs from a clean compilation: the lowered program of the
+/// chosen `train` (the first, or the one for `model`), its settings and its data.
+pub fn prepare<'c>(
+    c: &'c crate::world::Compilation,
+    model: Option<&str>,
+) -> Result<(&'c Program, &'c TrainDecl, Config, Source), String> {
+    let t = match model {
+        Some(m) => c.program.trains.iter().find(|t| t.model.name == m),
+        None => c.program.trains.first(),
+    }
+    .ok_or_else(|| {
+        format!(
+            "no `train` declaration{}",
+            model.map_or(String::new(), |m| format!(" for `{m}`"))
+        )
+    })?;
+    let prog = c
+        .checked
+        .programs
+        .iter()
+        .find(|p| p.model == t.model.name)
+        .ok_or_else(|| format!("`{}` could not be lowered", t.model.name))?;
+    if !c.program.tables.is_empty() {
+        return Err(format!("embedding tables (`table`, `lookup`) are checked but not executed yet; cannot train `{}`", t.model.name));
+    }
+    let cfg = config(t, &c.program.consts);
+    let classes = prog
+        .output
+        .and_then(|o| {
+            prog.nodes[o as usize]
+                .ty
+                .dims
+                .last()
+                .and_then(|d| d.size.as_const())
+        })
+        .unwrap_or(1) as usize;
+    Ok((prog, t, cfg, source(t, &c.program.consts, classes)))
+}
+
 /// Per-step results, reported by device 0.
 #[derive(Clone, Debug)]
 pub struct StepReport {
@@ -557,19 +596,26 @@ fn cross_entropy(
     let total = ex.comm.psum(ex.rank, &local, &raxes).map_err(ce)?;
     let loss = total.to_scalar::<f64>().map_err(ce)? / rows as f64;
     // d loss / d logits, held as addends over the axes the logits are replicated on.
-    let used: Vec<&str> = lt.all_axes();
-    let rep: usize = topo
-        .axes
-        .iter()
-        .filter(|(a, _)| !used.contains(&a.as_str()))
-        .map(|a| a.1)
-        .product();
+    let rep = replication(topo, lt).1;
     let p = e.broadcast_div(&se).map_err(ce)?;
     let ct = p
         .sub(&oh)
         .and_then(|x| x / (rows * rep) as f64)
         .map_err(ce)?;
     Ok((loss, ct))
+}
+
+/// The mesh axes a value is replicated over (size > 1), and how many copies that makes.
+fn replication(topo: &Topology, t: &TType) -> (Vec<String>, usize) {
+    let used = t.all_axes();
+    let axes: Vec<String> = topo
+        .axes
+        .iter()
+        .filter(|(a, n)| *n > 1 && !used.contains(&a.as_str()))
+        .map(|a| a.0.clone())
+        .collect();
+    let n = axes.iter().map(|a| topo.size(a)).product();
+    (axes, n)
 }
 
 fn all_finite(t: &Tensor) -> bool {
@@ -588,15 +634,7 @@ fn sync_grads(ex: &Exec, params: &[Tensor], grads: Vec<Option<Tensor>>) -> R<Vec
             Some(g) => g,
             None => t.zeros_like().map_err(ce)?,
         };
-        let used = p.stored.all_axes();
-        let rep: Vec<String> = ex
-            .comm
-            .topo
-            .axes
-            .iter()
-            .filter(|(a, n)| *n > 1 && !used.contains(&a.as_str()))
-            .map(|a| a.0.clone())
-            .collect();
+        let rep = replication(&ex.comm.topo, &p.stored).0;
         out.push(ex.comm.psum(ex.rank, &g, &rep).map_err(ce)?);
     }
     Ok(out)
@@ -606,15 +644,7 @@ fn sync_grads(ex: &Exec, params: &[Tensor], grads: Vec<Option<Tensor>>) -> R<Vec
 fn global_norm(ex: &Exec, grads: &[Tensor]) -> R<f64> {
     let mut local = 0.0;
     for (p, g) in ex.prog.params.iter().zip(grads) {
-        let used = p.stored.all_axes();
-        let rep: usize = ex
-            .comm
-            .topo
-            .axes
-            .iter()
-            .filter(|(a, _)| !used.contains(&a.as_str()))
-            .map(|a| a.1)
-            .product();
+        let rep = replication(&ex.comm.topo, &p.stored).1;
         let s = g
             .sqr()
             .and_then(|x| x.sum_all())
@@ -656,15 +686,7 @@ fn gather_global(ex: &Exec, grads: &[Tensor]) -> R<Named> {
         }
         // Replicas hold the same values; pieces are disjoint: a max-magnitude merge
         // would do, but summing then dividing by the replica count is exact.
-        let used = p.stored.all_axes();
-        let rep: usize = ex
-            .comm
-            .topo
-            .axes
-            .iter()
-            .filter(|(a, _)| !used.contains(&a.as_str()))
-            .map(|a| a.1)
-            .product();
+        let rep = replication(&ex.comm.topo, &p.stored).1;
         let t = Tensor::from_vec(full, n, &ex.dev).map_err(ce)?;
         let t = ex.comm.psum(ex.rank, &t, &all).map_err(ce)?;
         let t = (t / rep as f64).map_err(ce)?;
