@@ -320,3 +320,21 @@ fn nan_loss_names_the_step_and_the_op() {
         .expect("node id");
     assert!(matches!(&prog.nodes[node].op, shardc::spmd::Op::Builtin(n, _) if n == "log"));
 }
+
+/// Seed 000: the embedding table (rows split over `device`, gathered for the
+/// lookup, gradients reduce-scattered back) and the two dense layers.
+#[test]
+fn shakespeare_matches_one_device() {
+    compare(
+        "models/shakespeare.shard",
+        &[("device", 8)],
+        &[("device", 1)],
+        None,
+    );
+}
+
+#[test]
+fn finite_differences_table_lookup() {
+    let text = "mesh m(dp: 2) { sparsecores: 2 }\ntable t { vocab: 16, dim: 4, init: normal(1.0), combiner: mean, optimizer: adagrad(lr: 0.1), shard: rows(dp) }\nfeature f: i32[B * 3, 1] -> t\nimport nn\nmodel M {\n  d = Dense(12 -> 5)\n  fn forward(ids: i32[B@dp, 3]) -> f32[B@dp, 5] {\n    d(tanh(reshape(lookup(f, ids), [B@dp, 12])))\n  }\n}\ntrain M on m { data: synthetic(classes: 5), batch: 4, steps: 1, optimizer: sgd(lr: 0.1) }\n";
+    finite_differences("fd_lookup.shard", text, &[]);
+}

@@ -1001,6 +1001,33 @@ impl<'p> Checker<'p> {
                     Arg::Arrow(..) => {}
                 }
             }
+            if name == "lookup" {
+                // The runtime needs the table's combiner.
+                let feature = raw.first().and_then(|a| match a {
+                    Arg::Pos(Expr {
+                        kind: ExprKind::Name(n),
+                        ..
+                    }) => Some(n.clone()),
+                    _ => None,
+                });
+                let combiner = feature
+                    .and_then(|f| self.prog.features.iter().find(|x| x.name.name == f))
+                    .and_then(|f| {
+                        self.prog
+                            .tables
+                            .iter()
+                            .find(|t| t.name.name == f.table.name)
+                    })
+                    .and_then(|t| match t.options.get("combiner") {
+                        Some(ast::OptValue::Expr(Expr {
+                            kind: ExprKind::Name(c),
+                            ..
+                        })) => Some(c.clone()),
+                        _ => None,
+                    })
+                    .unwrap_or_else(|| "sum".into());
+                attrs.push(("combiner".into(), combiner));
+            }
             let collective = [
                 "reduce",
                 "psum",
@@ -2194,6 +2221,9 @@ impl<'p> Checker<'p> {
             .map(|d| d.size.clone())
             .unwrap_or(Poly::constant(1));
         let axes = ids.dims.first().map(|d| d.axes.clone()).unwrap_or_default();
+        if self.emit.is_some() {
+            self.emit_table(&table, dim);
+        }
         Val::T(TType::new(
             DType::F32,
             vec![
@@ -2204,6 +2234,86 @@ impl<'p> Checker<'p> {
                 Dim::replicated(Poly::constant(dim)),
             ],
         ))
+    }
+}
+
+impl<'p> Checker<'p> {
+    /// An embedding table in the SPMD program: a parameter `tables.NAME` stored with
+    /// its rows split over the table's `rows(axis)` (contiguous blocks here; the
+    /// SparseCore MOD placement is a storage detail of the embedding runtime),
+    /// gathered for the lookup. Its node goes first among the lookup's operands.
+    fn emit_table(&mut self, table: &ast::TableDecl, dim: i64) {
+        let Some(vocab) = decls_int(self, table, "vocab") else {
+            return;
+        };
+        let name = format!("tables.{}", table.name.name);
+        let axis = match table.options.get("shard") {
+            Some(ast::OptValue::Expr(Expr {
+                kind: ExprKind::Call(_, a),
+                ..
+            })) => match a.first() {
+                Some(Arg::Pos(Expr {
+                    kind: ExprKind::Name(n),
+                    ..
+                })) => Some(n.clone()),
+                _ => None,
+            },
+            _ => None,
+        };
+        let rows_axes: Vec<String> = axis
+            .into_iter()
+            .filter(|a| vocab % self.axis_size(a).max(1) == 0)
+            .collect();
+        let used = TType::new(
+            DType::F32,
+            vec![
+                Dim::replicated(Poly::constant(vocab)),
+                Dim::replicated(Poly::constant(dim)),
+            ],
+        );
+        let mut stored = used.clone();
+        stored.dims[0].axes = rows_axes.clone();
+        let id = match self.param_nodes.get(&name) {
+            Some(id) => Some(*id),
+            None => {
+                let init = match table.options.get("init") {
+                    Some(v) => self
+                        .sources
+                        .get(v.span().file)
+                        .snippet(v.span())
+                        .to_string(),
+                    None => "normal(1.0)".into(),
+                };
+                let Some(p) = self.emit.as_mut() else { return };
+                p.params.push(crate::spmd::Param {
+                    name: name.clone(),
+                    stored: stored.clone(),
+                    used: used.clone(),
+                    init,
+                    span: table.name.span,
+                });
+                let idx = p.params.len() - 1;
+                let mut id = self.emit_node(
+                    crate::spmd::Op::Param(idx),
+                    vec![],
+                    &stored,
+                    table.name.span,
+                );
+                if !rows_axes.is_empty() {
+                    id = self.emit_node(
+                        crate::spmd::Op::Collective("all_gather".into(), rows_axes, vec![]),
+                        vec![id],
+                        &used,
+                        table.name.span,
+                    );
+                }
+                if let Some(id) = id {
+                    self.param_nodes.insert(name, id);
+                }
+                id
+            }
+        };
+        self.arg_ids.insert(0, id);
     }
 }
 

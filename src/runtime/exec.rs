@@ -364,6 +364,20 @@ impl<'a> Exec<'a> {
                 let (y, _, _) = self.embed(a[0], ts[0], a[1])?;
                 return Ok((y, None));
             }
+            "reshape" => {
+                let shape: Vec<usize> = self
+                    .prog
+                    .local_shape(out)?
+                    .iter()
+                    .map(|x| *x as usize)
+                    .collect();
+                x.reshape(shape)
+            }
+            "transpose" => x.permute(perm_of(attrs)?).and_then(|t| t.contiguous()),
+            "lookup" => {
+                let (y, _, _, _) = self.lookup(a[0], a[1], attrs, out)?;
+                return Ok((y, None));
+            }
             "index" => {
                 let sl = attrs.first().map(|s| s.1.clone()).unwrap_or_default();
                 let k: usize = sl
@@ -407,6 +421,57 @@ impl<'a> Exec<'a> {
             return Err("the runtime supports two-operand einsums".into());
         }
         Ok((res[0].clone(), res[1].clone()))
+    }
+
+    /// Embedding-table lookup with a replicated (gathered) table: ids → rows,
+    /// combined over each sample's valency (`sum`, `mean`, `sqrtn`). Returns the
+    /// output, the row ids, the per-id weights [n·valency, 1] and the sample count.
+    fn lookup(
+        &self,
+        table: &Tensor,
+        ids: &Tensor,
+        attrs: &[(String, String)],
+        out: &TType,
+    ) -> R<(Tensor, Tensor, Tensor, usize)> {
+        let n = self.prog.local_shape(out)?.first().copied().unwrap_or(1) as usize;
+        let flat: Vec<i64> = ids
+            .flatten_all()
+            .and_then(|t| t.to_dtype(DType::I64))
+            .and_then(|t| t.to_vec1::<i64>())
+            .map_err(ce)?;
+        let vocab = table.dims()[0] as i64;
+        if let Some(bad) = flat.iter().find(|i| **i < 0 || **i >= vocab) {
+            return Err(format!(
+                "id {bad} is outside the table's vocabulary (0..{vocab})"
+            ));
+        }
+        let valency = flat.len() / n.max(1);
+        let w = match attrs
+            .iter()
+            .find(|a| a.0 == "combiner")
+            .map(|a| a.1.as_str())
+        {
+            Some("mean") => 1.0 / valency.max(1) as f64,
+            Some("sqrtn") => 1.0 / (valency.max(1) as f64).sqrt(),
+            _ => 1.0,
+        };
+        let rows = Tensor::from_vec(
+            flat.iter().map(|i| *i as u32).collect::<Vec<u32>>(),
+            flat.len(),
+            &self.dev,
+        )
+        .map_err(ce)?;
+        let scale = Tensor::full(w, (flat.len(), 1), &self.dev)
+            .and_then(|t| t.to_dtype(table.dtype()))
+            .map_err(ce)?;
+        let d = table.dims()[1];
+        let y = table
+            .index_select(&rows, 0)
+            .and_then(|r| r.broadcast_mul(&scale))
+            .and_then(|r| r.reshape((n, valency, d)))
+            .and_then(|r| r.sum(1))
+            .map_err(ce)?;
+        Ok((y, rows, scale, n))
     }
 
     /// Vocab-parallel embedding: rows outside this device's window give zeros.
@@ -756,6 +821,34 @@ impl<'a> Exec<'a> {
                     .map_err(ce)?;
                 Ok(vec![Some(dw), None])
             }
+            "reshape" => Ok(vec![Some(g.reshape(v(0).dims()).map_err(ce)?)]),
+            "transpose" => {
+                let p = perm_of(attrs)?;
+                let mut inv = vec![0; p.len()];
+                for (i, &k) in p.iter().enumerate() {
+                    inv[k] = i;
+                }
+                Ok(vec![Some(
+                    g.permute(inv).and_then(|t| t.contiguous()).map_err(ce)?,
+                )])
+            }
+            "lookup" => {
+                let (_, rows, scale, n) = self.lookup(v(0), v(1), attrs, &node.ty)?;
+                // Each id's row gets its sample's cotangent (times the combiner's weight).
+                let d = v(0).dims()[1];
+                let valency = rows.dims()[0] / n.max(1);
+                let gr = g
+                    .unsqueeze(1)
+                    .and_then(|t| t.broadcast_as((n, valency, d)))
+                    .and_then(|t| t.reshape((n * valency, d)))
+                    .and_then(|t| t.broadcast_mul(&scale))
+                    .map_err(ce)?;
+                let dt = v(0)
+                    .zeros_like()
+                    .and_then(|z| z.index_add(&rows, &gr, 0))
+                    .map_err(ce)?;
+                Ok(vec![Some(dt), None])
+            }
             "index" => {
                 let sl = attrs.first().map(|s| s.1.clone()).unwrap_or_default();
                 let k: usize = sl
@@ -773,6 +866,22 @@ impl<'a> Exec<'a> {
             other => Err(format!("no gradient for `{other}` yet")),
         }
     }
+}
+
+fn perm_of(attrs: &[(String, String)]) -> R<Vec<usize>> {
+    let t = attrs
+        .iter()
+        .find(|a| a.0.is_empty() && a.1.starts_with('['))
+        .map(|a| a.1.clone())
+        .ok_or("transpose needs a permutation")?;
+    t.trim_matches(|c| c == '[' || c == ']')
+        .split(',')
+        .map(|x| {
+            x.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("bad permutation `{t}`"))
+        })
+        .collect()
 }
 
 /// The layout each einsum letter is computed in: the output's, else (for a

@@ -73,6 +73,8 @@ pub struct Config {
     pub dtype: DType,
     /// Initial values for some parameters (global arrays), instead of their initializers.
     pub init: std::collections::HashMap<String, Vec<f64>>,
+    /// Optimizers of particular parameters (embedding tables have their own).
+    pub per_param: std::collections::HashMap<String, Optimizer>,
 }
 
 fn num(e: &Expr) -> Option<f64> {
@@ -110,19 +112,8 @@ fn opt_expr<'a>(o: &'a Options, k: &str) -> Option<&'a Expr> {
     }
 }
 
-/// Read the (already checked) `train` options.
-pub fn config(
-    t: &TrainDecl,
-    consts: &std::collections::HashMap<String, (i64, crate::source::Span)>,
-) -> Config {
-    let int = |k: &str| -> Option<i64> {
-        opt_expr(&t.options, k).and_then(|e| match &e.kind {
-            ExprKind::Int(v) => Some(*v),
-            ExprKind::Name(n) => consts.get(n).map(|c| c.0),
-            _ => None,
-        })
-    };
-    let mut opt = Optimizer {
+fn default_optimizer() -> Optimizer {
+    Optimizer {
         kind: "adam".into(),
         lr: Schedule::Constant(1e-3),
         b1: 0.9,
@@ -130,8 +121,13 @@ pub fn config(
         eps: 1e-8,
         weight_decay: 1e-4,
         momentum: 0.0,
-    };
-    if let Some((name, args)) = opt_expr(&t.options, "optimizer").and_then(call) {
+    }
+}
+
+/// `adam(lr: 0.005)`, `adamw(lr: warmup_cosine(...), weight_decay: 0.1)`, ...
+pub fn optimizer_of(e: &Expr) -> Optimizer {
+    let mut opt = default_optimizer();
+    if let Some((name, args)) = call(e) {
         opt.kind = name.to_string();
         for (k, v) in args {
             match k {
@@ -167,6 +163,22 @@ pub fn config(
             }
         }
     }
+    opt
+}
+
+/// Read the (already checked) `train` options.
+pub fn config(
+    t: &TrainDecl,
+    consts: &std::collections::HashMap<String, (i64, crate::source::Span)>,
+) -> Config {
+    let int = |k: &str| -> Option<i64> {
+        opt_expr(&t.options, k).and_then(|e| match &e.kind {
+            ExprKind::Int(v) => Some(*v),
+            ExprKind::Name(n) => consts.get(n).map(|c| c.0),
+            _ => None,
+        })
+    };
+    let opt = opt_expr(&t.options, "optimizer").map_or_else(default_optimizer, optimizer_of);
     Config {
         steps: int("steps").unwrap_or(10).max(0) as usize,
         seed: int("seed").unwrap_or(0) as u64,
@@ -175,6 +187,7 @@ pub fn config(
         clip: opt_expr(&t.options, "clip_grad_norm").and_then(num),
         dtype: DType::F32,
         init: Default::default(),
+        per_param: Default::default(),
     }
 }
 
@@ -231,10 +244,13 @@ pub fn prepare<'c>(
         .iter()
         .find(|p| p.model == t.model.name)
         .ok_or_else(|| format!("`{}` could not be lowered", t.model.name))?;
-    if !c.program.tables.is_empty() {
-        return Err(format!("embedding tables (`table`, `lookup`) are checked but not executed yet; cannot train `{}`", t.model.name));
+    let mut cfg = config(t, &c.program.consts);
+    for table in &c.program.tables {
+        if let Some(OptValue::Expr(e)) = table.options.get("optimizer") {
+            cfg.per_param
+                .insert(format!("tables.{}", table.name.name), optimizer_of(e));
+        }
     }
-    let cfg = config(t, &c.program.consts);
     let classes = prog
         .output
         .and_then(|o| {
@@ -444,7 +460,8 @@ pub fn run(
                             .map_err(ce)?,
                     );
                 }
-                let mut state = OptState::new(&params, &cfg.optimizer.kind, cfg.optimizer.momentum > 0.0)?;
+                let opts = prog.params.iter().map(|p| cfg.per_param.get(&p.name).unwrap_or(&cfg.optimizer).clone()).collect();
+                let mut state = OptState::new(&params, opts)?;
                 let mut memory = None;
                 let mut first = None;
                 for (step, b) in batches.iter().enumerate() {
@@ -475,7 +492,7 @@ pub fn run(
                         let mut m = Memory {
                             params: params.iter().map(bytes).sum(),
                             grads: grads.iter().map(bytes).sum(),
-                            optimizer_state: state.m.iter().chain(&state.v).map(bytes).sum(),
+                            optimizer_state: state.bytes(),
                             ..Memory::default()
                         };
                         for (n, v) in prog.nodes.iter().zip(&tape.vals) {
@@ -496,7 +513,7 @@ pub fn run(
                         _ => 1.0,
                     };
                     let lr = cfg.optimizer.lr.at(step);
-                    state.update(&cfg.optimizer, lr, step + 1, &mut params, &grads, scale)?;
+                    state.update(step + 1, &mut params, &grads, scale)?;
                     if rank == 0 {
                         let _ = tx.send(StepReport {
                             step,
@@ -695,91 +712,89 @@ fn gather_global(ex: &Exec, grads: &[Tensor]) -> R<Named> {
     Ok(out)
 }
 
-/// Optimizer state in each parameter's layout.
+/// Optimizer state in each parameter's layout; each parameter may have its own
+/// optimizer (an embedding table's, for instance).
 pub struct OptState {
-    pub m: Vec<Tensor>,
-    pub v: Vec<Tensor>,
+    pub opts: Vec<Optimizer>,
+    pub m: Vec<Option<Tensor>>,
+    pub v: Vec<Option<Tensor>>,
 }
 
 impl OptState {
-    /// Only the slots the optimizer uses: Adam/AdamW two, momentum SGD and Adagrad one.
-    fn new(params: &[Tensor], kind: &str, momentum: bool) -> R<OptState> {
-        let z = || -> R<Vec<Tensor>> {
-            params
-                .iter()
-                .map(|p| p.zeros_like())
-                .collect::<candle_core::Result<_>>()
-                .map_err(ce)
-        };
-        let (m, v) = match kind {
-            "adam" | "adamw" => (z()?, z()?),
-            "adagrad" => (vec![], z()?),
-            "sgd" if momentum => (z()?, vec![]),
-            _ => (vec![], vec![]),
-        };
-        Ok(OptState { m, v })
+    /// Only the slots each optimizer uses: Adam/AdamW two, momentum SGD and Adagrad one.
+    fn new(params: &[Tensor], opts: Vec<Optimizer>) -> R<OptState> {
+        let mut m = Vec::new();
+        let mut v = Vec::new();
+        for (p, o) in params.iter().zip(&opts) {
+            let z = || p.zeros_like().map_err(ce);
+            let (a, b) = match o.kind.as_str() {
+                "adam" | "adamw" => (Some(z()?), Some(z()?)),
+                "adagrad" => (None, Some(z()?)),
+                "sgd" if o.momentum > 0.0 => (Some(z()?), None),
+                _ => (None, None),
+            };
+            m.push(a);
+            v.push(b);
+        }
+        Ok(OptState { opts, m, v })
+    }
+
+    pub fn bytes(&self) -> f64 {
+        self.m.iter().chain(&self.v).flatten().map(bytes).sum()
     }
 
     fn update(
         &mut self,
-        o: &Optimizer,
-        lr: f64,
-        t: usize,
+        step: usize,
         params: &mut [Tensor],
         grads: &[Tensor],
         scale: f64,
     ) -> R<()> {
+        let t = step as i32;
         for i in 0..params.len() {
+            let o = &self.opts[i];
+            let lr = o.lr.at(step - 1);
             let g = (&grads[i] * scale).map_err(ce)?;
             let p = &params[i];
-            let new = match o.kind.as_str() {
-                "sgd" => {
-                    if o.momentum > 0.0 {
-                        self.m[i] =
-                            (self.m[i].affine(o.momentum, 0.0).map_err(ce)? + &g).map_err(ce)?;
-                        (p - self.m[i].affine(lr, 0.0).map_err(ce)?).map_err(ce)?
-                    } else {
-                        (p - g.affine(lr, 0.0).map_err(ce)?).map_err(ce)?
-                    }
+            let d = match (o.kind.as_str(), &self.m[i], &self.v[i]) {
+                ("sgd", Some(m), _) => {
+                    let m = (m.affine(o.momentum, 0.0).map_err(ce)? + &g).map_err(ce)?;
+                    self.m[i] = Some(m.clone());
+                    m
                 }
-                "adagrad" => {
-                    self.v[i] = (&self.v[i] + g.sqr().map_err(ce)?).map_err(ce)?;
+                ("adagrad", _, Some(v)) => {
+                    let v = (v + g.sqr().map_err(ce)?).map_err(ce)?;
                     let d = g
-                        .div(
-                            &self.v[i]
-                                .sqrt()
-                                .and_then(|s| s.affine(1.0, o.eps))
-                                .map_err(ce)?,
-                        )
+                        .div(&v.sqrt().and_then(|s| s.affine(1.0, o.eps)).map_err(ce)?)
                         .map_err(ce)?;
-                    (p - d.affine(lr, 0.0).map_err(ce)?).map_err(ce)?
+                    self.v[i] = Some(v);
+                    d
                 }
-                _ => {
-                    // Adam / AdamW, as optax (bias-corrected, eps outside the sqrt).
-                    self.m[i] = (self.m[i].affine(o.b1, 0.0).map_err(ce)?
+                ("adam" | "adamw", Some(m), Some(v)) => {
+                    // As optax: bias-corrected moments, eps outside the square root.
+                    let m = (m.affine(o.b1, 0.0).map_err(ce)?
                         + g.affine(1.0 - o.b1, 0.0).map_err(ce)?)
                     .map_err(ce)?;
-                    self.v[i] = (self.v[i].affine(o.b2, 0.0).map_err(ce)?
+                    let v = (v.affine(o.b2, 0.0).map_err(ce)?
                         + g.sqr()
                             .and_then(|s| s.affine(1.0 - o.b2, 0.0))
                             .map_err(ce)?)
                     .map_err(ce)?;
-                    let mh = self.m[i]
-                        .affine(1.0 / (1.0 - o.b1.powi(t as i32)), 0.0)
-                        .map_err(ce)?;
-                    let vh = self.v[i]
-                        .affine(1.0 / (1.0 - o.b2.powi(t as i32)), 0.0)
-                        .map_err(ce)?;
+                    let mh = m.affine(1.0 / (1.0 - o.b1.powi(t)), 0.0).map_err(ce)?;
+                    let vh = v.affine(1.0 / (1.0 - o.b2.powi(t)), 0.0).map_err(ce)?;
                     let mut d = mh
                         .div(&vh.sqrt().and_then(|s| s.affine(1.0, o.eps)).map_err(ce)?)
                         .map_err(ce)?;
                     if o.kind == "adamw" {
                         d = (d + p.affine(o.weight_decay, 0.0).map_err(ce)?).map_err(ce)?;
                     }
-                    (p - d.affine(lr, 0.0).map_err(ce)?).map_err(ce)?
+                    self.m[i] = Some(m);
+                    self.v[i] = Some(v);
+                    d
                 }
+                _ => g,
             };
-            params[i] = new;
+            params[i] = (p - d.affine(lr, 0.0).map_err(ce)?).map_err(ce)?;
         }
         Ok(())
     }
