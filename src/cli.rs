@@ -103,6 +103,15 @@ pub enum Command {
         /// Print the per-device memory measured on device 0, next to the plan's figures.
         #[arg(long)]
         mem: bool,
+        /// Run directory for metrics.jsonl and loss.svg (default: runs/MODEL).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Print only errors and the final summary.
+        #[arg(long)]
+        quiet: bool,
+        /// Print one JSON record per step on stdout instead of progress.
+        #[arg(long)]
+        json: bool,
     },
     /// Explain a diagnostic code, e.g. `shardc explain E0203`.
     Explain { code: Option<String> },
@@ -157,16 +166,22 @@ pub fn main() -> ExitCode {
             dump_losses,
             f64,
             mem,
-        } => run(
-            &file,
-            mesh.map(|m| m.0).unwrap_or_default(),
+            out,
+            quiet,
+            json,
+        } => run(RunArgs {
+            file,
+            mesh: mesh.map(|m| m.0).unwrap_or_default(),
             steps,
             seed,
             model,
-            dump_losses,
+            dump: dump_losses,
             f64,
             mem,
-        ),
+            out,
+            quiet,
+            json,
+        }),
         Command::Lower { file, mesh } => lower(&file, mesh.map(|m| m.0).unwrap_or_default()),
         Command::Plan { file, mesh, json } => {
             plan(&file, mesh.map(|m| m.0).unwrap_or_default(), json)
@@ -372,9 +387,8 @@ fn plan(file: &std::path::Path, mesh: Vec<(String, i64)>, json: bool) -> ExitCod
     ExitCode::SUCCESS
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run(
-    file: &std::path::Path,
+pub struct RunArgs {
+    file: PathBuf,
     mesh: Vec<(String, i64)>,
     steps: Option<usize>,
     seed: Option<u64>,
@@ -382,7 +396,26 @@ fn run(
     dump: Option<PathBuf>,
     f64: bool,
     mem: bool,
-) -> ExitCode {
+    out: Option<PathBuf>,
+    quiet: bool,
+    json: bool,
+}
+
+fn run(args: RunArgs) -> ExitCode {
+    let RunArgs {
+        file,
+        mesh,
+        steps,
+        seed,
+        model,
+        dump,
+        f64,
+        mem,
+        out: out_dir,
+        quiet,
+        json,
+    } = args;
+    let file = file.as_path();
     use crate::runtime::train;
     let c = match compile_clean(file, mesh) {
         Ok(c) => c,
@@ -396,7 +429,7 @@ fn run(
         }
     };
     // Say plainly what this version does not execute yet, rather than ignore it.
-    let unsupported: Vec<&str> = ["accumulate", "eval", "checkpoint", "fdo", "log_every"]
+    let unsupported: Vec<&str> = ["accumulate", "eval", "checkpoint", "fdo"]
         .into_iter()
         .filter(|k| train.options.get(k).is_some())
         .collect();
@@ -451,21 +484,81 @@ fn run(
         cfg.optimizer.kind,
         if f64 { "f64" } else { "f32" }
     );
+    let dir = out_dir.unwrap_or_else(|| PathBuf::from("runs").join(&prog.model));
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        eprintln!(
+            "error: cannot create the run directory `{}`: {e}",
+            dir.display()
+        );
+        return ExitCode::from(2);
+    }
+    let bar = (!quiet && !json && std::io::stderr().is_terminal()).then(|| {
+        let b = indicatif::ProgressBar::new(cfg.steps as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:30} {pos}/{len} steps  {msg}  [{elapsed} < {eta}]",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    });
+    // `log_every: N` thins the plain per-step lines (metrics.jsonl keeps every step).
+    let log_every = match train.options.get("log_every") {
+        Some(crate::ast::OptValue::Expr(crate::ast::Expr {
+            kind: crate::ast::ExprKind::Int(n),
+            ..
+        })) => (*n).max(1) as usize,
+        _ => 1,
+    };
     let start = std::time::Instant::now();
     let mut last = start;
+    let mut records: Vec<crate::runtime::report::Record> = Vec::new();
     let res = train::run(prog, &cfg, &src, false, &mut |r| {
         let now = std::time::Instant::now();
-        eprintln!(
-            "step {:>5}/{}  loss {:.6}  lr {:.3e}  |g| {:.4}  {:.0} ms",
-            r.step + 1,
-            cfg.steps,
-            r.loss,
-            r.lr,
-            r.grad_norm,
-            (now - last).as_secs_f64() * 1e3
-        );
+        let secs = (now - last).as_secs_f64();
         last = now;
+        let rec = crate::runtime::report::Record {
+            step: r.step + 1,
+            loss: r.loss,
+            lr: r.lr,
+            grad_norm: r.grad_norm,
+            step_ms: secs * 1e3,
+            examples_per_s: cfg.batch as f64 / secs.max(1e-9),
+        };
+        if json {
+            outln!("{}", serde_json::to_string(&rec).unwrap_or_default());
+        } else if let Some(b) = &bar {
+            b.set_position(rec.step as u64);
+            b.set_message(format!(
+                "loss {:.4}  {:.0} examples/s",
+                rec.loss, rec.examples_per_s
+            ));
+        } else if !quiet && (rec.step == 1 || rec.step == cfg.steps || rec.step % log_every == 0) {
+            eprintln!(
+                "step {:>5}/{}  loss {:.6}  lr {:.3e}  |g| {:.4}  {:.0} ms",
+                rec.step, cfg.steps, rec.loss, rec.lr, rec.grad_norm, rec.step_ms
+            );
+        }
+        records.push(rec);
     });
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let wrote = crate::runtime::report::write_metrics(&dir, &records)
+        .map_err(|e| e.to_string())
+        .and_then(|_| {
+            crate::runtime::report::write_loss_curve(
+                &dir,
+                &format!("{} on {}", prog.model, mesh_txt.join(", ")),
+                &records,
+            )
+        });
+    if let Err(e) = &wrote {
+        eprintln!(
+            "warning: could not write the run's metrics to `{}`: {e}",
+            dir.display()
+        );
+    }
     match res {
         Ok(out) => {
             if let Some(path) = dump {
@@ -506,11 +599,13 @@ fn run(
             }
             let first = out.losses.first().copied().unwrap_or(f64::NAN);
             let lastl = out.losses.last().copied().unwrap_or(f64::NAN);
-            eprintln!(
-                "done: {} steps in {:.1} s, loss {first:.4} → {lastl:.4}",
-                out.losses.len(),
-                start.elapsed().as_secs_f64()
-            );
+            let secs = start.elapsed().as_secs_f64();
+            let written = if wrote.is_ok() {
+                format!("; wrote {}/{{metrics.jsonl, loss.svg}}", dir.display())
+            } else {
+                String::new()
+            };
+            eprintln!("done: {} steps in {secs:.1} s ({:.0} examples/s), loss {first:.4} → {lastl:.4}{written}", out.losses.len(), out.losses.len() as f64 * cfg.batch as f64 / secs.max(1e-9));
             ExitCode::SUCCESS
         }
         Err(e) => {

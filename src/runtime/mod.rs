@@ -5,4 +5,5 @@ pub mod data;
 pub mod exec;
 pub mod init;
 pub mod mesh;
+pub mod report;
 pub mod train;
