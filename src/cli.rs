@@ -533,7 +533,9 @@ fn run(args: RunArgs) -> ExitCode {
                 "loss {:.4}  {:.0} examples/s",
                 rec.loss, rec.examples_per_s
             ));
-        } else if !quiet && (rec.step == 1 || rec.step == cfg.steps || rec.step % log_every == 0) {
+        } else if !quiet
+            && (rec.step == 1 || rec.step == cfg.steps || rec.step.is_multiple_of(log_every))
+        {
             eprintln!(
                 "step {:>5}/{}  loss {:.6}  lr {:.3e}  |g| {:.4}  {:.0} ms",
                 rec.step, cfg.steps, rec.loss, rec.lr, rec.grad_norm, rec.step_ms

@@ -76,3 +76,18 @@ fn annotated_layout_change_becomes_a_reshard() {
         "the sequence-parallel input is gathered"
     );
 }
+
+/// Regression (found by the fuzz test): a huge repeat count once made lowering
+/// unroll forever. It is checked and planned, but not lowered.
+#[test]
+fn huge_repeat_is_not_unrolled() {
+    let text = "import nn\nmesh pod(dp: 2)\nmodel M {\n  blocks = repeat(9223372036854775807, LayerNorm(8))\n  fn forward(x: f32[B@dp, 8]) -> f32[B@dp, 8] { blocks(x) }\n}\ntrain M on pod { batch: 4, steps: 1, optimizer: sgd(lr: 0.1) }\n";
+    let c = world::compile_source(
+        Path::new("huge.shard"),
+        text.to_string(),
+        &Options::default(),
+    );
+    assert!(!c.has_errors());
+    assert!(c.checked.programs.is_empty());
+    assert_eq!(c.checked.plans.len(), 1);
+}

@@ -151,6 +151,9 @@ pub struct Checker<'p> {
     checked_fns: HashSet<(Span, String)>,
 }
 
+/// The most repetitions of a layer that lowering unrolls.
+const MAX_UNROLL: i64 = 4096;
+
 const INITIALIZERS: &[&str] = &[
     "normal",
     "truncated_normal",
@@ -1868,6 +1871,11 @@ impl<'p> Checker<'p> {
         let saved = self.diags.len();
         let saved_mult = self.mult;
         self.mult = self.mult.saturating_mul(per_device as u64);
+        if count > MAX_UNROLL {
+            // Too many layers to unroll into a program (a typo like `repeat(8000000, …)`
+            // must not hang the checker): check and plan it, but do not lower it.
+            self.emit = None;
+        }
         let out = if self.emit.is_some() && count > 1 {
             // The program gets every repetition, each with its own parameters
             // (`blocks.0`, `blocks.1`, ...); the plan counts the first one, scaled.
