@@ -429,7 +429,7 @@ fn run(args: RunArgs) -> ExitCode {
         }
     };
     // Say plainly what this version does not execute yet, rather than ignore it.
-    let unsupported: Vec<&str> = ["accumulate", "eval", "checkpoint", "fdo"]
+    let unsupported: Vec<&str> = ["eval", "checkpoint", "fdo"]
         .into_iter()
         .filter(|k| train.options.get(k).is_some())
         .collect();

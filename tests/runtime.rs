@@ -338,3 +338,92 @@ fn finite_differences_table_lookup() {
     let text = "mesh m(dp: 2) { sparsecores: 2 }\ntable t { vocab: 16, dim: 4, init: normal(1.0), combiner: mean, optimizer: adagrad(lr: 0.1), shard: rows(dp) }\nfeature f: i32[B * 3, 1] -> t\nimport nn\nmodel M {\n  d = Dense(12 -> 5)\n  fn forward(ids: i32[B@dp, 3]) -> f32[B@dp, 5] {\n    d(tanh(reshape(lookup(f, ids), [B@dp, 12])))\n  }\n}\ntrain M on m { data: synthetic(classes: 5), batch: 4, steps: 1, optimizer: sgd(lr: 0.1) }\n";
     finite_differences("fd_lookup.shard", text, &[]);
 }
+
+/// Gradient accumulation over 4 microbatches gives the full-batch gradient.
+#[test]
+fn accumulated_gradient_equals_full_batch_gradient() {
+    let model = "import nn\nmesh m(data: 4)\nmodel C {\n  a = Dense(6 -> 8)\n  b = Dense(8 -> 3)\n  fn forward(x: f32[B@data, 6]) -> f32[B@data, 3] { b(silu(a(x))) }\n}\n";
+    let grads = |extra: &str| {
+        let text = format!("{model}train C on m {{ data: synthetic(classes: 3), batch: 32, steps: 1, optimizer: sgd(lr: 0.1){extra} }}\n");
+        let (prog, mut cfg, src) = setup_text("acc.shard", &text, &[], None);
+        cfg.dtype = candle_core::DType::F64;
+        train::run(&prog, &cfg, &src, true, &mut |_| {})
+            .expect("run")
+            .first_grads
+            .expect("grads")
+    };
+    let full = grads("");
+    let acc = grads(", accumulate: 4");
+    for ((n, a), (_, b)) in acc.iter().zip(&full) {
+        assert!(max_rel(a, b) < 1e-9, "`{n}` differs by {:e}", max_rel(a, b));
+    }
+}
+
+/// optax.warmup_cosine_decay_schedule(init, peak, warmup, decay_steps, end).
+#[test]
+fn warmup_cosine_matches_optax() {
+    use train::Schedule;
+    let s = Schedule::WarmupCosine {
+        init: 1e-7,
+        peak: 3e-4,
+        warmup: 100,
+        decay: 1000,
+        end: 3e-5,
+    };
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 + 1e-9 * b.abs();
+    assert!(close(s.at(0), 1e-7));
+    assert!(close(s.at(50), 1e-7 + (3e-4 - 1e-7) * 0.5));
+    assert!(close(s.at(100), 3e-4));
+    // Halfway through the cosine part: end + (peak - end) / 2.
+    assert!(close(s.at(550), 3e-5 + (3e-4 - 3e-5) * 0.5));
+    assert!(close(s.at(1000), 3e-5));
+    assert!(close(s.at(5000), 3e-5));
+}
+
+/// Clipping by global norm: with a tiny limit the update is the clipped gradient.
+#[test]
+fn clipping_scales_the_update_to_the_limit() {
+    let text = "mesh m(data: 2)\nmodel C {\n  w: f32[4, 3] init normal(1.0)\n  fn forward(x: f32[B@data, 4]) -> f32[B@data, 3] { x @ w }\n}\ntrain C on m { data: synthetic(classes: 3), batch: 8, steps: 2, optimizer: sgd(lr: 1.0), clip_grad_norm: 0.001 }\n";
+    let (prog, mut cfg, src) = setup_text("clip.shard", text, &[], None);
+    cfg.dtype = candle_core::DType::F64;
+    let g0 = train::run(&prog, &cfg, &src, true, &mut |_| {})
+        .expect("run")
+        .first_grads
+        .expect("grads");
+    let norm: f64 = g0
+        .iter()
+        .flat_map(|(_, v)| v.iter())
+        .map(|x| x * x)
+        .sum::<f64>()
+        .sqrt();
+    assert!(
+        norm > 0.001,
+        "the test needs a gradient larger than the limit"
+    );
+    // After one SGD step with lr 1 the parameters moved by exactly the clipped gradient.
+    let p0 = global_params(&prog, &cfg);
+    let moved: f64 = {
+        // Loss after the step, from a fresh run whose initial values are the updated ones.
+        let updated: Named = p0
+            .iter()
+            .zip(&g0)
+            .map(|((n, p), (_, g))| {
+                (
+                    n.clone(),
+                    p.iter().zip(g).map(|(a, b)| a - b * 0.001 / norm).collect(),
+                )
+            })
+            .collect();
+        let expected = loss_at(&prog, &cfg, &src, &updated);
+        let mut two = cfg.clone();
+        two.steps = 2;
+        let l = train::run(&prog, &two, &src, false, &mut |_| {})
+            .expect("run")
+            .losses;
+        (l[1] - expected).abs()
+    };
+    assert!(
+        moved < 1e-12,
+        "the second loss differs from the clipped update's by {moved:e}"
+    );
+}

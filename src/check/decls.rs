@@ -633,8 +633,19 @@ impl<'p> Checker<'p> {
             t.model.span.to(t.mesh.span),
         );
         let o = &t.options;
-        let batch = o.get("batch").and_then(|v| self.opt_int(v, "batch", 1));
-        for f in ["steps", "log_every", "accumulate"] {
+        let mut batch = o.get("batch").and_then(|v| self.opt_int(v, "batch", 1));
+        // With `accumulate: k`, the model runs on microbatches of batch / k.
+        if let (Some(b), Some(v)) = (batch, o.get("accumulate")) {
+            if let Some(k) = self.opt_int(v, "accumulate", 1) {
+                if b % k != 0 {
+                    self.report(Problem::BadValue { span: v.span(), message: format!("batch {b} cannot be split into {k} equal microbatches"), help: Some(format!("use a batch that is a multiple of {k}, or accumulate over a divisor of {b}")) });
+                    batch = None;
+                } else {
+                    batch = Some(b / k);
+                }
+            }
+        }
+        for f in ["steps", "log_every"] {
             if let Some(v) = o.get(f) {
                 self.opt_int(v, f, 1);
             }

@@ -70,6 +70,8 @@ pub struct Config {
     pub batch: usize,
     pub optimizer: Optimizer,
     pub clip: Option<f64>,
+    /// Microbatches per step; gradients are averaged over them (`batch` is the total).
+    pub accumulate: usize,
     pub dtype: DType,
     /// Initial values for some parameters (global arrays), instead of their initializers.
     pub init: std::collections::HashMap<String, Vec<f64>>,
@@ -184,6 +186,7 @@ pub fn config(
         seed: int("seed").unwrap_or(0) as u64,
         batch: int("batch").unwrap_or(1).max(1) as usize,
         optimizer: opt,
+        accumulate: int("accumulate").unwrap_or(1).max(1) as usize,
         clip: opt_expr(&t.options, "clip_grad_norm").and_then(num),
         dtype: DType::F32,
         init: Default::default(),
@@ -401,6 +404,8 @@ pub fn run(
         .product();
     let per_position = label_t.rank() > 1;
     let int_inputs: Vec<bool> = inputs.iter().map(|t| !t.dtype.is_float()).collect();
+    let k = cfg.accumulate.max(1);
+    let input_sizes: Vec<usize> = input_sizes.iter().map(|n| n * k).collect();
     let batches: Vec<Batch> = (0..cfg.steps)
         .map(|s| {
             src.batch(
@@ -410,7 +415,7 @@ pub fn run(
                 &input_sizes,
                 &int_inputs,
                 vocab,
-                rows,
+                rows * k,
                 per_position,
             )
         })
@@ -465,19 +470,46 @@ pub fn run(
                 let mut memory = None;
                 let mut first = None;
                 for (step, b) in batches.iter().enumerate() {
-                    let xs: Vec<Tensor> = inputs
-                        .iter()
-                        .zip(&b.inputs)
-                        .map(|(t, v)| local_piece(topo, rank, t, prog, v, cfg.dtype, &dev))
-                        .collect::<R<_>>()?;
-                    let labels_f: Vec<f64> = b.labels.iter().map(|x| *x as f64).collect();
-                    let y = local_piece(topo, rank, label_t, prog, &labels_f, cfg.dtype, &dev)?;
-                    let tape = ex.forward(
-                        &params,
-                        &xs,
-                        Some(cfg.seed ^ (step as u64).wrapping_mul(0xA24B_AED4_963E_E407)),
-                    )?;
-                    let (loss, ct) = cross_entropy(&ex, &tape.vals[out_id], out_t, &y, rows)?;
+                    // Microbatch j is the j-th contiguous chunk of the step's batch.
+                    let mut acc: Option<(Vec<Tensor>, f64)> = None;
+                    let mut tape = None;
+                    for j in 0..k {
+                        let chunk = |v: &[f64]| -> Vec<f64> {
+                            let n = v.len() / k;
+                            v[j * n..(j + 1) * n].to_vec()
+                        };
+                        let xs: Vec<Tensor> = inputs
+                            .iter()
+                            .zip(&b.inputs)
+                            .map(|(t, v)| local_piece(topo, rank, t, prog, &chunk(v), cfg.dtype, &dev))
+                            .collect::<R<_>>()?;
+                        let labels_f: Vec<f64> = chunk(&b.labels.iter().map(|x| *x as f64).collect::<Vec<_>>());
+                        let y = local_piece(topo, rank, label_t, prog, &labels_f, cfg.dtype, &dev)?;
+                        let seed = cfg.seed ^ ((step * k + j) as u64).wrapping_mul(0xA24B_AED4_963E_E407);
+                        let t = ex.forward(&params, &xs, Some(seed))?;
+                        let (loss, ct) = cross_entropy(&ex, &t.vals[out_id], out_t, &y, rows)?;
+                        if !loss.is_finite() {
+                            // Every device sees the same loss, so all stop here together.
+                            let first = t.vals.iter().position(|v| !all_finite(v));
+                            return Err(match first {
+                                Some(i) => format!("step {}: the loss is {loss}; the first non-finite value is computed at node %{i}", step + 1),
+                                None => format!("step {}: the loss is {loss} (the logits are finite; the labels may be out of range)", step + 1),
+                            });
+                        }
+                        let g = sync_grads(&ex, &params, ex.backward(&t, ct)?)?;
+                        acc = Some(match acc {
+                            None => (g, loss),
+                            Some((a, l)) => (a.iter().zip(&g).map(|(x, y)| x + y).collect::<candle_core::Result<_>>().map_err(ce)?, l + loss),
+                        });
+                        tape = Some(t);
+                    }
+                    let (grads, loss) = acc.ok_or("no microbatch")?;
+                    let tape = tape.ok_or("no microbatch")?;
+                    let (grads, loss) = if k > 1 {
+                        (grads.iter().map(|g| g / k as f64).collect::<candle_core::Result<Vec<_>>>().map_err(ce)?, loss / k as f64)
+                    } else {
+                        (grads, loss)
+                    };
                     if !loss.is_finite() {
                         // Every device sees the same loss, so all stop here together.
                         let first = tape.vals.iter().position(|v| !all_finite(v));
@@ -486,8 +518,6 @@ pub fn run(
                             None => format!("step {}: the loss is {loss} (the logits are finite; the labels may be out of range)", step + 1),
                         });
                     }
-                    let grads = ex.backward(&tape, ct)?;
-                    let grads = sync_grads(&ex, &params, grads)?;
                     if step == 0 && rank == 0 {
                         let mut m = Memory {
                             params: params.iter().map(bytes).sum(),
