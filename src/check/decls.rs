@@ -751,7 +751,6 @@ impl<'p> Checker<'p> {
         self.bound.clear();
         // The batch is split over the axes written on the model input's first
         // dimension; check that before binding it, so the error is about the batch.
-        let mut batch = batch;
         let fwd = decl.members.iter().find_map(|m| match m {
             ast::Member::Fn(f) if f.name.name == "forward" => Some(f),
             _ => None,
