@@ -496,7 +496,8 @@ pub fn run(
                                 None => format!("step {}: the loss is {loss} (the logits are finite; the labels may be out of range)", step + 1),
                             });
                         }
-                        let g = sync_grads(&ex, &params, ex.backward(&t, ct)?)?;
+                        // Local gradients accumulate; they are synchronised once per step.
+                        let g: Vec<Tensor> = ex.backward(&t, ct)?.into_iter().zip(&params).map(|(g, p)| g.map_or_else(|| p.zeros_like().map_err(ce), Ok)).collect::<R<_>>()?;
                         acc = Some(match acc {
                             None => (g, loss),
                             Some((a, l)) => (a.iter().zip(&g).map(|(x, y)| x + y).collect::<candle_core::Result<_>>().map_err(ce)?, l + loss),
@@ -504,6 +505,7 @@ pub fn run(
                         tape = Some(t);
                     }
                     let (grads, loss) = acc.ok_or("no microbatch")?;
+                    let grads = sync_grads(&ex, grads)?;
                     let tape = tape.ok_or("no microbatch")?;
                     let (grads, loss) = if k > 1 {
                         (grads.iter().map(|g| g / k as f64).collect::<candle_core::Result<Vec<_>>>().map_err(ce)?, loss / k as f64)
@@ -674,13 +676,9 @@ fn all_finite(t: &Tensor) -> bool {
 }
 
 /// Sum each gradient over the axes its parameter is replicated on.
-fn sync_grads(ex: &Exec, params: &[Tensor], grads: Vec<Option<Tensor>>) -> R<Vec<Tensor>> {
+fn sync_grads(ex: &Exec, grads: Vec<Tensor>) -> R<Vec<Tensor>> {
     let mut out = Vec::new();
-    for ((p, g), t) in ex.prog.params.iter().zip(grads).zip(params) {
-        let g = match g {
-            Some(g) => g,
-            None => t.zeros_like().map_err(ce)?,
-        };
+    for (p, g) in ex.prog.params.iter().zip(grads) {
         let rep = replication(&ex.comm.topo, &p.stored).0;
         out.push(ex.comm.psum(ex.rank, &g, &rep).map_err(ce)?);
     }
