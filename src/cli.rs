@@ -112,6 +112,10 @@ pub enum Command {
         /// Print one JSON record per step on stdout instead of progress.
         #[arg(long)]
         json: bool,
+        /// Continue from the newest checkpoint in the `checkpoint` directory (also
+        /// onto a different `--mesh`: checkpoints hold global arrays).
+        #[arg(long)]
+        resume: bool,
     },
     /// Explain a diagnostic code, e.g. `shardc explain E0203`.
     Explain { code: Option<String> },
@@ -169,6 +173,7 @@ pub fn main() -> ExitCode {
             out,
             quiet,
             json,
+            resume,
         } => run(RunArgs {
             file,
             mesh: mesh.map(|m| m.0).unwrap_or_default(),
@@ -181,6 +186,7 @@ pub fn main() -> ExitCode {
             out,
             quiet,
             json,
+            resume,
         }),
         Command::Lower { file, mesh } => lower(&file, mesh.map(|m| m.0).unwrap_or_default()),
         Command::Plan { file, mesh, json } => {
@@ -399,6 +405,7 @@ pub struct RunArgs {
     out: Option<PathBuf>,
     quiet: bool,
     json: bool,
+    resume: bool,
 }
 
 fn run(args: RunArgs) -> ExitCode {
@@ -414,6 +421,7 @@ fn run(args: RunArgs) -> ExitCode {
         out: out_dir,
         quiet,
         json,
+        resume,
     } = args;
     let file = file.as_path();
     use crate::runtime::train;
@@ -484,6 +492,15 @@ fn run(args: RunArgs) -> ExitCode {
         cfg.optimizer.kind,
         if f64 { "f64" } else { "f32" }
     );
+    if resume {
+        match crate::runtime::checkpoint::resume(prog, &mut cfg) {
+            Ok(msg) => eprintln!("{msg}"),
+            Err(e) => {
+                eprintln!("error: cannot resume: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     let dir = out_dir.unwrap_or_else(|| PathBuf::from("runs").join(&prog.model));
     if let Err(e) = std::fs::create_dir_all(&dir) {
         eprintln!(

@@ -3,7 +3,57 @@
 //! bit-identical from run to run.
 
 use candle_core::{Result, Tensor};
-use std::sync::{Barrier, Mutex};
+use std::sync::{Condvar, Mutex};
+
+/// A barrier that a failing device can break, so the others return an error
+/// instead of waiting forever.
+struct Barrier {
+    n: usize,
+    state: Mutex<(usize, u64, bool)>,
+    cv: Condvar,
+}
+
+impl Barrier {
+    fn new(n: usize) -> Barrier {
+        Barrier {
+            n,
+            state: Mutex::new((0, 0, false)),
+            cv: Condvar::new(),
+        }
+    }
+    fn wait(&self) -> Result<()> {
+        let Ok(mut s) = self.state.lock() else {
+            return Err(candle_core::Error::Msg("mesh lock poisoned".into()));
+        };
+        if s.2 {
+            return Err(candle_core::Error::Msg("another device stopped".into()));
+        }
+        let gen = s.1;
+        s.0 += 1;
+        if s.0 == self.n {
+            s.0 = 0;
+            s.1 += 1;
+            self.cv.notify_all();
+            return Ok(());
+        }
+        while s.1 == gen && !s.2 {
+            s = match self.cv.wait(s) {
+                Ok(s) => s,
+                Err(_) => return Err(candle_core::Error::Msg("mesh lock poisoned".into())),
+            };
+        }
+        if s.1 == gen {
+            return Err(candle_core::Error::Msg("another device stopped".into()));
+        }
+        Ok(())
+    }
+    fn abort(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            s.2 = true;
+        }
+        self.cv.notify_all();
+    }
+}
 
 /// Mesh axes (major first) and the coordinates of each rank (row-major).
 #[derive(Clone, Debug)]
@@ -81,26 +131,31 @@ impl Comm {
 
     /// Every device posts its tensor; each gets the tensors of its group over
     /// `axes`, in group order. All devices must call this in the same order.
-    pub fn exchange(&self, rank: usize, t: &Tensor, axes: &[String]) -> Vec<Tensor> {
+    pub fn exchange(&self, rank: usize, t: &Tensor, axes: &[String]) -> Result<Vec<Tensor>> {
         if let Ok(mut s) = self.slots.lock() {
             s[rank] = Some(t.clone());
         }
-        self.barrier.wait();
+        self.barrier.wait()?;
         let group = self.topo.group(rank, axes);
         let out: Vec<Tensor> = match self.slots.lock() {
             Ok(s) => group.iter().filter_map(|r| s[*r].clone()).collect(),
             Err(_) => vec![],
         };
         // Nobody overwrites a slot until everyone has read.
-        self.barrier.wait();
-        out
+        self.barrier.wait()?;
+        Ok(out)
+    }
+
+    /// A device failed: wake everyone waiting in a collective with an error.
+    pub fn abort(&self) {
+        self.barrier.abort();
     }
 
     pub fn psum(&self, rank: usize, t: &Tensor, axes: &[String]) -> Result<Tensor> {
         if axes.iter().all(|a| self.topo.size(a) == 1) {
             return Ok(t.clone());
         }
-        let parts = self.exchange(rank, t, axes);
+        let parts = self.exchange(rank, t, axes)?;
         let mut acc = parts[0].clone();
         for p in &parts[1..] {
             acc = (acc + p)?;
@@ -112,7 +167,7 @@ impl Comm {
         if axes.iter().all(|a| self.topo.size(a) == 1) {
             return Ok(t.clone());
         }
-        let parts = self.exchange(rank, t, axes);
+        let parts = self.exchange(rank, t, axes)?;
         let mut acc = parts[0].clone();
         for p in &parts[1..] {
             acc = acc.maximum(p)?;
@@ -125,7 +180,7 @@ impl Comm {
         if self.topo.size(axis) == 1 {
             return Ok(t.clone());
         }
-        let parts = self.exchange(rank, t, &[axis.to_string()]);
+        let parts = self.exchange(rank, t, &[axis.to_string()])?;
         Tensor::cat(&parts, dim)
     }
 

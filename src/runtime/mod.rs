@@ -1,6 +1,7 @@
 //! Stage 5: running the SPMD program on a mesh of virtual devices (candle tensors on
 //! `std::thread`s), with exact gradients and our own optimizers.
 
+pub mod checkpoint;
 pub mod data;
 pub mod exec;
 pub mod init;

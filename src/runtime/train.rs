@@ -77,6 +77,12 @@ pub struct Config {
     pub init: std::collections::HashMap<String, Vec<f64>>,
     /// Optimizers of particular parameters (embedding tables have their own).
     pub per_param: std::collections::HashMap<String, Optimizer>,
+    /// `checkpoint: { every, keep, dir }`.
+    pub checkpoint: Option<(usize, usize, std::path::PathBuf)>,
+    /// Steps already done (a resumed run starts after them).
+    pub start_step: usize,
+    /// Optimizer slots to start from (`opt_m/NAME`, `opt_v/NAME`, global arrays).
+    pub init_opt: std::collections::HashMap<String, Vec<f64>>,
 }
 
 fn num(e: &Expr) -> Option<f64> {
@@ -191,6 +197,33 @@ pub fn config(
         dtype: DType::F32,
         init: Default::default(),
         per_param: Default::default(),
+        checkpoint: match t.options.get("checkpoint") {
+            Some(OptValue::Options(o)) => {
+                let g = |k: &str| {
+                    opt_expr(o, k).and_then(|e| {
+                        if let ExprKind::Int(v) = e.kind {
+                            Some(v.max(1) as usize)
+                        } else {
+                            None
+                        }
+                    })
+                };
+                let dir = opt_expr(o, "dir").and_then(|e| {
+                    if let ExprKind::Str(s) = &e.kind {
+                        Some(std::path::PathBuf::from(s))
+                    } else {
+                        None
+                    }
+                });
+                match (g("every"), dir) {
+                    (Some(every), Some(dir)) => Some((every, g("keep").unwrap_or(1), dir)),
+                    _ => None,
+                }
+            }
+            _ => None,
+        },
+        start_step: 0,
+        init_opt: Default::default(),
     }
 }
 
@@ -428,7 +461,10 @@ pub fn run(
             let tx = tx.clone();
             let (comm, topo, batches, label_t, inputs, out_t) =
                 (&comm, &topo, &batches, &label_t, &inputs, &out_t);
-            handles.push(scope.spawn(move || -> R<(Option<Named>, Option<Memory>)> {
+            handles.push(scope.spawn(move || {
+                // A device that fails breaks the mesh's barrier, so no other device
+                // waits forever in a collective.
+                let body = || -> R<(Option<Named>, Option<Memory>)> {
                 let dev = Device::Cpu;
                 let ex = Exec {
                     prog,
@@ -467,9 +503,17 @@ pub fn run(
                 }
                 let opts = prog.params.iter().map(|p| cfg.per_param.get(&p.name).unwrap_or(&cfg.optimizer).clone()).collect();
                 let mut state = OptState::new(&params, opts)?;
+                // Resuming: optimizer slots from their global arrays.
+                for (i, p) in prog.params.iter().enumerate() {
+                    for (slot, key) in [(&mut state.m[i], "opt_m"), (&mut state.v[i], "opt_v")] {
+                        if let (Some(s), Some(g)) = (slot.as_mut(), cfg.init_opt.get(&format!("{key}/{}", p.name))) {
+                            *s = local_piece(topo, rank, &p.stored, prog, g, cfg.dtype, &dev)?;
+                        }
+                    }
+                }
                 let mut memory = None;
                 let mut first = None;
-                for (step, b) in batches.iter().enumerate() {
+                for (step, b) in batches.iter().enumerate().skip(cfg.start_step) {
                     // Microbatch j is the j-th contiguous chunk of the step's batch.
                     let mut acc: Option<(Vec<Tensor>, f64)> = None;
                     let mut tape = None;
@@ -546,6 +590,43 @@ pub fn run(
                     };
                     let lr = cfg.optimizer.lr.at(step);
                     state.update(step + 1, &mut params, &grads, scale)?;
+                    if let Some((every, keep, dir)) = &cfg.checkpoint {
+                        if (step + 1) % every == 0 {
+                            // Every device takes part in gathering; device 0 writes.
+                            let mut arrays = Vec::new();
+                            for (i, p) in prog.params.iter().enumerate() {
+                                let shape: Vec<usize> = p.stored.dims.iter().map(|d| d.size.as_const().unwrap_or(0) as usize).collect();
+                                arrays.push((format!("param/{}", p.name), shape.clone(), gather_one(&ex, &p.stored, &params[i])?));
+                                for (slot, key) in [(&state.m[i], "opt_m"), (&state.v[i], "opt_v")] {
+                                    if let Some(s) = slot {
+                                        arrays.push((format!("{key}/{}", p.name), shape.clone(), gather_one(&ex, &p.stored, s)?));
+                                    }
+                                }
+                            }
+                            if rank == 0 {
+                                let manifest = super::checkpoint::Manifest {
+                                    format: super::checkpoint::FORMAT.into(),
+                                    model: prog.model.clone(),
+                                    step: step + 1,
+                                    seed: cfg.seed,
+                                    mesh: prog.mesh.clone(),
+                                    dtype: if cfg.dtype == DType::F64 { "f64".into() } else { "f32".into() },
+                                    optimizer: cfg.optimizer.kind.clone(),
+                                    tensors: arrays
+                                        .iter()
+                                        .map(|(n, s, _)| {
+                                            let layout = prog.params.iter().find(|p| n.ends_with(&format!("/{}", p.name))).map(|p| p.stored.to_string()).unwrap_or_default();
+                                            super::checkpoint::TensorInfo { name: n.clone(), shape: s.clone(), layout }
+                                        })
+                                        .collect(),
+                                };
+                                // A failed save must not stop the other devices mid-collective.
+                                if let Err(e) = super::checkpoint::save(dir, *keep, &manifest, &arrays, cfg.dtype == DType::F64) {
+                                    eprintln!("warning: the checkpoint after step {} was not written: {e}", step + 1);
+                                }
+                            }
+                        }
+                    }
                     if rank == 0 {
                         let _ = tx.send(StepReport {
                             step,
@@ -556,6 +637,12 @@ pub fn run(
                     }
                 }
                 Ok((first, memory))
+                };
+                let r = body();
+                if r.is_err() {
+                    comm.abort();
+                }
+                r
             }));
         }
         drop(tx);
@@ -566,6 +653,7 @@ pub fn run(
         }
         let mut first = None;
         let mut memory = None;
+        let mut errors: Vec<String> = Vec::new();
         for (rank, h) in handles.into_iter().enumerate() {
             match h.join() {
                 Ok(Ok((g, m))) => {
@@ -575,14 +663,20 @@ pub fn run(
                     }
                 }
                 Ok(Err(e)) => {
-                    result = Err(e);
-                    return;
+                    // Report the device that failed, not the ones it stopped.
+                    if !e.contains("another device stopped") || errors.is_empty() {
+                        errors.insert(0, e);
+                    }
                 }
                 Err(_) => {
                     result = Err(format!("device {rank} panicked"));
                     return;
                 }
             }
+        }
+        if let Some(e) = errors.into_iter().next() {
+            result = Err(e);
+            return;
         }
         result = Ok(RunOutput {
             memory,
@@ -710,34 +804,41 @@ fn global_norm(ex: &Exec, grads: &[Tensor]) -> R<f64> {
 
 /// Assemble each gradient into its global array (for tests and `--dump-grads`).
 fn gather_global(ex: &Exec, grads: &[Tensor]) -> R<Named> {
-    let mut out = Vec::new();
-    let all: Vec<String> = ex.comm.topo.axes.iter().map(|a| a.0.clone()).collect();
-    for (p, g) in ex.prog.params.iter().zip(grads) {
-        let n: usize = p
-            .stored
-            .dims
-            .iter()
-            .map(|d| d.size.as_const().unwrap_or(0) as usize)
-            .product();
-        let idx = ex.global_indices(&p.stored)?;
-        let vals: Vec<f64> = g
+    ex.prog
+        .params
+        .iter()
+        .zip(grads)
+        .map(|(p, g)| Ok((p.name.clone(), gather_one(ex, &p.stored, g)?)))
+        .collect()
+}
+
+/// One value's global array on every device. Only the first replica of each piece
+/// contributes (the others add zeros), so the values come back bit for bit.
+fn gather_one(ex: &Exec, stored: &TType, t: &Tensor) -> R<Vec<f64>> {
+    let n: usize = stored
+        .dims
+        .iter()
+        .map(|d| d.size.as_const().unwrap_or(0) as usize)
+        .product();
+    let mut full = vec![0f64; n];
+    let (rep_axes, _) = replication(&ex.comm.topo, stored);
+    if rep_axes.iter().all(|a| ex.comm.topo.coord(ex.rank, a) == 0) {
+        let idx = ex.global_indices(stored)?;
+        let vals: Vec<f64> = t
             .flatten_all()
             .and_then(|t| t.to_dtype(DType::F64))
             .and_then(|t| t.to_vec1::<f64>())
             .map_err(ce)?;
-        let mut full = vec![0f64; n];
         for (i, v) in idx.iter().zip(vals) {
             full[*i as usize] = v;
         }
-        // Replicas hold the same values; pieces are disjoint: a max-magnitude merge
-        // would do, but summing then dividing by the replica count is exact.
-        let rep = replication(&ex.comm.topo, &p.stored).1;
-        let t = Tensor::from_vec(full, n, &ex.dev).map_err(ce)?;
-        let t = ex.comm.psum(ex.rank, &t, &all).map_err(ce)?;
-        let t = (t / rep as f64).map_err(ce)?;
-        out.push((p.name.clone(), t.to_vec1::<f64>().map_err(ce)?));
     }
-    Ok(out)
+    let all: Vec<String> = ex.comm.topo.axes.iter().map(|a| a.0.clone()).collect();
+    let t = Tensor::from_vec(full, n, &ex.dev).map_err(ce)?;
+    ex.comm
+        .psum(ex.rank, &t, &all)
+        .and_then(|t| t.to_vec1::<f64>())
+        .map_err(ce)
 }
 
 /// Optimizer state in each parameter's layout; each parameter may have its own

@@ -1,0 +1,242 @@
+//! Checkpoints: global (unsharded) arrays in safetensors plus a JSON manifest,
+//! written to a temporary directory and renamed into place, so a process killed
+//! mid-save leaves the previous checkpoint intact. Global arrays make restoring
+//! onto a different mesh a matter of taking other pieces.
+
+use safetensors::tensor::{Dtype, TensorView};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+pub const FORMAT: &str = "shardc-checkpoint-1";
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TensorInfo {
+    pub name: String,
+    pub shape: Vec<usize>,
+    /// The stored layout on the mesh that wrote it, e.g. `f32[784@data, 512]`.
+    pub layout: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    pub model: String,
+    /// Steps completed: a resumed run starts with step `step + 1`.
+    pub step: usize,
+    pub seed: u64,
+    pub mesh: Vec<(String, i64)>,
+    pub dtype: String,
+    pub optimizer: String,
+    pub tensors: Vec<TensorInfo>,
+}
+
+/// Named global arrays: `param/NAME`, `opt_m/NAME`, `opt_v/NAME`.
+pub type Arrays = Vec<(String, Vec<usize>, Vec<f64>)>;
+
+fn step_dir(dir: &Path, step: usize) -> PathBuf {
+    dir.join(format!("step-{step:08}"))
+}
+
+/// Write one checkpoint and keep only the newest `keep`.
+pub fn save(
+    dir: &Path,
+    keep: usize,
+    manifest: &Manifest,
+    arrays: &Arrays,
+    f64: bool,
+) -> Result<PathBuf, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create `{}`: {e}", dir.display()))?;
+    let tmp = dir.join(format!(
+        ".tmp-step-{:08}-{}",
+        manifest.step,
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(|e| format!("cannot create `{}`: {e}", tmp.display()))?;
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = arrays
+        .iter()
+        .map(|(n, shape, v)| {
+            let b: Vec<u8> = if f64 {
+                v.iter().flat_map(|x| x.to_le_bytes()).collect()
+            } else {
+                v.iter().flat_map(|x| (*x as f32).to_le_bytes()).collect()
+            };
+            (n.clone(), shape.clone(), b)
+        })
+        .collect();
+    let dtype = if f64 { Dtype::F64 } else { Dtype::F32 };
+    let views: Vec<(String, TensorView)> = bytes
+        .iter()
+        .map(|(n, s, b)| {
+            TensorView::new(dtype, s.clone(), b)
+                .map(|v| (n.clone(), v))
+                .map_err(|e| e.to_string())
+        })
+        .collect::<Result<_, _>>()?;
+    let mut meta = HashMap::new();
+    meta.insert("format".to_string(), FORMAT.to_string());
+    meta.insert("step".to_string(), manifest.step.to_string());
+    safetensors::tensor::serialize_to_file(views, Some(meta), &tmp.join("tensors.safetensors"))
+        .map_err(|e| e.to_string())?;
+    let json = serde_json::to_string_pretty(manifest).map_err(|e| e.to_string())?;
+    std::fs::write(tmp.join("manifest.json"), json).map_err(|e| e.to_string())?;
+    let dest = step_dir(dir, manifest.step);
+    let _ = std::fs::remove_dir_all(&dest);
+    std::fs::rename(&tmp, &dest)
+        .map_err(|e| format!("cannot move the checkpoint into place: {e}"))?;
+    let mut all = list(dir);
+    all.sort();
+    while all.len() > keep.max(1) {
+        let (_, p) = all.remove(0);
+        let _ = std::fs::remove_dir_all(p);
+    }
+    Ok(dest)
+}
+
+/// Complete checkpoints in `dir`, by step (temporary directories are ignored).
+pub fn list(dir: &Path) -> Vec<(usize, PathBuf)> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return vec![];
+    };
+    rd.filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            let step = name.strip_prefix("step-")?.parse::<usize>().ok()?;
+            e.path()
+                .join("manifest.json")
+                .exists()
+                .then(|| (step, e.path()))
+        })
+        .collect()
+}
+
+/// Read a checkpoint: its manifest and arrays, checked against each other.
+pub fn load(path: &Path) -> Result<(Manifest, Arrays), String> {
+    let m = std::fs::read_to_string(path.join("manifest.json")).map_err(|e| {
+        format!(
+            "cannot read `{}`: {e}",
+            path.join("manifest.json").display()
+        )
+    })?;
+    let manifest: Manifest = serde_json::from_str(&m).map_err(|e| {
+        format!(
+            "`{}` is not a shardc manifest: {e}",
+            path.join("manifest.json").display()
+        )
+    })?;
+    if manifest.format != FORMAT {
+        return Err(format!(
+            "`{}` has format `{}`, expected `{FORMAT}`",
+            path.display(),
+            manifest.format
+        ));
+    }
+    let file = path.join("tensors.safetensors");
+    let buf = std::fs::read(&file).map_err(|e| format!("cannot read `{}`: {e}", file.display()))?;
+    let st = safetensors::SafeTensors::deserialize(&buf)
+        .map_err(|e| format!("`{}` is corrupt: {e}", file.display()))?;
+    let mut arrays = Vec::new();
+    for t in &manifest.tensors {
+        let v = st.tensor(&t.name).map_err(|_| {
+            format!(
+                "`{}` lacks the tensor `{}` its manifest lists",
+                file.display(),
+                t.name
+            )
+        })?;
+        if v.shape() != t.shape.as_slice() {
+            return Err(format!(
+                "tensor `{}` has shape {:?} in `{}` but {:?} in the manifest",
+                t.name,
+                v.shape(),
+                file.display(),
+                t.shape
+            ));
+        }
+        let data: Vec<f64> = match v.dtype() {
+            Dtype::F32 => v
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
+                .collect(),
+            Dtype::F64 => v
+                .data()
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+                .collect(),
+            other => {
+                return Err(format!(
+                    "tensor `{}` has dtype {other:?}; expected F32 or F64",
+                    t.name
+                ))
+            }
+        };
+        arrays.push((t.name.clone(), t.shape.clone(), data));
+    }
+    Ok((manifest, arrays))
+}
+
+/// Load the newest checkpoint into `cfg`: parameters, optimizer slots, step.
+pub fn resume(
+    prog: &crate::spmd::Program,
+    cfg: &mut crate::runtime::train::Config,
+) -> Result<String, String> {
+    let (_, _, dir) = cfg
+        .checkpoint
+        .clone()
+        .ok_or("the `train` declaration has no `checkpoint` block")?;
+    let mut all = list(&dir);
+    all.sort();
+    let (_, path) = all
+        .pop()
+        .ok_or_else(|| format!("no checkpoint in `{}`", dir.display()))?;
+    let (m, arrays) = load(&path)?;
+    if m.model != prog.model {
+        return Err(format!(
+            "`{}` holds model `{}`, not `{}`",
+            path.display(),
+            m.model,
+            prog.model
+        ));
+    }
+    for p in &prog.params {
+        let key = format!("param/{}", p.name);
+        let shape: Vec<usize> = p
+            .stored
+            .dims
+            .iter()
+            .map(|d| d.size.as_const().unwrap_or(0) as usize)
+            .collect();
+        let Some((_, s, v)) = arrays.iter().find(|a| a.0 == key) else {
+            return Err(format!(
+                "`{}` has no tensor for parameter `{}`",
+                path.display(),
+                p.name
+            ));
+        };
+        if *s != shape {
+            return Err(format!(
+                "parameter `{}` is {:?} in `{}` but {:?} in the model",
+                p.name,
+                s,
+                path.display(),
+                shape
+            ));
+        }
+        cfg.init.insert(p.name.clone(), v.clone());
+    }
+    for (n, _, v) in &arrays {
+        if n.starts_with("opt_") {
+            cfg.init_opt.insert(n.clone(), v.clone());
+        }
+    }
+    cfg.start_step = m.step;
+    let mesh: Vec<String> = m.mesh.iter().map(|(a, n)| format!("{a}={n}")).collect();
+    Ok(format!(
+        "resuming from `{}` (step {}, saved on {})",
+        path.display(),
+        m.step,
+        mesh.join(", ")
+    ))
+}
