@@ -512,9 +512,7 @@ fn a_half_written_checkpoint_is_ignored() {
     std::fs::create_dir_all(&bad).expect("dir");
     std::fs::write(bad.join("manifest.json"), "{ not json").expect("write");
     let mut c3 = cfg.clone();
-    let err = shardc::runtime::checkpoint::resume(&prog, &mut c3)
-        .err()
-        .expect("must fail");
+    let err = shardc::runtime::checkpoint::resume(&prog, &mut c3).expect_err("must fail");
     assert!(err.contains("manifest"), "{err}");
     let _ = std::fs::remove_dir_all(&base);
 }
