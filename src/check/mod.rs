@@ -1508,11 +1508,6 @@ impl<'p> Checker<'p> {
         }
         let mut full = self.path.clone();
         full.push(n.to_string());
-        let name = full.join(".");
-        if let Some(id) = self.param_nodes.get(&name) {
-            self.last = Some(*id);
-            return;
-        }
         let init = inst
             .decl
             .members
@@ -1526,7 +1521,24 @@ impl<'p> Checker<'p> {
                 _ => None,
             })
             .unwrap_or_else(|| "zeros".into());
-        let Some(p) = self.emit.as_mut() else { return };
+        self.emit_parameter(full.join("."), stored, used, init, span);
+    }
+
+    /// A parameter node (once per name), gathered to its `used` layout when it is
+    /// stored split (FSDP weights, embedding-table rows). Becomes the current value.
+    pub(crate) fn emit_parameter(
+        &mut self,
+        name: String,
+        stored: &TType,
+        used: &TType,
+        init: String,
+        span: Span,
+    ) -> Option<crate::spmd::Nid> {
+        if let Some(id) = self.param_nodes.get(&name) {
+            self.last = Some(*id);
+            return Some(*id);
+        }
+        let p = self.emit.as_mut()?;
         p.params.push(crate::spmd::Param {
             name: name.clone(),
             stored: stored.clone(),
@@ -1537,17 +1549,14 @@ impl<'p> Checker<'p> {
         let idx = p.params.len() - 1;
         let mut id = self.emit_node(crate::spmd::Op::Param(idx), vec![], stored, span);
         if stored != used {
+            let axes = stored
+                .all_axes()
+                .into_iter()
+                .filter(|a| !used.all_axes().contains(a))
+                .map(|s| s.to_string())
+                .collect();
             id = self.emit_node(
-                crate::spmd::Op::Collective(
-                    "all_gather".into(),
-                    stored
-                        .all_axes()
-                        .into_iter()
-                        .filter(|a| !used.all_axes().contains(a))
-                        .map(|s| s.to_string())
-                        .collect(),
-                    vec![],
-                ),
+                crate::spmd::Op::Collective("all_gather".into(), axes, vec![]),
                 vec![id],
                 used,
                 span,
@@ -1556,6 +1565,7 @@ impl<'p> Checker<'p> {
         if let Some(id) = id {
             self.param_nodes.insert(name, id);
         }
+        id
     }
 
     /// Elements of one device's piece of `t`, when all sizes are known.

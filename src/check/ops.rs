@@ -2273,46 +2273,15 @@ impl<'p> Checker<'p> {
         );
         let mut stored = used.clone();
         stored.dims[0].axes = rows_axes.clone();
-        let id = match self.param_nodes.get(&name) {
-            Some(id) => Some(*id),
-            None => {
-                let init = match table.options.get("init") {
-                    Some(v) => self
-                        .sources
-                        .get(v.span().file)
-                        .snippet(v.span())
-                        .to_string(),
-                    None => "normal(1.0)".into(),
-                };
-                let Some(p) = self.emit.as_mut() else { return };
-                p.params.push(crate::spmd::Param {
-                    name: name.clone(),
-                    stored: stored.clone(),
-                    used: used.clone(),
-                    init,
-                    span: table.name.span,
-                });
-                let idx = p.params.len() - 1;
-                let mut id = self.emit_node(
-                    crate::spmd::Op::Param(idx),
-                    vec![],
-                    &stored,
-                    table.name.span,
-                );
-                if !rows_axes.is_empty() {
-                    id = self.emit_node(
-                        crate::spmd::Op::Collective("all_gather".into(), rows_axes, vec![]),
-                        vec![id],
-                        &used,
-                        table.name.span,
-                    );
-                }
-                if let Some(id) = id {
-                    self.param_nodes.insert(name, id);
-                }
-                id
-            }
+        let init = match table.options.get("init") {
+            Some(v) => self
+                .sources
+                .get(v.span().file)
+                .snippet(v.span())
+                .to_string(),
+            None => "normal(1.0)".into(),
         };
+        let id = self.emit_parameter(name, &stored, &used, init, table.name.span);
         self.arg_ids.insert(0, id);
     }
 }

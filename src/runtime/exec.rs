@@ -151,7 +151,7 @@ impl<'a> Exec<'a> {
                     .map_err(ce)?
                 }
                 Op::MatMul => {
-                    let (x, y) = self.matmul_operands(a(0), at(0), a(1), at(1), out, None)?;
+                    let (x, y) = self.matmul_operands(a(0), at(0), a(1), at(1), out)?;
                     matmul(&x, &y)?
                 }
                 Op::Collective(kind, axes, _) => self.collective(kind, axes, a(0), at(0), out)?,
@@ -173,16 +173,14 @@ impl<'a> Exec<'a> {
         Ok(Tape { vals, masks })
     }
 
-    fn matmul_operands(
-        &self,
-        x: &Tensor,
+    /// The relayouts a matmul's operands need, in order: (operand, dim, from, to).
+    /// The contraction takes whichever side is split (the checker made them agree);
+    /// batch and row dims follow the result.
+    fn matmul_plan(
         xt: &TType,
-        y: &Tensor,
         yt: &TType,
         out: &TType,
-        _ct: Option<()>,
-    ) -> R<(Tensor, Tensor)> {
-        // Contraction layout: whichever side is split (the checker made them agree).
+    ) -> Vec<(usize, usize, Vec<String>, Vec<String>)> {
         let kx = &xt.dims[xt.rank() - 1].axes;
         let ky_i = if yt.rank() == 1 { 0 } else { yt.rank() - 2 };
         let ky = &yt.dims[ky_i].axes;
@@ -191,26 +189,38 @@ impl<'a> Exec<'a> {
         } else {
             kx.clone()
         };
-        let mut xw = xt.clone();
-        xw.dims.last_mut().ok_or("rank 0")?.axes = k.clone();
-        let mut x2 = self.relayout(x, xt.rank() - 1, kx, &k)?;
-        // Batch and row dims follow the result.
+        let mut plan = vec![(0, xt.rank() - 1, kx.clone(), k.clone())];
         for i in 0..xt.rank() - 1 {
             let o = &out.dims[i + out.rank() + usize::from(yt.rank() == 1) - xt.rank()];
             if xt.dims[i].axes != o.axes && xt.dims[i].size.as_const() != Some(1) {
-                x2 = self.relayout(&x2, i, &xt.dims[i].axes, &o.axes)?;
+                plan.push((0, i, xt.dims[i].axes.clone(), o.axes.clone()));
             }
         }
-        let mut y2 = self.relayout(y, ky_i, ky, &k)?;
+        plan.push((1, ky_i, ky.clone(), k));
         if yt.rank() >= 2 {
             let last = yt.rank() - 1;
             let o = &out.dims[out.rank() - 1];
             if yt.dims[last].axes != o.axes {
-                y2 = self.relayout(&y2, last, &yt.dims[last].axes, &o.axes)?;
+                plan.push((1, last, yt.dims[last].axes.clone(), o.axes.clone()));
             }
         }
-        let _ = xw;
-        Ok((x2, y2))
+        plan
+    }
+
+    fn matmul_operands(
+        &self,
+        x: &Tensor,
+        xt: &TType,
+        y: &Tensor,
+        yt: &TType,
+        out: &TType,
+    ) -> R<(Tensor, Tensor)> {
+        let mut ops = [x.clone(), y.clone()];
+        for (k, dim, from, to) in Self::matmul_plan(xt, yt, out) {
+            ops[k] = self.relayout(&ops[k], dim, &from, &to)?;
+        }
+        let [x, y] = ops;
+        Ok((x, y))
     }
 
     fn collective(
@@ -620,7 +630,7 @@ impl<'a> Exec<'a> {
                     add(&mut ct[arg(1)], gy)?;
                 }
                 Op::MatMul => {
-                    let (x, y) = self.matmul_operands(v(0), vt(0), v(1), vt(1), out_t, None)?;
+                    let (x, y) = self.matmul_operands(v(0), vt(0), v(1), vt(1), out_t)?;
                     let (gx, gy) = matmul_vjp(&x, &y, &g)?;
                     let (gx, gy) = self.matmul_operands_t(vt(0), vt(1), out_t, gx, gy)?;
                     add(&mut ct[arg(0)], gx)?;
@@ -655,6 +665,7 @@ impl<'a> Exec<'a> {
         Ok(grads)
     }
 
+    /// Transpose of `matmul_operands`, applied to the operands' cotangents.
     fn matmul_operands_t(
         &self,
         xt: &TType,
@@ -663,31 +674,11 @@ impl<'a> Exec<'a> {
         gx: Tensor,
         gy: Tensor,
     ) -> R<(Tensor, Tensor)> {
-        let kx = &xt.dims[xt.rank() - 1].axes;
-        let ky_i = if yt.rank() == 1 { 0 } else { yt.rank() - 2 };
-        let ky = &yt.dims[ky_i].axes;
-        let k = if kx.is_empty() {
-            ky.clone()
-        } else {
-            kx.clone()
-        };
-        let mut gx = gx;
-        for i in 0..xt.rank() - 1 {
-            let o = &out.dims[i + out.rank() + usize::from(yt.rank() == 1) - xt.rank()];
-            if xt.dims[i].axes != o.axes && xt.dims[i].size.as_const() != Some(1) {
-                gx = self.relayout_t(&gx, i, &xt.dims[i].axes, &o.axes)?;
-            }
+        let mut gs = [gx, gy];
+        for (k, dim, from, to) in Self::matmul_plan(xt, yt, out).into_iter().rev() {
+            gs[k] = self.relayout_t(&gs[k], dim, &from, &to)?;
         }
-        gx = self.relayout_t(&gx, xt.rank() - 1, kx, &k)?;
-        let mut gy = gy;
-        if yt.rank() >= 2 {
-            let last = yt.rank() - 1;
-            let o = &out.dims[out.rank() - 1];
-            if yt.dims[last].axes != o.axes {
-                gy = self.relayout_t(&gy, last, &yt.dims[last].axes, &o.axes)?;
-            }
-        }
-        gy = self.relayout_t(&gy, ky_i, ky, &k)?;
+        let [gx, gy] = gs;
         Ok((gx, gy))
     }
 
