@@ -116,6 +116,13 @@ pub enum Command {
         /// onto a different `--mesh`: checkpoints hold global arrays).
         #[arg(long)]
         resume: bool,
+        /// Write the initial global parameters (dotted layer paths) to a safetensors
+        /// file, then train as usual.
+        #[arg(long)]
+        dump_init: Option<PathBuf>,
+        /// Start from the parameters in this safetensors file (same names and shapes).
+        #[arg(long)]
+        init: Option<PathBuf>,
     },
     /// Explain a diagnostic code, e.g. `shardc explain E0203`.
     Explain { code: Option<String> },
@@ -174,6 +181,8 @@ pub fn main() -> ExitCode {
             quiet,
             json,
             resume,
+            dump_init,
+            init,
         } => run(RunArgs {
             file,
             mesh: mesh.map(|m| m.0).unwrap_or_default(),
@@ -187,6 +196,8 @@ pub fn main() -> ExitCode {
             quiet,
             json,
             resume,
+            dump_init,
+            init,
         }),
         Command::Lower { file, mesh } => lower(&file, mesh.map(|m| m.0).unwrap_or_default()),
         Command::Plan { file, mesh, json } => {
@@ -406,6 +417,8 @@ pub struct RunArgs {
     quiet: bool,
     json: bool,
     resume: bool,
+    dump_init: Option<PathBuf>,
+    init: Option<PathBuf>,
 }
 
 fn run(args: RunArgs) -> ExitCode {
@@ -422,6 +435,8 @@ fn run(args: RunArgs) -> ExitCode {
         quiet,
         json,
         resume,
+        dump_init,
+        init,
     } = args;
     let file = file.as_path();
     use crate::runtime::train;
@@ -482,16 +497,28 @@ fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     }
-    eprintln!(
-        "training {} on {} ({}) for {} steps, batch {}, {} {}",
-        prog.model,
-        train.mesh.name,
-        mesh_txt.join(", "),
-        cfg.steps,
-        cfg.batch,
-        cfg.optimizer.kind,
-        if f64 { "f64" } else { "f32" }
-    );
+    if let Some(path) = &dump_init {
+        match crate::runtime::checkpoint::dump_init(prog, cfg.seed, path) {
+            Ok(n) => {
+                if !quiet {
+                    eprintln!("wrote {n} initial parameters to `{}`", path.display())
+                }
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    if let Some(path) = &init {
+        match crate::runtime::checkpoint::load_init(prog, path) {
+            Ok(m) => cfg.init = m,
+            Err(e) => {
+                eprintln!("error: --init: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     if resume {
         match crate::runtime::checkpoint::resume(prog, &mut cfg) {
             Ok(msg) => eprintln!("{msg}"),
@@ -500,6 +527,18 @@ fn run(args: RunArgs) -> ExitCode {
                 return ExitCode::from(2);
             }
         }
+    }
+    if !quiet {
+        eprintln!(
+            "training {} on {} ({}) for {} steps, batch {}, {} {}",
+            prog.model,
+            train.mesh.name,
+            mesh_txt.join(", "),
+            cfg.steps,
+            cfg.batch,
+            cfg.optimizer.kind,
+            if f64 { "f64" } else { "f32" }
+        );
     }
     let dir = out_dir.unwrap_or_else(|| PathBuf::from("runs").join(&prog.model));
     if let Err(e) = std::fs::create_dir_all(&dir) {

@@ -240,3 +240,103 @@ pub fn resume(
         mesh.join(", ")
     ))
 }
+
+/// `--dump-init`: the initial global parameters, by dotted layer path, as they would
+/// be on any mesh (initialisation does not depend on the layout).
+pub fn dump_init(prog: &crate::spmd::Program, seed: u64, path: &Path) -> Result<usize, String> {
+    let mut arrays: Arrays = Vec::new();
+    for p in &prog.params {
+        let shape: Vec<usize> = p
+            .stored
+            .dims
+            .iter()
+            .map(|d| d.size.as_const().unwrap_or(0) as usize)
+            .collect();
+        let n: usize = shape.iter().product();
+        let idx: Vec<u64> = (0..n as u64).collect();
+        let v = super::init::init_values(
+            &p.init,
+            &p.stored,
+            seed ^ super::init::hash_str(&p.name),
+            &idx,
+            &prog.bound,
+        )?;
+        arrays.push((p.name.clone(), shape, v));
+    }
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = arrays
+        .iter()
+        .map(|(n, s, v)| {
+            (
+                n.clone(),
+                s.clone(),
+                v.iter().flat_map(|x| (*x as f32).to_le_bytes()).collect(),
+            )
+        })
+        .collect();
+    let views: Vec<(String, TensorView)> = bytes
+        .iter()
+        .map(|(n, s, b)| {
+            TensorView::new(Dtype::F32, s.clone(), b)
+                .map(|v| (n.clone(), v))
+                .map_err(|e| e.to_string())
+        })
+        .collect::<Result<_, _>>()?;
+    safetensors::tensor::serialize_to_file(views, None, path)
+        .map_err(|e| format!("cannot write `{}`: {e}", path.display()))?;
+    Ok(arrays.len())
+}
+
+/// `--init`: initial parameters from a safetensors file with those names. Every
+/// parameter must be there with its global shape.
+pub fn load_init(
+    prog: &crate::spmd::Program,
+    path: &Path,
+) -> Result<HashMap<String, Vec<f64>>, String> {
+    let buf = std::fs::read(path).map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+    let st = safetensors::SafeTensors::deserialize(&buf)
+        .map_err(|e| format!("`{}` is not a safetensors file: {e}", path.display()))?;
+    let mut out = HashMap::new();
+    for p in &prog.params {
+        let shape: Vec<usize> = p
+            .stored
+            .dims
+            .iter()
+            .map(|d| d.size.as_const().unwrap_or(0) as usize)
+            .collect();
+        let v = st.tensor(&p.name).map_err(|_| {
+            format!(
+                "`{}` has no tensor `{}` (shape {shape:?})",
+                path.display(),
+                p.name
+            )
+        })?;
+        if v.shape() != shape.as_slice() {
+            return Err(format!(
+                "tensor `{}` in `{}` has shape {:?}, but the model's is {shape:?}",
+                p.name,
+                path.display(),
+                v.shape()
+            ));
+        }
+        let data: Vec<f64> = match v.dtype() {
+            Dtype::F32 => v
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
+                .collect(),
+            Dtype::F64 => v
+                .data()
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+                .collect(),
+            other => {
+                return Err(format!(
+                    "tensor `{}` has dtype {other:?}; expected F32 or F64",
+                    p.name
+                ))
+            }
+        };
+        out.insert(p.name.clone(), data);
+    }
+    Ok(out)
+}
