@@ -452,7 +452,7 @@ fn run(args: RunArgs) -> ExitCode {
         }
     };
     // Say plainly what this version does not execute yet, rather than ignore it.
-    let unsupported: Vec<&str> = ["eval", "checkpoint", "fdo"]
+    let unsupported: Vec<&str> = ["fdo"]
         .into_iter()
         .filter(|k| train.options.get(k).is_some())
         .collect();
@@ -580,6 +580,7 @@ fn run(args: RunArgs) -> ExitCode {
             grad_norm: r.grad_norm,
             step_ms: secs * 1e3,
             examples_per_s: cfg.batch as f64 / secs.max(1e-9),
+            eval_loss: r.eval_loss,
         };
         if json {
             outln!("{}", serde_json::to_string(&rec).unwrap_or_default());
@@ -590,10 +591,16 @@ fn run(args: RunArgs) -> ExitCode {
                 rec.loss, rec.examples_per_s
             ));
         } else if !quiet
-            && (rec.step == 1 || rec.step == cfg.steps || rec.step.is_multiple_of(log_every))
+            && (rec.step == 1
+                || rec.step == cfg.steps
+                || rec.step.is_multiple_of(log_every)
+                || rec.eval_loss.is_some())
         {
+            let eval = rec
+                .eval_loss
+                .map_or(String::new(), |e| format!("  eval {e:.6}"));
             eprintln!(
-                "step {:>5}/{}  loss {:.6}  lr {:.3e}  |g| {:.4}  {:.0} ms",
+                "step {:>5}/{}  loss {:.6}{eval}  lr {:.3e}  |g| {:.4}  {:.0} ms",
                 rec.step, cfg.steps, rec.loss, rec.lr, rec.grad_norm, rec.step_ms
             );
         }

@@ -52,7 +52,7 @@ pub enum Source {
 
 impl Source {
     /// Batch `step`: `input_sizes` are the element counts of each input; `rows` the
-    /// number of label rows (batch × positions).
+    /// number of label rows (batch × positions); `held_out` draws from the eval split.
     #[allow(clippy::too_many_arguments)]
     pub fn batch(
         &self,
@@ -64,12 +64,13 @@ impl Source {
         vocab: usize,
         rows: usize,
         per_position: bool,
+        held_out: bool,
     ) -> Batch {
         match self {
             Source::Synthetic { classes } => {
                 // One batch reused every step, as seeds 000 and 003 do.
                 let _ = step;
-                let s = seed ^ super::init::hash_str("data");
+                let s = seed ^ super::init::hash_str(if held_out { "held-out" } else { "data" });
                 let mut inputs = Vec::new();
                 for (k, n) in input_sizes.iter().enumerate() {
                     let sk = s ^ (k as u64 + 1).wrapping_mul(0x9E37_79B9);
@@ -93,7 +94,14 @@ impl Source {
                 Batch { inputs, labels }
             }
             Source::Tokens { ids, seq } => {
-                // Consecutive windows, wrapping around the corpus.
+                // Consecutive windows, wrapping around the first 90% of the corpus;
+                // the last 10% is held out for `eval`.
+                let split = ids.len() * 9 / 10;
+                let ids = if held_out {
+                    &ids[split..]
+                } else {
+                    &ids[..split]
+                };
                 let n = ids.len().max(seq + 2);
                 let mut x = Vec::with_capacity(batch * seq);
                 let mut y = Vec::with_capacity(batch * seq);

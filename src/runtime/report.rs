@@ -14,6 +14,8 @@ pub struct Record {
     pub grad_norm: f64,
     pub step_ms: f64,
     pub examples_per_s: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_loss: Option<f64>,
 }
 
 pub fn write_metrics(dir: &Path, records: &[Record]) -> std::io::Result<()> {

@@ -77,6 +77,8 @@ pub struct Config {
     pub init: std::collections::HashMap<String, Vec<f64>>,
     /// Optimizers of particular parameters (embedding tables have their own).
     pub per_param: std::collections::HashMap<String, Optimizer>,
+    /// `eval: { every, steps }`.
+    pub eval: Option<(usize, usize)>,
     /// `checkpoint: { every, keep, dir }`.
     pub checkpoint: Option<(usize, usize, std::path::PathBuf)>,
     /// Steps already done (a resumed run starts after them).
@@ -224,6 +226,21 @@ pub fn config(
         },
         start_step: 0,
         init_opt: Default::default(),
+        eval: match t.options.get("eval") {
+            Some(OptValue::Options(o)) => {
+                let g = |k: &str| {
+                    opt_expr(o, k).and_then(|e| {
+                        if let ExprKind::Int(v) = e.kind {
+                            Some(v.max(1) as usize)
+                        } else {
+                            None
+                        }
+                    })
+                };
+                g("every").map(|every| (every, g("steps").unwrap_or(1)))
+            }
+            _ => None,
+        },
     }
 }
 
@@ -307,6 +324,8 @@ pub struct StepReport {
     pub loss: f64,
     pub lr: f64,
     pub grad_norm: f64,
+    /// Mean loss on held-out batches, on the steps `eval` asks for.
+    pub eval_loss: Option<f64>,
 }
 
 /// Named global arrays (parameter name → row-major values).
@@ -438,6 +457,7 @@ pub fn run(
     let per_position = label_t.rank() > 1;
     let int_inputs: Vec<bool> = inputs.iter().map(|t| !t.dtype.is_float()).collect();
     let k = cfg.accumulate.max(1);
+    let micro_sizes = input_sizes.clone();
     let input_sizes: Vec<usize> = input_sizes.iter().map(|n| n * k).collect();
     let batches: Vec<Batch> = (0..cfg.steps)
         .map(|s| {
@@ -450,6 +470,7 @@ pub fn run(
                 vocab,
                 rows * k,
                 per_position,
+                false,
             )
         })
         .collect();
@@ -461,6 +482,7 @@ pub fn run(
             let tx = tx.clone();
             let (comm, topo, batches, label_t, inputs, out_t) =
                 (&comm, &topo, &batches, &label_t, &inputs, &out_t);
+            let (micro_sizes, int_inputs) = (&micro_sizes, &int_inputs);
             handles.push(scope.spawn(move || {
                 // A device that fails breaks the mesh's barrier, so no other device
                 // waits forever in a collective.
@@ -627,13 +649,24 @@ pub fn run(
                             }
                         }
                     }
+                    // Held-out loss: forward only, no dropout, the same batch size.
+                    let mut eval_loss = None;
+                    if let Some((every, esteps)) = cfg.eval {
+                        if (step + 1) % every == 0 {
+                            let mut total = 0.0;
+                            for e in 0..esteps {
+                                let b = src.batch(cfg.seed, e, cfg.batch / k, micro_sizes, int_inputs, vocab, rows, per_position, true);
+                                let xs: Vec<Tensor> = inputs.iter().zip(&b.inputs).map(|(t, v)| local_piece(topo, rank, t, prog, v, cfg.dtype, &dev)).collect::<R<_>>()?;
+                                let labels_f: Vec<f64> = b.labels.iter().map(|x| *x as f64).collect();
+                                let y = local_piece(topo, rank, label_t, prog, &labels_f, cfg.dtype, &dev)?;
+                                let t = ex.forward(&params, &xs, None)?;
+                                total += cross_entropy(&ex, &t.vals[out_id], out_t, &y, rows)?.0;
+                            }
+                            eval_loss = Some(total / esteps.max(1) as f64);
+                        }
+                    }
                     if rank == 0 {
-                        let _ = tx.send(StepReport {
-                            step,
-                            loss,
-                            lr,
-                            grad_norm: norm,
-                        });
+                        let _ = tx.send(StepReport { step, loss, lr, grad_norm: norm, eval_loss });
                     }
                 }
                 Ok((first, memory))
