@@ -124,6 +124,8 @@ pub enum Command {
         #[arg(long)]
         init: Option<PathBuf>,
     },
+    /// Language server on stdio (diagnostics on every edit, types on hover).
+    Lsp,
     /// Explain a diagnostic code, e.g. `shardc explain E0203`.
     Explain { code: Option<String> },
 }
@@ -168,6 +170,7 @@ pub fn main() -> ExitCode {
             },
         ),
         Command::Explain { code } => explain(code.as_deref()),
+        Command::Lsp => crate::lsp::run(),
         Command::Run {
             file,
             mesh,

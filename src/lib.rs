@@ -7,6 +7,7 @@ pub mod ast;
 pub mod check;
 pub mod cli;
 pub mod diag;
+pub mod lsp;
 pub mod parse;
 pub mod plan;
 pub mod resolve;
