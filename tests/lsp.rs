@@ -1,7 +1,7 @@
 //! `shardc lsp` end to end over stdio: open a file with an error, receive its
 //! diagnostics, hover a binding for its type, shut down.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
 fn send(w: &mut impl Write, v: serde_json::Value) {
