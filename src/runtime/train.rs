@@ -297,6 +297,17 @@ pub fn prepare<'c>(
         .iter()
         .find(|p| p.model == t.model.name)
         .ok_or_else(|| format!("`{}` could not be lowered", t.model.name))?;
+    // Refuse what is declared but not executed yet, rather than train on something else.
+    if let Some((name, _)) = opt_expr(&t.options, "data").and_then(call) {
+        if matches!(name, "text" | "arrays") {
+            return Err(format!("the data source `{name}` is checked but not executed yet; use `shakespeare_words`, `shakespeare_chars` or `synthetic`"));
+        }
+    }
+    if let Some(ExprKind::Name(l)) = opt_expr(&t.options, "loss").map(|e| &e.kind) {
+        if l != "softmax_cross_entropy" {
+            return Err(format!("the loss `{l}` is checked but not executed yet; `shardc run` trains with `softmax_cross_entropy`"));
+        }
+    }
     let mut cfg = config(t, &c.program.consts);
     for table in &c.program.tables {
         if let Some(OptValue::Expr(e)) = table.options.get("optimizer") {
