@@ -315,6 +315,9 @@ pub fn prepare<'c>(
                 .insert(format!("tables.{}", table.name.name), optimizer_of(e));
         }
     }
+    if let Some((name, o)) = cfg.per_param.iter().find(|(_, o)| o.kind == "ftrl") {
+        return Err(format!("`{name}` uses `{}`, which is checked but not executed yet; use `adam`, `adagrad` or `sgd`", o.kind));
+    }
     let classes = prog
         .output
         .and_then(|o| {
