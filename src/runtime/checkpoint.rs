@@ -154,24 +154,7 @@ pub fn load(path: &Path) -> Result<(Manifest, Arrays), String> {
                 t.shape
             ));
         }
-        let data: Vec<f64> = match v.dtype() {
-            Dtype::F32 => v
-                .data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
-                .collect(),
-            Dtype::F64 => v
-                .data()
-                .chunks_exact(8)
-                .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-                .collect(),
-            other => {
-                return Err(format!(
-                    "tensor `{}` has dtype {other:?}; expected F32 or F64",
-                    t.name
-                ))
-            }
-        };
+        let data = decode(&v, &t.name)?;
         arrays.push((t.name.clone(), t.shape.clone(), data));
     }
     Ok((manifest, arrays))
@@ -318,25 +301,29 @@ pub fn load_init(
                 v.shape()
             ));
         }
-        let data: Vec<f64> = match v.dtype() {
-            Dtype::F32 => v
-                .data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
-                .collect(),
-            Dtype::F64 => v
-                .data()
-                .chunks_exact(8)
-                .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-                .collect(),
-            other => {
-                return Err(format!(
-                    "tensor `{}` has dtype {other:?}; expected F32 or F64",
-                    p.name
-                ))
-            }
-        };
+        let data = decode(&v, &p.name)?;
         out.insert(p.name.clone(), data);
     }
     Ok(out)
+}
+
+/// A stored tensor's values (F32 or F64, little-endian) as f64.
+fn decode(v: &TensorView, name: &str) -> Result<Vec<f64>, String> {
+    Ok(match v.dtype() {
+        Dtype::F32 => v
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
+            .collect(),
+        Dtype::F64 => v
+            .data()
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+            .collect(),
+        other => {
+            return Err(format!(
+                "tensor `{name}` has dtype {other:?}; expected F32 or F64"
+            ))
+        }
+    })
 }
