@@ -192,6 +192,14 @@ impl TType {
     pub fn rank(&self) -> usize {
         self.dims.len()
     }
+    /// The global shape when every size is a constant (parameters always are);
+    /// a symbolic size counts as 0.
+    pub fn known_shape(&self) -> Vec<usize> {
+        self.dims
+            .iter()
+            .map(|d| d.size.as_const().unwrap_or(0).max(0) as usize)
+            .collect()
+    }
     pub fn shape(&self) -> Vec<Poly> {
         self.dims.iter().map(|d| d.size.clone()).collect()
     }

@@ -59,6 +59,19 @@ const UNARY: &[&str] = &[
     "relu", "gelu", "silu", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "square", "abs",
 ];
 
+/// Built-ins that communicate, emitted as collectives in the SPMD program.
+const COLLECTIVES: &[&str] = &[
+    "reduce",
+    "psum",
+    "pmean",
+    "pmax",
+    "pmin",
+    "all_gather",
+    "psum_scatter",
+    "all_to_all",
+    "ppermute",
+];
+
 pub fn is_builtin(name: &str) -> bool {
     BUILTINS.contains(&name)
 }
@@ -1028,18 +1041,7 @@ impl<'p> Checker<'p> {
                     .unwrap_or_else(|| "sum".into());
                 attrs.push(("combiner".into(), combiner));
             }
-            let collective = [
-                "reduce",
-                "psum",
-                "pmean",
-                "pmax",
-                "pmin",
-                "all_gather",
-                "psum_scatter",
-                "all_to_all",
-                "ppermute",
-            ]
-            .contains(&name);
+            let collective = COLLECTIVES.contains(&name);
             let op = if collective {
                 if axes.is_empty() {
                     // `reduce(x)` / `psum(x)`: every pending axis of the operand.

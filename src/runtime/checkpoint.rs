@@ -185,12 +185,7 @@ pub fn resume(
     }
     for p in &prog.params {
         let key = format!("param/{}", p.name);
-        let shape: Vec<usize> = p
-            .stored
-            .dims
-            .iter()
-            .map(|d| d.size.as_const().unwrap_or(0) as usize)
-            .collect();
+        let shape: Vec<usize> = p.stored.known_shape();
         let Some((_, s, v)) = arrays.iter().find(|a| a.0 == key) else {
             return Err(format!(
                 "`{}` has no tensor for parameter `{}`",
@@ -229,12 +224,7 @@ pub fn resume(
 pub fn dump_init(prog: &crate::spmd::Program, seed: u64, path: &Path) -> Result<usize, String> {
     let mut arrays: Arrays = Vec::new();
     for p in &prog.params {
-        let shape: Vec<usize> = p
-            .stored
-            .dims
-            .iter()
-            .map(|d| d.size.as_const().unwrap_or(0) as usize)
-            .collect();
+        let shape: Vec<usize> = p.stored.known_shape();
         let n: usize = shape.iter().product();
         let idx: Vec<u64> = (0..n as u64).collect();
         let v = super::init::init_values(
@@ -280,12 +270,7 @@ pub fn load_init(
         .map_err(|e| format!("`{}` is not a safetensors file: {e}", path.display()))?;
     let mut out = HashMap::new();
     for p in &prog.params {
-        let shape: Vec<usize> = p
-            .stored
-            .dims
-            .iter()
-            .map(|d| d.size.as_const().unwrap_or(0) as usize)
-            .collect();
+        let shape: Vec<usize> = p.stored.known_shape();
         let v = st.tensor(&p.name).map_err(|_| {
             format!(
                 "`{}` has no tensor `{}` (shape {shape:?})",

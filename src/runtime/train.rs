@@ -115,6 +115,17 @@ fn call(e: &Expr) -> Option<(&str, Vec<(&str, &Expr)>)> {
     }
 }
 
+/// A count option (`every: 10`), at least 1.
+fn opt_count(o: &Options, k: &str) -> Option<usize> {
+    opt_expr(o, k).and_then(|e| {
+        if let ExprKind::Int(v) = e.kind {
+            Some(v.max(1) as usize)
+        } else {
+            None
+        }
+    })
+}
+
 fn opt_expr<'a>(o: &'a Options, k: &str) -> Option<&'a Expr> {
     match o.get(k) {
         Some(OptValue::Expr(e)) => Some(e),
@@ -201,15 +212,7 @@ pub fn config(
         per_param: Default::default(),
         checkpoint: match t.options.get("checkpoint") {
             Some(OptValue::Options(o)) => {
-                let g = |k: &str| {
-                    opt_expr(o, k).and_then(|e| {
-                        if let ExprKind::Int(v) = e.kind {
-                            Some(v.max(1) as usize)
-                        } else {
-                            None
-                        }
-                    })
-                };
+                let g = |k: &str| opt_count(o, k);
                 let dir = opt_expr(o, "dir").and_then(|e| {
                     if let ExprKind::Str(s) = &e.kind {
                         Some(std::path::PathBuf::from(s))
@@ -228,15 +231,7 @@ pub fn config(
         init_opt: Default::default(),
         eval: match t.options.get("eval") {
             Some(OptValue::Options(o)) => {
-                let g = |k: &str| {
-                    opt_expr(o, k).and_then(|e| {
-                        if let ExprKind::Int(v) = e.kind {
-                            Some(v.max(1) as usize)
-                        } else {
-                            None
-                        }
-                    })
-                };
+                let g = |k: &str| opt_count(o, k);
                 g("every").map(|every| (every, g("steps").unwrap_or(1)))
             }
             _ => None,
@@ -631,7 +626,7 @@ pub fn run(
                             // Every device takes part in gathering; device 0 writes.
                             let mut arrays = Vec::new();
                             for (i, p) in prog.params.iter().enumerate() {
-                                let shape: Vec<usize> = p.stored.dims.iter().map(|d| d.size.as_const().unwrap_or(0) as usize).collect();
+                                let shape: Vec<usize> = p.stored.known_shape();
                                 arrays.push((format!("param/{}", p.name), shape.clone(), gather_one(&ex, &p.stored, &params[i])?));
                                 for (slot, key) in [(&state.m[i], "opt_m"), (&state.v[i], "opt_v")] {
                                     if let Some(s) = slot {
@@ -862,11 +857,7 @@ fn gather_global(ex: &Exec, grads: &[Tensor]) -> R<Named> {
 /// One value's global array on every device. Only the first replica of each piece
 /// contributes (the others add zeros), so the values come back bit for bit.
 fn gather_one(ex: &Exec, stored: &TType, t: &Tensor) -> R<Vec<f64>> {
-    let n: usize = stored
-        .dims
-        .iter()
-        .map(|d| d.size.as_const().unwrap_or(0) as usize)
-        .product();
+    let n: usize = stored.known_shape().iter().product();
     let mut full = vec![0f64; n];
     let (rep_axes, _) = replication(&ex.comm.topo, stored);
     if rep_axes.iter().all(|a| ex.comm.topo.coord(ex.rank, a) == 0) {
