@@ -138,6 +138,35 @@ impl Options {
             .find(|(k, _)| k.name == key)
             .map(|(_, v)| v)
     }
+    /// The option `key` when it is an expression (not a block).
+    pub fn expr(&self, key: &str) -> Option<&Expr> {
+        match self.get(key) {
+            Some(OptValue::Expr(e)) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl Expr {
+    /// `name` or `name(k: v, ...)`: the name and the named expression arguments.
+    pub fn as_call(&self) -> Option<(&str, Vec<(&str, &Expr)>)> {
+        match &self.kind {
+            ExprKind::Name(n) => Some((n, vec![])),
+            ExprKind::Call(c, args) => match &c.kind {
+                ExprKind::Name(n) => Some((
+                    n,
+                    args.iter()
+                        .filter_map(|a| match a {
+                            Arg::Named(k, OptValue::Expr(v)) => Some((k.name.as_str(), v)),
+                            _ => None,
+                        })
+                        .collect(),
+                )),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]

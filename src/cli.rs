@@ -56,6 +56,10 @@ pub enum Command {
         /// Never use colour.
         #[arg(long)]
         no_color: bool,
+        /// Check this array file (.safetensors, .npz, or a directory of .npy) as
+        /// every `train`'s data, as `run --data` would use it.
+        #[arg(long)]
+        data: Option<PathBuf>,
     },
     /// Re-check a file on every save of it or anything it imports.
     Watch {
@@ -123,6 +127,11 @@ pub enum Command {
         /// Start from the parameters in this safetensors file (same names and shapes).
         #[arg(long)]
         init: Option<PathBuf>,
+        /// Train on the arrays in this file instead of the `data:` source: `x` and
+        /// `y` shaped [steps, batch, ...] or [batch, ...] (.safetensors, .npz, or a
+        /// directory of .npy files).
+        #[arg(long)]
+        data: Option<PathBuf>,
     },
     /// Language server on stdio (diagnostics on every edit, types on hover).
     Lsp,
@@ -145,6 +154,7 @@ pub fn main() -> ExitCode {
             format,
             strict,
             no_color,
+            data,
         } => {
             let style = if !no_color && std::io::stderr().is_terminal() {
                 Style::Color
@@ -157,6 +167,7 @@ pub fn main() -> ExitCode {
                 format,
                 &Options {
                     strict,
+                    data,
                     ..Options::default()
                 },
                 style,
@@ -186,6 +197,7 @@ pub fn main() -> ExitCode {
             resume,
             dump_init,
             init,
+            data,
         } => run(RunArgs {
             file,
             mesh: mesh.map(|m| m.0).unwrap_or_default(),
@@ -201,6 +213,7 @@ pub fn main() -> ExitCode {
             resume,
             dump_init,
             init,
+            data,
         }),
         Command::Lower { file, mesh } => lower(&file, mesh.map(|m| m.0).unwrap_or_default()),
         Command::Plan { file, mesh, json } => {
@@ -349,9 +362,11 @@ fn parse_mesh(s: &str) -> Result<MeshArg, String> {
 fn compile_clean(
     file: &std::path::Path,
     mesh: Vec<(String, i64)>,
+    data: Option<PathBuf>,
 ) -> Result<Compilation, ExitCode> {
     let opts = Options {
         mesh: mesh.clone(),
+        data,
         ..Options::default()
     };
     let c = world::compile(file, &opts).map_err(|e| {
@@ -383,7 +398,7 @@ fn compile_clean(
 }
 
 fn plan(file: &std::path::Path, mesh: Vec<(String, i64)>, json: bool) -> ExitCode {
-    let c = match compile_clean(file, mesh) {
+    let c = match compile_clean(file, mesh, None) {
         Ok(c) => c,
         Err(code) => return code,
     };
@@ -422,6 +437,7 @@ pub struct RunArgs {
     resume: bool,
     dump_init: Option<PathBuf>,
     init: Option<PathBuf>,
+    data: Option<PathBuf>,
 }
 
 fn run(args: RunArgs) -> ExitCode {
@@ -440,10 +456,11 @@ fn run(args: RunArgs) -> ExitCode {
         resume,
         dump_init,
         init,
+        data,
     } = args;
     let file = file.as_path();
     use crate::runtime::train;
-    let c = match compile_clean(file, mesh) {
+    let c = match compile_clean(file, mesh, data) {
         Ok(c) => c,
         Err(code) => return code,
     };
@@ -706,7 +723,7 @@ fn available_memory() -> Option<f64> {
 }
 
 fn lower(file: &std::path::Path, mesh: Vec<(String, i64)>) -> ExitCode {
-    let c = match compile_clean(file, mesh) {
+    let c = match compile_clean(file, mesh, None) {
         Ok(c) => c,
         Err(code) => return code,
     };

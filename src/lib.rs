@@ -1,11 +1,13 @@
 //! shardc: a declarative language for sharded model definitions.
 //!
-//! Pipeline (one module per stage): [`parse`] → [`resolve`] → [`check`], all driven
+//! Pipeline (one module per stage): [`parse`] → [`resolve`] → [`check`] → [`data`], all driven
 //! by [`world::compile`]; [`diag`] holds the diagnostic model and its rendering.
 
+pub mod arrays;
 pub mod ast;
 pub mod check;
 pub mod cli;
+pub mod data;
 pub mod diag;
 pub mod lsp;
 pub mod parse;

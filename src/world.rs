@@ -13,6 +13,8 @@ pub struct Options {
     pub strict: bool,
     /// `--mesh dp=4,mp=2`: axis sizes that replace the file's (the checker re-validates).
     pub mesh: Vec<(String, i64)>,
+    /// `--data PATH`: an array file that replaces every `train`'s `data:` source.
+    pub data: Option<PathBuf>,
 }
 
 pub struct Compilation {
@@ -20,8 +22,11 @@ pub struct Compilation {
     pub diagnostics: Vec<Diagnostic>,
     pub program: Program,
     pub checked: Checked,
-    /// Real files the compile read (the root and its imports): what `watch` watches.
+    /// Real files the compile read (the root, its imports, its data files): what
+    /// `watch` watches.
     pub read: Vec<PathBuf>,
+    /// The data each `train` reads from files, checked against its program.
+    pub data: Vec<crate::data::TrainData>,
 }
 
 impl Compilation {
@@ -59,6 +64,10 @@ pub fn compile_source(path: &Path, text: String, opts: &Options) -> Compilation 
     }
     let (diags, checked) = Checker::new(&program, &sources, opts.strict).run();
     diagnostics.extend(diags);
+    let (diags, data, mut data_read) =
+        crate::data::check(&program, &checked, &sources, opts.data.as_deref());
+    diagnostics.extend(diags);
+    read.append(&mut data_read);
     // Stable order: by file, then position, errors before notes at the same place.
     diagnostics.sort_by_key(|d| (d.primary.span.file, d.primary.span.start, d.severity));
     Compilation {
@@ -67,6 +76,7 @@ pub fn compile_source(path: &Path, text: String, opts: &Options) -> Compilation 
         program,
         checked,
         read,
+        data,
     }
 }
 

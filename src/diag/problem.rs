@@ -234,6 +234,24 @@ pub enum Problem {
         message: String,
         help: Option<String>,
     },
+    DataUnreadable {
+        span: Span,
+        path: String,
+        reason: String,
+    },
+    DataMismatch {
+        span: Span,
+        path: String,
+        message: String,
+        label: &'static str,
+        help: Option<String>,
+    },
+    DataOutOfRange {
+        span: Span,
+        message: String,
+        label: String,
+        help: String,
+    },
     Reshard {
         span: Span,
         what: String,
@@ -451,6 +469,14 @@ impl Problem {
                 let x = d(Code::E0500, message.clone(), *span, "here".into());
                 match help { Some(h) => x.help(h.clone()), None => x }
             }
+            DataUnreadable { span, path, reason } => d(Code::E0304, format!("cannot read the data `{path}`: {reason}"), *span, "named here".into())
+                .help("paths in a `.shard` file are relative to that file; `--data` paths to the working directory"),
+            DataMismatch { span, path, message, label, help } => {
+                let x = d(Code::E0305, format!("`{path}` {message}"), *span, label.to_string());
+                match help { Some(h) => x.help(h.clone()), None => x }
+            }
+            DataOutOfRange { span, message, label, help } => d(Code::E0306, message.clone(), *span, label.clone()).help(help.clone())
+                .note("an id outside the table would silently embed as zeros or index past the logits"),
             Reshard { span, what, from, to, bytes } => d(Code::N0001, format!("inserted {what}: {from} → {to}"), *span, format!("{bytes} per step")),
         }
     }

@@ -79,12 +79,27 @@ pub fn save(
     meta.insert("step".to_string(), manifest.step.to_string());
     safetensors::tensor::serialize_to_file(views, Some(meta), &tmp.join("tensors.safetensors"))
         .map_err(|e| e.to_string())?;
+    // Fault injection for the kill-during-save test: hold the half-written state.
+    if let Some(ms) = std::env::var("SHARDC_FAULT_SAVE_PAUSE_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
     let json = serde_json::to_string_pretty(manifest).map_err(|e| e.to_string())?;
     std::fs::write(tmp.join("manifest.json"), json).map_err(|e| e.to_string())?;
     let dest = step_dir(dir, manifest.step);
     let _ = std::fs::remove_dir_all(&dest);
     std::fs::rename(&tmp, &dest)
         .map_err(|e| format!("cannot move the checkpoint into place: {e}"))?;
+    // Half-written directories of processes killed mid-save are garbage now.
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.filter_map(|e| e.ok()) {
+            if e.file_name().to_string_lossy().starts_with(".tmp-step-") {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
     let mut all = list(dir);
     all.sort();
     while all.len() > keep.max(1) {
@@ -154,7 +169,7 @@ pub fn load(path: &Path) -> Result<(Manifest, Arrays), String> {
                 t.shape
             ));
         }
-        let data = decode(&v, &t.name)?;
+        let data = crate::arrays::decode_float(&v, &t.name)?;
         arrays.push((t.name.clone(), t.shape.clone(), data));
     }
     Ok((manifest, arrays))
@@ -286,29 +301,8 @@ pub fn load_init(
                 v.shape()
             ));
         }
-        let data = decode(&v, &p.name)?;
+        let data = crate::arrays::decode_float(&v, &p.name)?;
         out.insert(p.name.clone(), data);
     }
     Ok(out)
-}
-
-/// A stored tensor's values (F32 or F64, little-endian) as f64.
-fn decode(v: &TensorView, name: &str) -> Result<Vec<f64>, String> {
-    Ok(match v.dtype() {
-        Dtype::F32 => v
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
-            .collect(),
-        Dtype::F64 => v
-            .data()
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-            .collect(),
-        other => {
-            return Err(format!(
-                "tensor `{name}` has dtype {other:?}; expected F32 or F64"
-            ))
-        }
-    })
 }

@@ -1,6 +1,7 @@
 //! Data sources. Batches are global and deterministic (a function of the seed and
 //! the step); each device takes its piece according to the input's layout.
 
+use crate::arrays::Array;
 use std::collections::HashMap;
 
 /// The built-in corpus (public domain), shipped inside the binary.
@@ -10,7 +11,12 @@ pub const SHAKESPEARE: &str = include_str!("../../data/tinyshakespeare.txt");
 /// non-letters; vocabulary = the V−1 most frequent words (ties alphabetical) plus
 /// id 0 for everything else.
 pub fn shakespeare_words(vocab: usize) -> Vec<u32> {
-    let text = SHAKESPEARE.to_lowercase();
+    words(SHAKESPEARE, vocab)
+}
+
+/// Word ids of any text, formed as [`shakespeare_words`] forms them.
+pub fn words(text: &str, vocab: usize) -> Vec<u32> {
+    let text = text.to_lowercase();
     let words: Vec<&str> = text
         .split(|c: char| !c.is_ascii_alphabetic())
         .filter(|w| !w.is_empty())
@@ -33,8 +39,14 @@ pub fn shakespeare_words(vocab: usize) -> Vec<u32> {
         .collect()
 }
 
+/// Character ids: the index of each character among the corpus's distinct
+/// characters in code-point order (65 of them, as in nanoGPT's character model).
 pub fn shakespeare_chars() -> Vec<u32> {
-    SHAKESPEARE.bytes().map(|b| b as u32).collect()
+    let vocab = crate::data::char_vocab(SHAKESPEARE);
+    SHAKESPEARE
+        .chars()
+        .map(|c| vocab.binary_search(&c).map_or(0, |i| i as u32))
+        .collect()
 }
 
 /// One global batch: the model's inputs (flattened, row-major) and the labels.
@@ -48,6 +60,20 @@ pub enum Source {
     Synthetic { classes: usize },
     /// Token windows: inputs `seq` ids, labels the next `seq` ids.
     Tokens { ids: Vec<u32>, seq: usize },
+    /// Batches from an array file, checked by the data stage: inputs, labels and
+    /// the held-out pair, each `[batch, ...]` (reused) or `[steps, batch, ...]`.
+    Arrays(Box<crate::data::ArrayData>),
+}
+
+/// Batch `step` of an array shaped `[batch, ...]` (every step) or
+/// `[steps, batch, ...]` (step `s` takes index `s mod steps`).
+fn slice(a: &Array, step: usize, per_batch: usize) -> Vec<f64> {
+    let n = a.values.len() / per_batch.max(1);
+    let at = if n > 1 { step % n } else { 0 };
+    a.values
+        .get(at * per_batch..(at + 1) * per_batch)
+        .map(<[f64]>::to_vec)
+        .unwrap_or_default()
 }
 
 impl Source {
@@ -92,6 +118,21 @@ impl Source {
                     })
                     .collect();
                 Batch { inputs, labels }
+            }
+            Source::Arrays(a) => {
+                let (inputs, labels) = (&a.inputs, &a.labels);
+                let (xs, y) = match (held_out, &a.eval) {
+                    (true, Some((x, y))) => (x, y),
+                    _ => (inputs, labels),
+                };
+                Batch {
+                    inputs: xs
+                        .iter()
+                        .zip(input_sizes)
+                        .map(|(a, n)| slice(a, step, *n))
+                        .collect(),
+                    labels: slice(y, step, rows).iter().map(|v| *v as i64).collect(),
+                }
             }
             Source::Tokens { ids, seq } => {
                 // Consecutive windows, wrapping around the first 90% of the corpus;

@@ -96,41 +96,15 @@ fn num(e: &Expr) -> Option<f64> {
     }
 }
 
-fn call(e: &Expr) -> Option<(&str, Vec<(&str, &Expr)>)> {
-    match &e.kind {
-        ExprKind::Name(n) => Some((n, vec![])),
-        ExprKind::Call(c, args) => match &c.kind {
-            ExprKind::Name(n) => Some((
-                n,
-                args.iter()
-                    .filter_map(|a| match a {
-                        crate::ast::Arg::Named(k, OptValue::Expr(v)) => Some((k.name.as_str(), v)),
-                        _ => None,
-                    })
-                    .collect(),
-            )),
-            _ => None,
-        },
-        _ => None,
-    }
-}
-
 /// A count option (`every: 10`), at least 1.
 fn opt_count(o: &Options, k: &str) -> Option<usize> {
-    opt_expr(o, k).and_then(|e| {
+    o.expr(k).and_then(|e| {
         if let ExprKind::Int(v) = e.kind {
             Some(v.max(1) as usize)
         } else {
             None
         }
     })
-}
-
-fn opt_expr<'a>(o: &'a Options, k: &str) -> Option<&'a Expr> {
-    match o.get(k) {
-        Some(OptValue::Expr(e)) => Some(e),
-        _ => None,
-    }
 }
 
 fn default_optimizer() -> Optimizer {
@@ -148,12 +122,12 @@ fn default_optimizer() -> Optimizer {
 /// `adam(lr: 0.005)`, `adamw(lr: warmup_cosine(...), weight_decay: 0.1)`, ...
 pub fn optimizer_of(e: &Expr) -> Optimizer {
     let mut opt = default_optimizer();
-    if let Some((name, args)) = call(e) {
+    if let Some((name, args)) = e.as_call() {
         opt.kind = name.to_string();
         for (k, v) in args {
             match k {
                 "lr" => {
-                    opt.lr = match call(v) {
+                    opt.lr = match v.as_call() {
                         Some(("warmup_cosine", a)) => {
                             let g = |n: &str| {
                                 a.iter()
@@ -193,27 +167,30 @@ pub fn config(
     consts: &std::collections::HashMap<String, (i64, crate::source::Span)>,
 ) -> Config {
     let int = |k: &str| -> Option<i64> {
-        opt_expr(&t.options, k).and_then(|e| match &e.kind {
+        t.options.expr(k).and_then(|e| match &e.kind {
             ExprKind::Int(v) => Some(*v),
             ExprKind::Name(n) => consts.get(n).map(|c| c.0),
             _ => None,
         })
     };
-    let opt = opt_expr(&t.options, "optimizer").map_or_else(default_optimizer, optimizer_of);
+    let opt = t
+        .options
+        .expr("optimizer")
+        .map_or_else(default_optimizer, optimizer_of);
     Config {
         steps: int("steps").unwrap_or(10).max(0) as usize,
         seed: int("seed").unwrap_or(0) as u64,
         batch: int("batch").unwrap_or(1).max(1) as usize,
         optimizer: opt,
         accumulate: int("accumulate").unwrap_or(1).max(1) as usize,
-        clip: opt_expr(&t.options, "clip_grad_norm").and_then(num),
+        clip: t.options.expr("clip_grad_norm").and_then(num),
         dtype: DType::F32,
         init: Default::default(),
         per_param: Default::default(),
         checkpoint: match t.options.get("checkpoint") {
             Some(OptValue::Options(o)) => {
                 let g = |k: &str| opt_count(o, k);
-                let dir = opt_expr(o, "dir").and_then(|e| {
+                let dir = o.expr("dir").and_then(|e| {
                     if let ExprKind::Str(s) = &e.kind {
                         Some(std::path::PathBuf::from(s))
                     } else {
@@ -239,18 +216,30 @@ pub fn config(
     }
 }
 
-/// The data source named in `train`, or synthetic data.
+/// The data source named in `train` (or what the data stage loaded for it from a
+/// file, or `--data`), or synthetic data.
 pub fn source(
     t: &TrainDecl,
     consts: &std::collections::HashMap<String, (i64, crate::source::Span)>,
     classes: usize,
+    loaded: Option<&crate::data::Loaded>,
 ) -> Source {
+    match loaded {
+        Some(crate::data::Loaded::Arrays(a)) => return Source::Arrays(a.clone()),
+        Some(crate::data::Loaded::Text { ids, seq }) => {
+            return Source::Tokens {
+                ids: ids.clone(),
+                seq: *seq,
+            }
+        }
+        None => {}
+    }
     let int = |e: &Expr| match &e.kind {
         ExprKind::Int(v) => Some(*v as usize),
         ExprKind::Name(n) => consts.get(n).map(|c| c.0 as usize),
         _ => None,
     };
-    match opt_expr(&t.options, "data").and_then(call) {
+    match t.options.expr("data").and_then(Expr::as_call) {
         Some(("shakespeare_words", a)) => {
             let g = |n: &str| a.iter().find(|x| x.0 == n).and_then(|x| int(x.1));
             Source::Tokens {
@@ -293,12 +282,7 @@ pub fn prepare<'c>(
         .find(|p| p.model == t.model.name)
         .ok_or_else(|| format!("`{}` could not be lowered", t.model.name))?;
     // Refuse what is declared but not executed yet, rather than train on something else.
-    if let Some((name, _)) = opt_expr(&t.options, "data").and_then(call) {
-        if matches!(name, "text" | "arrays") {
-            return Err(format!("the data source `{name}` is checked but not executed yet; use `shakespeare_words`, `shakespeare_chars` or `synthetic`"));
-        }
-    }
-    if let Some(ExprKind::Name(l)) = opt_expr(&t.options, "loss").map(|e| &e.kind) {
+    if let Some(ExprKind::Name(l)) = t.options.expr("loss").map(|e| &e.kind) {
         if l != "softmax_cross_entropy" {
             return Err(format!("the loss `{l}` is checked but not executed yet; `shardc run` trains with `softmax_cross_entropy`"));
         }
@@ -323,7 +307,17 @@ pub fn prepare<'c>(
                 .and_then(|d| d.size.as_const())
         })
         .unwrap_or(1) as usize;
-    Ok((prog, t, cfg, source(t, &c.program.consts, classes)))
+    let loaded = c.data.iter().find(|d| d.model == t.model.name);
+    if loaded.is_none() {
+        // A file source that did not load has a diagnostic; never fall back silently.
+        if let Some((name @ ("arrays" | "text"), _)) =
+            t.options.expr("data").and_then(Expr::as_call)
+        {
+            return Err(format!("the `{name}` data could not be loaded"));
+        }
+    }
+    let src = source(t, &c.program.consts, classes, loaded.map(|d| &d.data));
+    Ok((prog, t, cfg, src))
 }
 
 /// Per-step results, reported by device 0.

@@ -1,0 +1,202 @@
+//! `shardc run` as a process: `--data`, bad input that must leave nothing behind,
+//! and a process killed (SIGKILL) in the middle of writing a checkpoint.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const CLS: &str = "import nn\nmesh m(data: 2)\nmodel C {\n  a = Dense(6 -> 3)\n  fn forward(x: f32[B@data, 6]) -> f32[B@data, 3] { a(x) }\n}\n";
+
+fn shardc() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_shardc"));
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    c
+}
+
+fn temp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("shardc-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+fn losses(path: &Path) -> Vec<f64> {
+    let text = std::fs::read_to_string(path).expect("losses written");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+    v["losses"]
+        .as_array()
+        .expect("losses")
+        .iter()
+        .map(|x| x.as_f64().expect("number"))
+        .collect()
+}
+
+/// `--data` replaces the file's source: the run trains on the array file, and the
+/// same arrays through `data: arrays(...)` give the same losses.
+#[test]
+fn data_flag_trains_on_the_array_file() {
+    let dir = temp("data");
+    let model = dir.join("cls.shard");
+    std::fs::write(&model, format!("{CLS}train C on m {{ data: synthetic(classes: 3), batch: 4, steps: 6, optimizer: sgd(lr: 0.3) }}\n")).expect("write");
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ui/data/cls_steps.safetensors");
+    let out = shardc()
+        .args(["run", "--quiet", "--data"])
+        .arg(&data)
+        .arg("--dump-losses")
+        .arg(dir.join("a.json"))
+        .arg("--out")
+        .arg(dir.join("run"))
+        .arg(&model)
+        .output()
+        .expect("spawn");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let inline = dir.join("inline.shard");
+    std::fs::write(&inline, format!("{CLS}train C on m {{ data: arrays(path: \"{}\"), batch: 4, steps: 6, optimizer: sgd(lr: 0.3) }}\n", data.display())).expect("write");
+    let out = shardc()
+        .args(["run", "--quiet", "--dump-losses"])
+        .arg(dir.join("b.json"))
+        .arg("--out")
+        .arg(dir.join("run"))
+        .arg(&inline)
+        .output()
+        .expect("spawn");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (a, b) = (losses(&dir.join("a.json")), losses(&dir.join("b.json")));
+    assert_eq!(a.len(), 6);
+    assert_eq!(a, b);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A missing or mis-shaped `--data` file is a diagnostic, exit status 1, and no run
+/// directory or loss file is written.
+#[test]
+fn bad_data_is_a_diagnostic_and_writes_nothing() {
+    let dir = temp("bad");
+    let model = dir.join("cls.shard");
+    std::fs::write(&model, format!("{CLS}train C on m {{ data: synthetic(classes: 3), batch: 4, steps: 6, optimizer: sgd(lr: 0.3) }}\n")).expect("write");
+    for (file, code, says) in [
+        ("tests/ui/data/nope.npz", "E0304", "no such file"),
+        ("tests/ui/data/corrupt.npz", "E0304", "not a readable .npz"),
+        ("tests/ui/data/cls_wide.npz", "E0305", "[4, 7]"),
+        (
+            "tests/ui/data/cls_label_range.npz",
+            "E0306",
+            "holds the id 3",
+        ),
+    ] {
+        let out = shardc()
+            .args(["run", "--data", file, "--dump-losses"])
+            .arg(dir.join("l.json"))
+            .arg("--out")
+            .arg(dir.join("run"))
+            .arg(&model)
+            .stderr(Stdio::piped())
+            .output()
+            .expect("spawn");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{file}: {err}");
+        assert!(err.contains(code) && err.contains(says), "{file}: {err}");
+        assert!(!dir.join("l.json").exists() && !dir.join("run").exists());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SIGKILL while a checkpoint is half-written: the last complete checkpoint still
+/// resumes, and the resumed losses equal an uninterrupted run's bit for bit.
+#[test]
+fn killed_during_a_save_resumes_from_the_last_good_checkpoint() {
+    let dir = temp("kill");
+    let write = |name: &str, ckpt: &Path| {
+        let f = dir.join(name);
+        std::fs::write(&f, format!("{CLS}train C on m {{ data: synthetic(classes: 3), batch: 8, steps: 30, seed: 5, optimizer: adam(lr: 0.01), checkpoint: {{ every: 10, keep: 2, dir: \"{}\" }} }}\n", ckpt.display())).expect("write");
+        f
+    };
+    let straight = write("a.shard", &dir.join("ckpt-a"));
+    let out = shardc()
+        .args(["run", "--quiet", "--dump-losses"])
+        .arg(dir.join("a.json"))
+        .arg("--out")
+        .arg(dir.join("run"))
+        .arg(&straight)
+        .output()
+        .expect("spawn");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let all = losses(&dir.join("a.json"));
+
+    let ckpt = dir.join("ckpt-b");
+    let killed = write("b.shard", &ckpt);
+    // Every save pauses after writing its tensors and before its manifest; kill the
+    // process during the second one (step 20).
+    let mut child = shardc()
+        .args(["run", "--quiet", "--out"])
+        .arg(dir.join("run"))
+        .arg(&killed)
+        .env("SHARDC_FAULT_SAVE_PAUSE_MS", "1500")
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let half = loop {
+        let tmp = std::fs::read_dir(&ckpt).ok().and_then(|rd| {
+            rd.filter_map(|e| e.ok()).map(|e| e.path()).find(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(".tmp-step-00000020"))
+                    && p.join("tensors.safetensors").exists()
+            })
+        });
+        if let Some(t) = tmp {
+            break t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the run never reached its second save"
+        );
+        assert!(
+            child.try_wait().expect("wait").is_none(),
+            "the run ended early"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reap");
+    assert!(
+        half.exists(),
+        "killed mid-save: the half-written directory is left"
+    );
+    assert!(!half.join("manifest.json").exists());
+    assert!(!ckpt.join("step-00000020").exists());
+    assert!(ckpt.join("step-00000010/manifest.json").exists());
+
+    let out = shardc()
+        .args(["run", "--quiet", "--resume", "--dump-losses"])
+        .arg(dir.join("b.json"))
+        .arg("--out")
+        .arg(dir.join("run"))
+        .arg(&killed)
+        .output()
+        .expect("spawn");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rest = losses(&dir.join("b.json"));
+    assert_eq!(rest, all[10..].to_vec(), "resumed from step 10");
+    assert!(
+        !half.exists(),
+        "the next save clears what the killed process left"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
