@@ -110,13 +110,14 @@ fn bad_data_is_a_diagnostic_and_writes_nothing() {
 }
 
 /// SIGKILL while a checkpoint is half-written: the last complete checkpoint still
-/// resumes, and the resumed losses equal an uninterrupted run's bit for bit.
+/// resumes, and the resumed losses equal an uninterrupted run's bit for bit (40
+/// steps straight against 20, a kill, and 20 more after `--resume`).
 #[test]
 fn killed_during_a_save_resumes_from_the_last_good_checkpoint() {
     let dir = temp("kill");
     let write = |name: &str, ckpt: &Path| {
         let f = dir.join(name);
-        std::fs::write(&f, format!("{CLS}train C on m {{ data: synthetic(classes: 3), batch: 8, steps: 30, seed: 5, optimizer: adam(lr: 0.01), checkpoint: {{ every: 10, keep: 2, dir: \"{}\" }} }}\n", ckpt.display())).expect("write");
+        std::fs::write(&f, format!("{CLS}train C on m {{ data: synthetic(classes: 3), batch: 8, steps: 40, seed: 5, optimizer: adam(lr: 0.01), checkpoint: {{ every: 10, keep: 2, dir: \"{}\" }} }}\n", ckpt.display())).expect("write");
         f
     };
     let straight = write("a.shard", &dir.join("ckpt-a"));
@@ -138,7 +139,7 @@ fn killed_during_a_save_resumes_from_the_last_good_checkpoint() {
     let ckpt = dir.join("ckpt-b");
     let killed = write("b.shard", &ckpt);
     // Every save pauses after writing its tensors and before its manifest; kill the
-    // process during the second one (step 20).
+    // process during the third one (step 30), after 20 steps are safely saved.
     let mut child = shardc()
         .args(["run", "--quiet", "--out"])
         .arg(dir.join("run"))
@@ -152,7 +153,7 @@ fn killed_during_a_save_resumes_from_the_last_good_checkpoint() {
         let tmp = std::fs::read_dir(&ckpt).ok().and_then(|rd| {
             rd.filter_map(|e| e.ok()).map(|e| e.path()).find(|p| {
                 p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with(".tmp-step-00000020"))
+                    .is_some_and(|n| n.to_string_lossy().starts_with(".tmp-step-00000030"))
                     && p.join("tensors.safetensors").exists()
             })
         });
@@ -161,7 +162,7 @@ fn killed_during_a_save_resumes_from_the_last_good_checkpoint() {
         }
         assert!(
             Instant::now() < deadline,
-            "the run never reached its second save"
+            "the run never reached its third save"
         );
         assert!(
             child.try_wait().expect("wait").is_none(),
@@ -176,8 +177,8 @@ fn killed_during_a_save_resumes_from_the_last_good_checkpoint() {
         "killed mid-save: the half-written directory is left"
     );
     assert!(!half.join("manifest.json").exists());
-    assert!(!ckpt.join("step-00000020").exists());
-    assert!(ckpt.join("step-00000010/manifest.json").exists());
+    assert!(!ckpt.join("step-00000030").exists());
+    assert!(ckpt.join("step-00000020/manifest.json").exists());
 
     let out = shardc()
         .args(["run", "--quiet", "--resume", "--dump-losses"])
@@ -193,7 +194,8 @@ fn killed_during_a_save_resumes_from_the_last_good_checkpoint() {
         String::from_utf8_lossy(&out.stderr)
     );
     let rest = losses(&dir.join("b.json"));
-    assert_eq!(rest, all[10..].to_vec(), "resumed from step 10");
+    // 40 straight = 20 + kill + resume 20, bit for bit.
+    assert_eq!(rest, all[20..].to_vec(), "resumed from step 20");
     assert!(
         !half.exists(),
         "the next save clears what the killed process left"

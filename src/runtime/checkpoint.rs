@@ -25,6 +25,13 @@ pub struct Manifest {
     /// Steps completed: a resumed run starts with step `step + 1`.
     pub step: usize,
     pub seed: u64,
+    /// The random state: every random draw is a pure function of the seed and a
+    /// counter (the step), so the seed and step restore it exactly.
+    #[serde(default)]
+    pub rng: String,
+    /// Training examples consumed so far (step × batch): where the data continues.
+    #[serde(default)]
+    pub data_position: usize,
     pub mesh: Vec<(String, i64)>,
     pub dtype: String,
     pub optimizer: String,

@@ -634,6 +634,8 @@ pub fn run(
                                     model: prog.model.clone(),
                                     step: step + 1,
                                     seed: cfg.seed,
+                                    rng: format!("counter-based: seed {}, counter = step; dropout streams from (seed, step, microbatch)", cfg.seed),
+                                    data_position: (step + 1) * cfg.batch,
                                     mesh: prog.mesh.clone(),
                                     dtype: if cfg.dtype == DType::F64 { "f64".into() } else { "f32".into() },
                                     optimizer: cfg.optimizer.kind.clone(),
