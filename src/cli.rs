@@ -620,8 +620,14 @@ fn run(args: RunArgs) -> ExitCode {
                 .eval_loss
                 .map_or(String::new(), |e| format!("  eval {e:.6}"));
             eprintln!(
-                "step {:>5}/{}  loss {:.6}{eval}  lr {:.3e}  |g| {:.4}  {:.0} ms",
-                rec.step, cfg.steps, rec.loss, rec.lr, rec.grad_norm, rec.step_ms
+                "step {:>5}/{}  loss {:.6}{eval}  lr {:.3e}  |g| {:.4}  {:.0} ms  {:.0} examples/s",
+                rec.step,
+                cfg.steps,
+                rec.loss,
+                rec.lr,
+                rec.grad_norm,
+                rec.step_ms,
+                rec.examples_per_s
             );
         }
         records.push(rec);
