@@ -64,7 +64,7 @@ fn main() {
 /// 512 → 10, silu, dropout 0.1 (a fixed mask here), data=8.
 fn baseline_dp_mlp(steps: usize) -> f64 {
     use candle_core::{DType, Device, Tensor, Var, D};
-    use shardc::runtime::mesh::{Comm, Topology};
+    use shardc::runtime::mesh::{Collectives, Comm, Topology};
     let topo = Topology {
         axes: vec![("data".into(), 8)],
     };

@@ -229,7 +229,7 @@ impl Cx {
                 let vocab = int("vocab").unwrap_or(shape.classes as i64).max(1) as usize;
                 let seq = int("seq").unwrap_or(16).max(1) as usize;
                 let vspan = arg("vocab").map_or(e.span, |v| v.span);
-                if !self.vocab_fits(vocab, vspan, shape) {
+                if !self.vocab_fits(vocab, vspan, shape, true) {
                     return;
                 }
                 let ids = crate::runtime::data::words(&text, vocab);
@@ -254,13 +254,14 @@ impl Cx {
                 });
             }
             "shakespeare_words" | "synthetic" => {
+                // Synthetic ids are inputs only; its labels are below `classes`.
                 if let (Some(v), Some(x)) = (int("vocab"), arg("vocab")) {
-                    self.vocab_fits(v.max(1) as usize, x.span, shape);
+                    self.vocab_fits(v.max(1) as usize, x.span, shape, name != "synthetic");
                 }
             }
             "shakespeare_chars" => {
                 let n = char_vocab(crate::runtime::data::SHAKESPEARE).len();
-                self.vocab_fits(n, e.span, shape);
+                self.vocab_fits(n, e.span, shape, true);
             }
             _ => {}
         }
@@ -292,11 +293,13 @@ impl Cx {
         }
     }
 
-    /// Ids below `vocab` must be valid labels and embedding rows.
-    fn vocab_fits(&mut self, vocab: usize, span: Span, shape: &Shapes) -> bool {
+    /// Ids below `vocab` must be valid embedding rows (and labels, when the
+    /// source's labels are ids too).
+    fn vocab_fits(&mut self, vocab: usize, span: Span, shape: &Shapes, labels: bool) -> bool {
         let rows = shape.input_vocab.iter().flatten().min().copied();
         let (limit, what) = match rows {
-            Some(r) if r < shape.classes => (r, "embedding rows"),
+            Some(r) if r < shape.classes || !labels => (r, "embedding rows"),
+            None if !labels => return true,
             _ => (shape.classes, "output classes"),
         };
         if vocab > limit {

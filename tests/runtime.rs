@@ -258,13 +258,121 @@ fn finite_differences_vocab_parallel_embedding_and_sharded_loss() {
 fn finite_differences_collectives_and_reshards() {
     // all_gather ↔ psum_scatter, all-reduce ↔ all-reduce, slice ↔ pad, FSDP gather.
     let text = format!(
-        "{FD_MESH}model M {{\n  shard_params(dp, min_size: 4)\n  w: f32[6, 8@mp] init normal(0.5)\n  v: f32[8, 4] init normal(0.5)\n  fn forward(x: f32[B@dp, 6]) -> f32[B@dp, 4] {{\n    let h = x @ w\n    let g: f32[B@dp, 8] = tanh(h)\n    let s = psum_scatter(g @ v * 1.0, dp, dim: 1)\n    let p: f32[B@dp, 4] = all_gather(x @ w @ v, dp, dim: 0) * 0.0 + 0.0\n    tanh(g @ v)\n  }}\n}}\ntrain M on m {{ data: synthetic(classes: 4), batch: 4, steps: 1, optimizer: sgd(lr: 0.1) }}\n"
-    );
-    let _ = text;
-    let text = format!(
         "{FD_MESH}model M {{\n  shard_params(dp, min_size: 4)\n  w: f32[6, 8@mp] init normal(0.5)\n  v: f32[8, 4] init normal(0.5)\n  fn forward(x: f32[B@dp, 6]) -> f32[B@dp, 4] {{\n    let g: f32[B@dp, 8@_] = tanh(x @ w)\n    let r: f32[B@_, 4] = g @ v\n    let back: f32[B@dp, 4] = r\n    tanh(back)\n  }}\n}}\ntrain M on m {{ data: synthetic(classes: 4), batch: 4, steps: 1, optimizer: sgd(lr: 0.1) }}\n"
     );
     finite_differences("fd_collectives.shard", &text, &[]);
+}
+
+#[test]
+fn finite_differences_shape_ops_and_remaining_elementwise() {
+    // log, sqrt, abs, reshape, transpose, indexing, dropout (the same mask for the
+    // same seed and step) and cast. (stop_gradient has no finite-difference check: it
+    // differs from the derivative by design.)
+    let text = format!(
+        "{FD_MESH}model M {{\n  w: f32[6, 8@mp] init normal(0.5)\n  v: f32[4, 3] init normal(0.5)\n  fn forward(x: f32[B@dp, 2, 6]) -> f32[B@dp, 3] {{\n    let h: f32[B@dp, 2, 8@_] = x @ w\n    let e = log(square(h) + 1.0) + sqrt(abs(h) + 0.5) + cast(h, f32) * h\n    let t = transpose(e, [0, 2, 1])\n    let r = reshape(t, [B, 4, 4])\n    let q = transpose(r, [1, 0, 2])\n    let d = dropout(cast(q, f32), 0.25)\n    tanh(d[1] @ v) + tanh(q[0] @ v)\n  }}\n}}\ntrain M on m {{ data: synthetic(classes: 3), batch: 4, steps: 1, optimizer: sgd(lr: 0.1) }}\n"
+    );
+    finite_differences("fd_shapes.shard", &text, &[]);
+}
+
+#[test]
+fn finite_differences_softmax_rms_norm_rsqrt_one_hot() {
+    // softmax, log_softmax (over a split dim: gathered first), rms_norm, rsqrt,
+    // one_hot with its class dim split, and axis_index as a per-device constant.
+    let text = format!(
+        "{FD_MESH}import nn\nmodel M {{\n  n = RMSNorm(8)\n  w: f32[6, 8@mp] init normal(0.5)\n  v: f32[8, 3] init normal(0.5)\n  u: f32[6, 4] init normal(0.5)\n  z: f32[4, 3] init normal(0.5)\n  fn forward(x: f32[B@dp, 6], ids: i32[B@dp]) -> f32[B@dp, 3] {{\n    let h = x @ w\n    let s = softmax(h) + log_softmax(h, dim: 1) * 0.1 + rsqrt(square(h) + 1.0)\n    let o: f32[B@dp, 4@_] = one_hot(ids, 4@mp)\n    let k = psum(sum(cast(axis_index(mp), f32) + 1.0), mp)\n    tanh(n(s) @ v) * k + (o * (x @ u)) @ z\n  }}\n}}\ntrain M on m {{ data: synthetic(classes: 3, vocab: 4), batch: 4, steps: 1, optimizer: sgd(lr: 0.1) }}\n"
+    );
+    finite_differences("fd_softmax.shard", &text, &[]);
+    // The forward pass itself (one_hot's windows) against one device; axis_index
+    // sums to 1 there and to 1 + 2 on mp=2, so compare with k pinned to 3.
+    let pinned = text
+        .replace(
+            "    let k = psum(sum(cast(axis_index(mp), f32) + 1.0), mp)\n",
+            "",
+        )
+        .replace("* k", "* 3.0");
+    let losses = |mesh: &[(&str, i64)]| {
+        let (prog, mut cfg, src) = setup_text("fd_softmax.shard", &pinned, mesh, None);
+        cfg.dtype = candle_core::DType::F64;
+        cfg.steps = 3;
+        train::run(&prog, &cfg, &src, false, &mut |_| {})
+            .expect("run")
+            .losses
+    };
+    let (a, b) = (losses(&[]), losses(&[("dp", 1), ("mp", 1)]));
+    assert!(max_rel(&a, &b) < 1e-12, "{a:?} vs {b:?}");
+}
+
+/// `stop_gradient` passes values and blocks gradients: a weight used only through
+/// it gets a zero gradient, while the loss still depends on it.
+#[test]
+fn stop_gradient_blocks_the_gradient() {
+    let text = format!(
+        "{FD_MESH}model M {{\n  w: f32[6, 3] init normal(0.5)\n  u: f32[6, 3] init normal(0.5)\n  fn forward(x: f32[B@dp, 6]) -> f32[B@dp, 3] {{\n    stop_gradient(x @ w) + x @ u\n  }}\n}}\ntrain M on m {{ data: synthetic(classes: 3), batch: 4, steps: 1, optimizer: sgd(lr: 0.1) }}\n"
+    );
+    let (prog, mut cfg, src) = setup_text("sg.shard", &text, &[], None);
+    cfg.dtype = candle_core::DType::F64;
+    let grads = train::run(&prog, &cfg, &src, true, &mut |_| {})
+        .expect("run")
+        .first_grads
+        .expect("grads");
+    let g = |n: &str| grads.iter().find(|p| p.0 == n).expect(n).1.clone();
+    assert!(g("w").iter().all(|x| *x == 0.0));
+    assert!(g("u").iter().any(|x| *x != 0.0));
+}
+
+#[test]
+fn finite_differences_reductions_and_explicit_reducing_collectives() {
+    // sum/mean/max/min over a split dim leave a pending reduction; psum, pmax, pmin
+    // and pmean finish it (pmax/pmin route the cotangent to the extremum).
+    let text = format!(
+        "{FD_MESH}model M {{\n  w: f32[6, 8@mp] init normal(0.5)\n  v: f32[8@mp, 3] init normal(0.5)\n  fn forward(x: f32[B@dp, 3, 6]) -> f32[B@dp, 3] {{\n    let h = x @ w\n    let m = pmax(max(h, dim: 2), mp)\n    let n = pmin(min(h, dim: -1), mp)\n    let s = psum(sum(h, dim: 2), mp)\n    let a = psum(mean(h, dim: [2]), mp)\n    let p = pmean(h @ v, mp)\n    m * 0.5 + n * 0.3 + tanh(s * 0.1) + a - sum(p, dim: 2) * 0.2 + max(tanh(p), dim: 2)\n  }}\n}}\ntrain M on m {{ data: synthetic(classes: 3), batch: 4, steps: 1, optimizer: sgd(lr: 0.1) }}\n"
+    );
+    finite_differences("fd_reductions.shard", &text, &[]);
+}
+
+#[test]
+fn finite_differences_ppermute_and_all_to_all() {
+    // ppermute's transpose is the inverse permutation; all_to_all's moves the axis back.
+    let model = |shift: i64| {
+        format!(
+            "{FD_MESH}model M {{\n  w: f32[6, 8] init normal(0.5)\n  v: f32[8@dp, 3] init normal(0.5)\n  fn forward(x: f32[B@dp, 4, 6]) -> f32[B@dp, 4, 3] {{\n    let h = tanh(x @ w)\n    let r = ppermute(h, dp, shift: {shift})\n    let t = all_to_all(h * r + r, dp, from: 0, to: 2)\n    let back: f32[B@dp, 4, 3] = psum(t @ v, dp)\n    back\n  }}\n}}\ntrain M on m {{ data: synthetic(classes: 3), batch: 4, steps: 1, optimizer: sgd(lr: 0.1) }}\n"
+        )
+    };
+    finite_differences("fd_permute.shard", &model(1), &[]);
+    // On four devices along dp, shifts 1 and -1 differ.
+    finite_differences("fd_permute4.shard", &model(1), &[("dp", 4), ("mp", 1)]);
+    finite_differences("fd_permute4.shard", &model(-1), &[("dp", 4), ("mp", 1)]);
+}
+
+/// The native all_to_all and ppermute against their definitions: gather then slice,
+/// and a rotation of the global array.
+#[test]
+fn all_to_all_and_ppermute_agree_with_their_definitions() {
+    let run = |body: &str, mesh: &[(&str, i64)]| {
+        let text = format!("mesh m(dp: 4)\nmodel M {{\n  w: f32[6, 8] init normal(0.5)\n  v: f32[8, 3] init normal(0.5)\n  fn forward(x: f32[B@dp, 4, 6]) -> f32[B@dp, 4, 3] {{\n    let h = tanh(x @ w)\n{body}\n  }}\n}}\ntrain M on m {{ data: synthetic(classes: 3), batch: 8, steps: 3, optimizer: sgd(lr: 0.1) }}\n");
+        let (prog, mut cfg, src) = setup_text("a2a.shard", &text, mesh, None);
+        cfg.dtype = candle_core::DType::F64;
+        train::run(&prog, &cfg, &src, false, &mut |_| {})
+            .expect("run")
+            .losses
+    };
+    let native = run("    let t = all_to_all(h, dp, from: 0, to: 2)\n    let back: f32[B@dp, 4, 3] = t @ v\n    back", &[]);
+    let resharded = run(
+        "    let t: f32[B, 4, 8@dp] = h\n    let back: f32[B@dp, 4, 3] = t @ v\n    back",
+        &[],
+    );
+    let one = run("    h @ v", &[("dp", 1)]);
+    assert!(
+        max_rel(&native, &resharded) < 1e-12,
+        "{native:?} vs {resharded:?}"
+    );
+    assert!(max_rel(&native, &one) < 1e-12, "{native:?} vs {one:?}");
+    // Rotating the batch by one block and back leaves the model unchanged.
+    let there_and_back = run(
+        "    let r = ppermute(ppermute(h, dp, shift: 1), dp, shift: -1)\n    r @ v",
+        &[],
+    );
+    assert!(max_rel(&there_and_back, &one) < 1e-12);
 }
 
 /// `shardc plan` predicts the per-device memory that a run measures, within 10%.

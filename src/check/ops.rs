@@ -1350,10 +1350,14 @@ impl<'p> Checker<'p> {
                         .map(|a| a.name.clone())
                         .collect();
                 }
-                out.dims.push(Dim {
+                let d = Dim {
                     size: n.size,
                     axes: ax,
-                });
+                };
+                if !self.check_dim(&d, args.pos[1].span, "the class dimension of `one_hot`") {
+                    return Val::Poison;
+                }
+                out.dims.push(d);
                 Val::T(out)
             }
             "embed" => {
@@ -1683,10 +1687,21 @@ impl<'p> Checker<'p> {
                 if !self.arity(name, &args, 1, 1, e) {
                     return Val::Poison;
                 }
-                if self.axis_arg(args.pos[0]).is_none() {
+                let Some(ax) = self.axis_arg(args.pos[0]) else {
                     return Val::Poison;
-                }
-                Val::T(TType::scalar(DType::I32))
+                };
+                // Each device holds a different value, so it cannot be typed as
+                // replicated: it is the vector [0, 1, ..., n-1] split over the
+                // axis, one element per device (local shape [1]).
+                let n = self.axes_product(std::slice::from_ref(&ax));
+                Val::T(TType {
+                    dtype: DType::I32,
+                    dims: vec![Dim {
+                        size: Poly::constant(n),
+                        axes: vec![ax],
+                    }],
+                    pending: Default::default(),
+                })
             }
             _ => Val::Poison,
         }

@@ -8,7 +8,7 @@
 //! all_gather ↔ psum_scatter, a local slice ↔ zero padding. Parameter gradients are
 //! then summed over the axes their parameter is replicated over.
 
-use super::mesh::Comm;
+use super::mesh::Collectives;
 use crate::ast::BinOp;
 use crate::spmd::{Op, Program};
 use crate::types::TType;
@@ -22,7 +22,7 @@ fn ce<E: std::fmt::Display>(e: E) -> String {
 
 pub struct Exec<'a> {
     pub prog: &'a Program,
-    pub comm: &'a Comm,
+    pub comm: &'a dyn Collectives,
     pub rank: usize,
     pub dtype: DType,
     pub dev: Device,
@@ -37,7 +37,21 @@ pub struct Tape {
 
 impl<'a> Exec<'a> {
     fn size(&self, a: &str) -> usize {
-        self.comm.topo.size(a)
+        self.comm.topo().size(a)
+    }
+
+    /// Global number of elements over `dims` of a value of type `t` (a mean's divisor).
+    fn global_count(&self, t: &TType, dims: &[usize]) -> R<f64> {
+        dims.iter()
+            .map(|&d| {
+                t.dims
+                    .get(d)
+                    .and_then(|x| x.size.substitute(&self.prog.bound))
+                    .and_then(|p| p.as_const())
+                    .map(|n| n as f64)
+                    .ok_or_else(|| format!("the size of dim {d} of `{t}` is unknown"))
+            })
+            .product()
     }
 
     /// Move a local piece of dimension `dim` from layout `from` to layout `to`
@@ -53,7 +67,7 @@ impl<'a> Exec<'a> {
             let n = self.size(a);
             let len = t.dims()[dim] / n;
             t = t
-                .narrow(dim, self.comm.topo.coord(self.rank, a) * len, len)
+                .narrow(dim, self.comm.topo().coord(self.rank, a) * len, len)
                 .map_err(ce)?;
         }
         Ok(t)
@@ -70,7 +84,7 @@ impl<'a> Exec<'a> {
         for a in to[cur.len()..].iter().rev() {
             let n = self.size(a);
             let len = ct.dims()[dim];
-            let i = self.comm.topo.coord(self.rank, a);
+            let i = self.comm.topo().coord(self.rank, a);
             ct = ct
                 .pad_with_zeros(dim, i * len, (n - 1 - i) * len)
                 .map_err(ce)?;
@@ -154,7 +168,9 @@ impl<'a> Exec<'a> {
                     let (x, y) = self.matmul_operands(a(0), at(0), a(1), at(1), out)?;
                     matmul(&x, &y)?
                 }
-                Op::Collective(kind, axes, _) => self.collective(kind, axes, a(0), at(0), out)?,
+                Op::Collective(kind, axes, attrs) => {
+                    self.collective(kind, axes, attrs, a(0), at(0), out)?
+                }
                 Op::Reshard => self.reshard(a(0), at(0), out)?,
                 Op::Builtin(name, attrs) => {
                     let args: Vec<&Tensor> = node.args.iter().map(|k| &vals[*k as usize]).collect();
@@ -227,6 +243,7 @@ impl<'a> Exec<'a> {
         &self,
         kind: &str,
         axes: &[String],
+        attrs: &[(String, String)],
         x: &Tensor,
         xt: &TType,
         out: &TType,
@@ -238,8 +255,45 @@ impl<'a> Exec<'a> {
                 (self.comm.psum(self.rank, x, axes).map_err(ce)? / n as f64).map_err(ce)
             }
             "pmax" => self.comm.pmax(self.rank, x, axes).map_err(ce),
-            "all_gather" | "psum_scatter" | "all_to_all" => self.reshard(x, xt, out),
+            "pmin" => self
+                .comm
+                .pmax(self.rank, &x.neg().map_err(ce)?, axes)
+                .and_then(|t| t.neg())
+                .map_err(ce),
+            "all_to_all" => match Self::moved_axis(xt, out) {
+                Some((a, from, to)) => self.comm.all_to_all(self.rank, x, &a, to, from).map_err(ce),
+                None => self.reshard(x, xt, out),
+            },
+            "ppermute" => {
+                let shift = Self::shift(attrs)?;
+                let a = axes.first().ok_or("`ppermute` without an axis")?;
+                self.comm.ppermute(self.rank, x, a, shift).map_err(ce)
+            }
+            "all_gather" | "psum_scatter" => self.reshard(x, xt, out),
             other => Err(format!("the runtime does not implement `{other}` yet")),
+        }
+    }
+
+    /// For an all-to-all with nothing pending: the axis, the dim that loses it
+    /// (its minor axis) and the dim that gains it (as its minor axis).
+    fn moved_axis(xt: &TType, out: &TType) -> Option<(String, usize, usize)> {
+        if !xt.pending.is_empty() || xt.rank() != out.rank() {
+            return None;
+        }
+        let from = (0..xt.rank()).find(|&i| xt.dims[i].axes.len() == out.dims[i].axes.len() + 1)?;
+        let to = (0..xt.rank()).find(|&i| out.dims[i].axes.len() == xt.dims[i].axes.len() + 1)?;
+        let a = xt.dims[from].axes.last()?.clone();
+        (out.dims[to].axes.last() == Some(&a)).then_some((a, from, to))
+    }
+
+    /// `ppermute`'s `shift` (default 1).
+    fn shift(attrs: &[(String, String)]) -> R<i64> {
+        match attrs.iter().find(|a| a.0 == "shift") {
+            None => Ok(1),
+            Some((_, v)) => v
+                .trim()
+                .parse::<i64>()
+                .map_err(|_| format!("`ppermute` needs an integer literal `shift`, not `{v}`")),
         }
     }
 
@@ -322,7 +376,23 @@ impl<'a> Exec<'a> {
         node: usize,
         dropout_seed: Option<u64>,
     ) -> R<(Tensor, Option<Tensor>)> {
+        if name == "axis_index" {
+            let axis = attrs.first().map(|a| a.1.clone()).unwrap_or_default();
+            let i = self.comm.topo().coord(self.rank, &axis) as f64;
+            let t = Tensor::new(&[i], &self.dev)
+                .and_then(|t| t.to_dtype(self.dtype))
+                .map_err(ce)?;
+            return Ok((t, None));
+        }
         let x = a.first().copied().ok_or("missing operand")?;
+        // A normalization over a split dim gathers it first (the checker's note).
+        let gathered;
+        let x = if NORMALIZING.contains(&name) {
+            gathered = self.reshard(x, ts[0], out)?;
+            &gathered
+        } else {
+            x
+        };
         let v = match name {
             "relu" => x.relu(),
             "gelu" => x.gelu(),
@@ -355,9 +425,18 @@ impl<'a> Exec<'a> {
                 }
             }
             "layer_norm" => {
-                let (y, _) = layer_norm(x, a[1], a[2])?;
+                let (y, _) = layer_norm(x, a[1], a[2], eps(attrs))?;
                 return Ok((y, None));
             }
+            "rms_norm" => {
+                let (y, _) = rms_norm(x, a[1], eps(attrs))?;
+                return Ok((y, None));
+            }
+            "rsqrt" => x.sqrt().and_then(|t| t.recip()),
+            "softmax" => softmax(x, one_dim(attrs, ts[0].rank())?),
+            "log_softmax" => log_softmax(x, one_dim(attrs, ts[0].rank())?),
+            "one_hot" => return Ok((self.one_hot(x, out)?, None)),
+
             "einsum" => {
                 let spec = attrs
                     .first()
@@ -384,6 +463,25 @@ impl<'a> Exec<'a> {
                 x.reshape(shape)
             }
             "transpose" => x.permute(perm_of(attrs)?).and_then(|t| t.contiguous()),
+            "sum" | "mean" | "max" | "min" => {
+                // Over a split dim this is the local part; the type says what
+                // reduction is still pending across devices.
+                let dims = reduce_dims(attrs, ts[0].rank())?;
+                let mut t = x.clone();
+                for &d in dims.iter().rev() {
+                    t = match name {
+                        "max" => t.max(d),
+                        "min" => t.min(d),
+                        _ => t.sum(d),
+                    }
+                    .map_err(ce)?;
+                }
+                if name == "mean" {
+                    t / self.global_count(ts[0], &dims)?
+                } else {
+                    Ok(t)
+                }
+            }
             "lookup" => {
                 let (y, _, _, _) = self.lookup(a[0], a[1], attrs, out)?;
                 return Ok((y, None));
@@ -486,7 +584,7 @@ impl<'a> Exec<'a> {
 
     /// Vocab-parallel embedding: rows outside this device's window give zeros.
     fn embed(&self, w: &Tensor, wt: &TType, ids: &Tensor) -> R<(Tensor, Tensor, Tensor)> {
-        let (idx, _) = self.comm.topo.shard_index(self.rank, &wt.dims[0].axes);
+        let (idx, _) = self.comm.topo().shard_index(self.rank, &wt.dims[0].axes);
         let vloc = w.dims()[0];
         let off = (idx * vloc) as i64;
         let flat: Vec<i64> = ids
@@ -516,6 +614,32 @@ impl<'a> Exec<'a> {
         Ok((rows.reshape(shape).map_err(ce)?, li, m))
     }
 
+    /// `one_hot(ids, N)`: this device's window of the classes when the class dim
+    /// is split (as a vocabulary-parallel head would want it).
+    fn one_hot(&self, ids: &Tensor, out: &TType) -> R<Tensor> {
+        let last = out.dims.last().ok_or("one_hot of a scalar")?;
+        let local = self.prog.local_shape(out)?;
+        let n = *local.last().ok_or("one_hot of a scalar")? as usize;
+        let (idx, _) = self.comm.topo().shard_index(self.rank, &last.axes);
+        let off = (idx * n) as i64;
+        let flat: Vec<i64> = ids
+            .flatten_all()
+            .and_then(|t| t.to_dtype(DType::I64))
+            .and_then(|t| t.to_vec1::<i64>())
+            .map_err(ce)?;
+        let mut v = vec![0f64; flat.len() * n];
+        for (r, id) in flat.iter().enumerate() {
+            let l = id - off;
+            if (0..n as i64).contains(&l) {
+                v[r * n + l as usize] = 1.0;
+            }
+        }
+        let shape: Vec<usize> = local.iter().map(|x| *x as usize).collect();
+        Tensor::from_vec(v, shape, &self.dev)
+            .and_then(|t| t.to_dtype(self.dtype))
+            .map_err(ce)
+    }
+
     fn dropout_mask(&self, t: &TType, seed: u64, rate: f64) -> R<Tensor> {
         let idx = self.global_indices(t)?;
         let keep = 1.0 / (1.0 - rate);
@@ -538,7 +662,7 @@ impl<'a> Exec<'a> {
 
     /// Global row-major index of each local element of a value of type `t`.
     pub fn global_indices(&self, t: &TType) -> R<Vec<u64>> {
-        super::init::global_indices(&self.comm.topo, self.rank, t, &self.prog.bound)
+        super::init::global_indices(self.comm.topo(), self.rank, t, &self.prog.bound)
     }
 
     /// Reverse pass. `ct_out` is the output's cotangent; returns each parameter's
@@ -636,7 +760,7 @@ impl<'a> Exec<'a> {
                     add(&mut ct[arg(0)], gx)?;
                     add(&mut ct[arg(1)], gy)?;
                 }
-                Op::Collective(kind, axes, _) => {
+                Op::Collective(kind, axes, attrs) => {
                     let d = match kind.as_str() {
                         "reduce" | "psum" => self.comm.psum(self.rank, &g, axes).map_err(ce)?,
                         "pmean" => {
@@ -644,9 +768,32 @@ impl<'a> Exec<'a> {
                             (self.comm.psum(self.rank, &g, axes).map_err(ce)? / k as f64)
                                 .map_err(ce)?
                         }
-                        "all_gather" | "psum_scatter" | "all_to_all" => {
-                            self.reshard_t(&g, vt(0), out_t)?
+                        // The whole cotangent of the (replicated) result goes to the
+                        // devices holding the extremum, split evenly between ties.
+                        "pmax" | "pmin" => {
+                            let mask = v(0)
+                                .eq(&tape.vals[i])
+                                .and_then(|m| m.to_dtype(g.dtype()))
+                                .map_err(ce)?;
+                            let count = self.comm.psum(self.rank, &mask, axes).map_err(ce)?;
+                            let total = self.comm.psum(self.rank, &g, axes).map_err(ce)?;
+                            (total * mask).and_then(|t| t / count).map_err(ce)?
                         }
+                        // A permutation's transpose is its inverse.
+                        "ppermute" => {
+                            let a = axes.first().ok_or("`ppermute` without an axis")?;
+                            self.comm
+                                .ppermute(self.rank, &g, a, -Self::shift(attrs)?)
+                                .map_err(ce)?
+                        }
+                        "all_to_all" => match Self::moved_axis(vt(0), out_t) {
+                            Some((a, from, to)) => self
+                                .comm
+                                .all_to_all(self.rank, &g, &a, from, to)
+                                .map_err(ce)?,
+                            None => self.reshard_t(&g, vt(0), out_t)?,
+                        },
+                        "all_gather" | "psum_scatter" => self.reshard_t(&g, vt(0), out_t)?,
                         other => return Err(format!("no gradient for `{other}` yet")),
                     };
                     add(&mut ct[arg(0)], d)?
@@ -691,8 +838,48 @@ impl<'a> Exec<'a> {
         i: usize,
         g: &Tensor,
     ) -> R<Vec<Option<Tensor>>> {
+        if NORMALIZING.contains(&name) && ty_of(self.prog, node, 0).dims != node.ty.dims {
+            // Differentiate in the gathered layout, then transpose the gather.
+            let x = self.reshard(
+                &tape.vals[node.args[0] as usize],
+                ty_of(self.prog, node, 0),
+                &node.ty,
+            )?;
+            let mut vals = tape.vals.clone();
+            let id = node.args[0] as usize;
+            vals[id] = x;
+            let gathered_t = node.ty.clone();
+            let local = Tape {
+                vals,
+                masks: tape.masks.clone(),
+            };
+            let mut ds = self.builtin_vjp_in(name, attrs, node, &local, i, g, Some(&gathered_t))?;
+            if let Some(Some(d)) = ds.first_mut().map(Option::take) {
+                ds[0] = Some(self.reshard_t(&d, ty_of(self.prog, node, 0), &node.ty)?);
+            }
+            return Ok(ds);
+        }
+        self.builtin_vjp_in(name, attrs, node, tape, i, g, None)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn builtin_vjp_in(
+        &self,
+        name: &str,
+        attrs: &[(String, String)],
+        node: &crate::spmd::Node,
+        tape: &Tape,
+        i: usize,
+        g: &Tensor,
+        first_t: Option<&TType>,
+    ) -> R<Vec<Option<Tensor>>> {
         let v = |k: usize| -> &Tensor { &tape.vals[node.args[k] as usize] };
-        let ty = |k: usize| -> &TType { &self.prog.nodes[node.args[k] as usize].ty };
+        let ty = |k: usize| -> &TType {
+            match (k, first_t) {
+                (0, Some(t)) => t,
+                _ => &self.prog.nodes[node.args[k] as usize].ty,
+            }
+        };
         let y = &tape.vals[i];
         let one = |t: candle_core::Result<Tensor>| -> R<Vec<Option<Tensor>>> {
             Ok(vec![Some(t.map_err(ce)?)])
@@ -737,8 +924,45 @@ impl<'a> Exec<'a> {
                 Some(m) => one(g.broadcast_mul(m)),
                 None => Ok(vec![Some(g.clone())]),
             },
+            "rsqrt" => one(y
+                .powf(3.0)
+                .and_then(|t| t.affine(-0.5, 0.0))
+                .and_then(|d| g.mul(&d))),
+            "softmax" => {
+                let d = one_dim(attrs, ty(0).rank())?;
+                one(g
+                    .mul(y)
+                    .and_then(|t| t.sum_keepdim(d))
+                    .and_then(|s| g.broadcast_sub(&s))
+                    .and_then(|t| t.mul(y)))
+            }
+            "log_softmax" => {
+                let d = one_dim(attrs, ty(0).rank())?;
+                one(g
+                    .sum_keepdim(d)
+                    .and_then(|s| y.exp()?.broadcast_mul(&s))
+                    .and_then(|t| g.sub(&t)))
+            }
+            "rms_norm" => {
+                let (_, (xhat, inv)) = rms_norm(v(0), v(1), eps(attrs))?;
+                let dxhat = g.broadcast_mul(v(1)).map_err(ce)?;
+                let m = dxhat
+                    .mul(&xhat)
+                    .and_then(|t| t.mean_keepdim(D::Minus1))
+                    .map_err(ce)?;
+                let dx = dxhat
+                    .sub(&xhat.broadcast_mul(&m).map_err(ce)?)
+                    .and_then(|t| t.broadcast_mul(&inv))
+                    .map_err(ce)?;
+                let mut dw = g.mul(&xhat).map_err(ce)?;
+                for _ in 0..g.rank() - 1 {
+                    dw = dw.sum(0).map_err(ce)?;
+                }
+                Ok(vec![Some(dx), Some(dw)])
+            }
+            "one_hot" | "axis_index" => Ok(vec![None; node.args.len()]),
             "layer_norm" => {
-                let (_, (xhat, inv)) = layer_norm(v(0), v(1), v(2))?;
+                let (_, (xhat, inv)) = layer_norm(v(0), v(1), v(2), eps(attrs))?;
                 let w = v(1);
                 let dxhat = g.broadcast_mul(w).map_err(ce)?;
                 let m1 = dxhat.mean_keepdim(D::Minus1).map_err(ce)?;
@@ -813,6 +1037,31 @@ impl<'a> Exec<'a> {
                 Ok(vec![Some(dw), None])
             }
             "reshape" => Ok(vec![Some(g.reshape(v(0).dims()).map_err(ce)?)]),
+            "sum" | "mean" | "max" | "min" => {
+                let dims = reduce_dims(attrs, ty(0).rank())?;
+                let (mut gb, mut yb) = (g.clone(), y.clone());
+                for &d in &dims {
+                    gb = gb.unsqueeze(d).map_err(ce)?;
+                    yb = yb.unsqueeze(d).map_err(ce)?;
+                }
+                let gb = gb.broadcast_as(v(0).dims()).map_err(ce)?;
+                match name {
+                    "sum" => one(Ok(gb)),
+                    "mean" => one(gb / self.global_count(ty(0), &dims)?),
+                    // To the elements equal to the extremum, split evenly between ties.
+                    _ => {
+                        let mask = v(0)
+                            .broadcast_eq(&yb)
+                            .and_then(|m| m.to_dtype(g.dtype()))
+                            .map_err(ce)?;
+                        let mut count = mask.clone();
+                        for &d in dims.iter().rev() {
+                            count = count.sum_keepdim(d).map_err(ce)?;
+                        }
+                        one(gb.mul(&mask).and_then(|t| t.broadcast_div(&count)))
+                    }
+                }
+            }
             "transpose" => {
                 let p = perm_of(attrs)?;
                 let mut inv = vec![0; p.len()];
@@ -857,6 +1106,31 @@ impl<'a> Exec<'a> {
             other => Err(format!("no gradient for `{other}` yet")),
         }
     }
+}
+
+/// The dims a `sum`/`mean`/`max`/`min` reduces (ascending; all when none is given).
+fn reduce_dims(attrs: &[(String, String)], rank: usize) -> R<Vec<usize>> {
+    let Some((_, t)) = attrs.iter().find(|a| a.0.is_empty() || a.0 == "dim") else {
+        return Ok((0..rank).collect());
+    };
+    let mut dims = t
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(',')
+        .map(|x| {
+            let k = x
+                .trim()
+                .parse::<i64>()
+                .map_err(|_| format!("the runtime needs integer dims, not `{t}`"))?;
+            let k = if k < 0 { k + rank as i64 } else { k };
+            (0..rank as i64)
+                .contains(&k)
+                .then_some(k as usize)
+                .ok_or_else(|| format!("dim `{t}` out of range"))
+        })
+        .collect::<R<Vec<usize>>>()?;
+    dims.sort_unstable();
+    dims.dedup();
+    Ok(dims)
 }
 
 fn perm_of(attrs: &[(String, String)]) -> R<Vec<usize>> {
@@ -988,7 +1262,58 @@ fn matmul_vjp(x: &Tensor, y: &Tensor, g: &Tensor) -> R<(Tensor, Tensor)> {
 }
 
 /// LayerNorm over the last dim (eps 1e-5, as Haiku): output, and (x̂, 1/σ) for backward.
-fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor) -> R<(Tensor, (Tensor, Tensor))> {
+/// Built-ins that need their normalized dim whole on every device.
+const NORMALIZING: &[&str] = &["softmax", "log_softmax", "layer_norm", "rms_norm"];
+
+fn ty_of<'p>(prog: &'p crate::spmd::Program, node: &crate::spmd::Node, k: usize) -> &'p TType {
+    &prog.nodes[node.args[k] as usize].ty
+}
+
+/// `eps:` of a normalization (default 1e-5, as flax and PyTorch).
+fn eps(attrs: &[(String, String)]) -> f64 {
+    attrs
+        .iter()
+        .find(|a| a.0 == "eps")
+        .and_then(|a| a.1.trim().parse::<f64>().ok())
+        .unwrap_or(1e-5)
+}
+
+/// The one dim of a `softmax`/`log_softmax` (default the last).
+fn one_dim(attrs: &[(String, String)], rank: usize) -> R<usize> {
+    match attrs.iter().find(|a| a.0.is_empty() || a.0 == "dim") {
+        None => Ok(rank.saturating_sub(1)),
+        Some(_) => reduce_dims(attrs, rank)?
+            .first()
+            .copied()
+            .ok_or_else(|| "a dim".to_string()),
+    }
+}
+
+fn softmax(x: &Tensor, d: usize) -> candle_core::Result<Tensor> {
+    let e = x.broadcast_sub(&x.max_keepdim(d)?)?.exp()?;
+    e.broadcast_div(&e.sum_keepdim(d)?)
+}
+
+fn log_softmax(x: &Tensor, d: usize) -> candle_core::Result<Tensor> {
+    let m = x.max_keepdim(d)?;
+    let lse = x.broadcast_sub(&m)?.exp()?.sum_keepdim(d)?.log()?.add(&m)?;
+    x.broadcast_sub(&lse)
+}
+
+fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> R<(Tensor, (Tensor, Tensor))> {
+    let inv = x
+        .sqr()
+        .and_then(|s| s.mean_keepdim(D::Minus1))
+        .and_then(|v| v.affine(1.0, eps))
+        .and_then(|v| v.sqrt())
+        .and_then(|s| s.recip())
+        .map_err(ce)?;
+    let xhat = x.broadcast_mul(&inv).map_err(ce)?;
+    let y = xhat.broadcast_mul(w).map_err(ce)?;
+    Ok((y, (xhat, inv)))
+}
+
+fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> R<(Tensor, (Tensor, Tensor))> {
     let mu = x.mean_keepdim(D::Minus1).map_err(ce)?;
     let xc = x.broadcast_sub(&mu).map_err(ce)?;
     let var = xc
@@ -996,7 +1321,7 @@ fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor) -> R<(Tensor, (Tensor, Tensor)
         .and_then(|s| s.mean_keepdim(D::Minus1))
         .map_err(ce)?;
     let inv = var
-        .affine(1.0, 1e-5)
+        .affine(1.0, eps)
         .and_then(|v| v.sqrt())
         .and_then(|s| s.recip())
         .map_err(ce)?;

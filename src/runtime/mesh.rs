@@ -112,6 +112,41 @@ impl Topology {
     }
 }
 
+/// The collective interface the executor speaks, and all it needs from a mesh.
+/// Every call is made by every device of the mesh in the same order (the SPMD
+/// program has no device-dependent control flow), with `rank` the caller. The
+/// in-process mesh below implements it with shared memory; an MPI or NCCL backend
+/// implements the same calls over processes or GPUs, and neither the lowering nor
+/// the executor changes. Implementations must reduce in a fixed order (rank order
+/// within the group) so that one seed gives bit-identical results.
+pub trait Collectives: Sync {
+    fn topo(&self) -> &Topology;
+    /// Sum over the devices that differ only along `axes`; every one gets the sum.
+    fn psum(&self, rank: usize, t: &Tensor, axes: &[String]) -> Result<Tensor>;
+    /// Element-wise maximum over the group.
+    fn pmax(&self, rank: usize, t: &Tensor, axes: &[String]) -> Result<Tensor>;
+    /// Concatenate the group's pieces along `dim`, in group order.
+    fn all_gather(&self, rank: usize, t: &Tensor, axis: &str, dim: usize) -> Result<Tensor>;
+    /// Sum over the group; keep this device's piece of `dim`.
+    fn psum_scatter(&self, rank: usize, t: &Tensor, axis: &str, dim: usize) -> Result<Tensor>;
+    /// Split `split` into group-size pieces, send piece j to member j, and
+    /// concatenate what arrives along `concat`, in group order.
+    fn all_to_all(
+        &self,
+        rank: usize,
+        t: &Tensor,
+        axis: &str,
+        split: usize,
+        concat: usize,
+    ) -> Result<Tensor>;
+    /// Member i's tensor goes to member (i + shift) mod n along `axis`.
+    fn ppermute(&self, rank: usize, t: &Tensor, axis: &str, shift: i64) -> Result<Tensor>;
+    /// Wait until every device arrives.
+    fn barrier(&self) -> Result<()>;
+    /// A device failed: every device waiting in a collective returns an error.
+    fn abort(&self);
+}
+
 /// Shared state for collectives: a slot per device and a barrier.
 pub struct Comm {
     pub topo: Topology,
@@ -129,69 +164,138 @@ impl Comm {
         }
     }
 
-    /// Every device posts its tensor; each gets the tensors of its group over
-    /// `axes`, in group order. All devices must call this in the same order.
-    pub fn exchange(&self, rank: usize, t: &Tensor, axes: &[String]) -> Result<Vec<Tensor>> {
+    /// Post a tensor, then read what `pick` selects from the group's posts (a
+    /// view of the slots, in group order), then release the slots.
+    fn with_group<T>(
+        &self,
+        rank: usize,
+        t: &Tensor,
+        axes: &[String],
+        pick: impl FnOnce(&[&Tensor]) -> Result<T>,
+    ) -> Result<T> {
         if let Ok(mut s) = self.slots.lock() {
             s[rank] = Some(t.clone());
         }
         self.barrier.wait()?;
         let group = self.topo.group(rank, axes);
-        let out: Vec<Tensor> = match self.slots.lock() {
+        // Nobody overwrites a slot until everyone has read (the second wait).
+        let posted: Vec<Tensor> = match self.slots.lock() {
             Ok(s) => group.iter().filter_map(|r| s[*r].clone()).collect(),
             Err(_) => vec![],
         };
-        // Nobody overwrites a slot until everyone has read.
+        let refs: Vec<&Tensor> = posted.iter().collect();
+        let out = if refs.len() == group.len() {
+            pick(&refs)
+        } else {
+            Err(candle_core::Error::Msg("a device's slot was lost".into()))
+        };
         self.barrier.wait()?;
-        Ok(out)
+        out
+    }
+}
+
+impl Collectives for Comm {
+    fn topo(&self) -> &Topology {
+        &self.topo
     }
 
-    /// A device failed: wake everyone waiting in a collective with an error.
-    pub fn abort(&self) {
+    fn abort(&self) {
         self.barrier.abort();
     }
 
-    pub fn psum(&self, rank: usize, t: &Tensor, axes: &[String]) -> Result<Tensor> {
+    fn barrier(&self) -> Result<()> {
+        self.barrier.wait()
+    }
+
+    fn psum(&self, rank: usize, t: &Tensor, axes: &[String]) -> Result<Tensor> {
         if axes.iter().all(|a| self.topo.size(a) == 1) {
             return Ok(t.clone());
         }
-        let parts = self.exchange(rank, t, axes)?;
-        let mut acc = parts[0].clone();
-        for p in &parts[1..] {
-            acc = (acc + p)?;
-        }
-        Ok(acc)
+        self.with_group(rank, t, axes, |parts| {
+            let mut acc = parts[0].clone();
+            for p in &parts[1..] {
+                acc = (acc + *p)?;
+            }
+            Ok(acc)
+        })
     }
 
-    pub fn pmax(&self, rank: usize, t: &Tensor, axes: &[String]) -> Result<Tensor> {
+    fn pmax(&self, rank: usize, t: &Tensor, axes: &[String]) -> Result<Tensor> {
         if axes.iter().all(|a| self.topo.size(a) == 1) {
             return Ok(t.clone());
         }
-        let parts = self.exchange(rank, t, axes)?;
-        let mut acc = parts[0].clone();
-        for p in &parts[1..] {
-            acc = acc.maximum(p)?;
-        }
-        Ok(acc)
+        self.with_group(rank, t, axes, |parts| {
+            let mut acc = parts[0].clone();
+            for p in &parts[1..] {
+                acc = acc.maximum(*p)?;
+            }
+            Ok(acc)
+        })
     }
 
-    /// Concatenate the group's pieces along `dim` (the inverse of splitting it).
-    pub fn all_gather(&self, rank: usize, t: &Tensor, axis: &str, dim: usize) -> Result<Tensor> {
+    fn all_gather(&self, rank: usize, t: &Tensor, axis: &str, dim: usize) -> Result<Tensor> {
         if self.topo.size(axis) == 1 {
             return Ok(t.clone());
         }
-        let parts = self.exchange(rank, t, &[axis.to_string()])?;
-        Tensor::cat(&parts, dim)
+        self.with_group(rank, t, &[axis.to_string()], |parts| {
+            Tensor::cat(parts, dim)
+        })
     }
 
-    /// Sum over the group, keep this device's piece of `dim`.
-    pub fn psum_scatter(&self, rank: usize, t: &Tensor, axis: &str, dim: usize) -> Result<Tensor> {
+    fn psum_scatter(&self, rank: usize, t: &Tensor, axis: &str, dim: usize) -> Result<Tensor> {
         let n = self.topo.size(axis);
         if n == 1 {
             return Ok(t.clone());
         }
-        let full = self.psum(rank, t, &[axis.to_string()])?;
-        let len = full.dims()[dim] / n;
-        full.narrow(dim, self.topo.coord(rank, axis) * len, len)
+        // Chunked: each device adds only its own piece of every member's tensor
+        // (1/n of the work of an all-reduce), in rank order.
+        let i = self.topo.coord(rank, axis);
+        self.with_group(rank, t, &[axis.to_string()], |parts| {
+            let len = parts[0].dims()[dim] / n;
+            let mut acc = parts[0].narrow(dim, i * len, len)?;
+            for p in &parts[1..] {
+                acc = (acc + p.narrow(dim, i * len, len)?)?;
+            }
+            Ok(acc)
+        })
+    }
+
+    fn all_to_all(
+        &self,
+        rank: usize,
+        t: &Tensor,
+        axis: &str,
+        split: usize,
+        concat: usize,
+    ) -> Result<Tensor> {
+        let n = self.topo.size(axis);
+        if n == 1 {
+            return Ok(t.clone());
+        }
+        // Take piece i (this device's index) of every member's tensor.
+        let i = self.topo.coord(rank, axis);
+        self.with_group(rank, t, &[axis.to_string()], |parts| {
+            let len = parts[0].dims()[split] / n;
+            let mine: Vec<Tensor> = parts
+                .iter()
+                .map(|p| p.narrow(split, i * len, len))
+                .collect::<Result<_>>()?;
+            Tensor::cat(&mine, concat)
+        })
+    }
+
+    fn ppermute(&self, rank: usize, t: &Tensor, axis: &str, shift: i64) -> Result<Tensor> {
+        let n = self.topo.size(axis) as i64;
+        if n == 1 {
+            return Ok(t.clone());
+        }
+        let i = self.topo.coord(rank, axis) as i64;
+        let from = (i - shift).rem_euclid(n) as usize;
+        self.with_group(
+            rank,
+            t,
+            &[axis.to_string()],
+            |parts| Ok(parts[from].clone()),
+        )
     }
 }

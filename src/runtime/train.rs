@@ -5,7 +5,7 @@
 use super::data::{Batch, Source};
 use super::exec::{Exec, R};
 use super::init;
-use super::mesh::{Comm, Topology};
+use super::mesh::{Collectives, Comm, Topology};
 use crate::ast::{DType as SDType, Expr, ExprKind, OptValue, Options, TrainDecl};
 use crate::spmd::{Op, Program};
 use crate::types::TType;
@@ -735,7 +735,7 @@ fn cross_entropy(
     labels: &Tensor,
     rows: usize,
 ) -> R<(f64, Tensor)> {
-    let topo = &ex.comm.topo;
+    let topo = ex.comm.topo();
     let vaxes = lt.dims[lt.rank() - 1].axes.clone();
     let vloc = logits.dims()[logits.rank() - 1];
     let (vi, _) = topo.shard_index(ex.rank, &vaxes);
@@ -811,7 +811,7 @@ fn all_finite(t: &Tensor) -> bool {
 fn sync_grads(ex: &Exec, grads: Vec<Tensor>) -> R<Vec<Tensor>> {
     let mut out = Vec::new();
     for (p, g) in ex.prog.params.iter().zip(grads) {
-        let rep = replication(&ex.comm.topo, &p.stored).0;
+        let rep = replication(ex.comm.topo(), &p.stored).0;
         out.push(ex.comm.psum(ex.rank, &g, &rep).map_err(ce)?);
     }
     Ok(out)
@@ -821,7 +821,7 @@ fn sync_grads(ex: &Exec, grads: Vec<Tensor>) -> R<Vec<Tensor>> {
 fn global_norm(ex: &Exec, grads: &[Tensor]) -> R<f64> {
     let mut local = 0.0;
     for (p, g) in ex.prog.params.iter().zip(grads) {
-        let rep = replication(&ex.comm.topo, &p.stored).1;
+        let rep = replication(ex.comm.topo(), &p.stored).1;
         let s = g
             .sqr()
             .and_then(|x| x.sum_all())
@@ -831,7 +831,7 @@ fn global_norm(ex: &Exec, grads: &[Tensor]) -> R<f64> {
         local += s / rep as f64;
     }
     let t = Tensor::new(local, &ex.dev).map_err(ce)?;
-    let all: Vec<String> = ex.comm.topo.axes.iter().map(|a| a.0.clone()).collect();
+    let all: Vec<String> = ex.comm.topo().axes.iter().map(|a| a.0.clone()).collect();
     let s = ex
         .comm
         .psum(ex.rank, &t, &all)
@@ -855,8 +855,11 @@ fn gather_global(ex: &Exec, grads: &[Tensor]) -> R<Named> {
 fn gather_one(ex: &Exec, stored: &TType, t: &Tensor) -> R<Vec<f64>> {
     let n: usize = stored.known_shape().iter().product();
     let mut full = vec![0f64; n];
-    let (rep_axes, _) = replication(&ex.comm.topo, stored);
-    if rep_axes.iter().all(|a| ex.comm.topo.coord(ex.rank, a) == 0) {
+    let (rep_axes, _) = replication(ex.comm.topo(), stored);
+    if rep_axes
+        .iter()
+        .all(|a| ex.comm.topo().coord(ex.rank, a) == 0)
+    {
         let idx = ex.global_indices(stored)?;
         let vals: Vec<f64> = t
             .flatten_all()
@@ -867,7 +870,7 @@ fn gather_one(ex: &Exec, stored: &TType, t: &Tensor) -> R<Vec<f64>> {
             full[*i as usize] = v;
         }
     }
-    let all: Vec<String> = ex.comm.topo.axes.iter().map(|a| a.0.clone()).collect();
+    let all: Vec<String> = ex.comm.topo().axes.iter().map(|a| a.0.clone()).collect();
     let t = Tensor::from_vec(full, n, &ex.dev).map_err(ce)?;
     ex.comm
         .psum(ex.rank, &t, &all)
