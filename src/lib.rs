@@ -9,6 +9,7 @@ pub mod check;
 pub mod cli;
 pub mod data;
 pub mod diag;
+pub mod embed;
 pub mod lsp;
 pub mod parse;
 pub mod plan;

@@ -141,6 +141,9 @@ pub trait Collectives: Sync {
     ) -> Result<Tensor>;
     /// Member i's tensor goes to member (i + shift) mod n along `axis`.
     fn ppermute(&self, rank: usize, t: &Tensor, axis: &str, shift: i64) -> Result<Tensor>;
+    /// Every device's tensor, in rank order, on rank 0 (`None` elsewhere): for
+    /// writing checkpoints without a global copy on every device.
+    fn gather_to_first(&self, rank: usize, t: &Tensor) -> Result<Option<Vec<Tensor>>>;
     /// Wait until every device arrives.
     fn barrier(&self) -> Result<()>;
     /// A device failed: every device waiting in a collective returns an error.
@@ -205,6 +208,14 @@ impl Collectives for Comm {
 
     fn barrier(&self) -> Result<()> {
         self.barrier.wait()
+    }
+
+    fn gather_to_first(&self, rank: usize, t: &Tensor) -> Result<Option<Vec<Tensor>>> {
+        let all: Vec<String> = self.topo.axes.iter().map(|a| a.0.clone()).collect();
+        self.with_group(rank, t, &all, |parts| {
+            // The group over every axis is every rank, in rank order.
+            Ok((rank == 0).then(|| parts.iter().map(|p| (*p).clone()).collect()))
+        })
     }
 
     fn psum(&self, rank: usize, t: &Tensor, axes: &[String]) -> Result<Tensor> {

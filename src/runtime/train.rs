@@ -606,7 +606,7 @@ pub fn run(
                         memory = Some(m);
                     }
                     if want_grads && step == 0 {
-                        first = Some(gather_global(&ex, &grads)?);
+                        first = gather_global(&ex, &grads)?;
                     }
                     let norm = global_norm(&ex, &grads)?;
                     let scale = match cfg.clip {
@@ -621,10 +621,14 @@ pub fn run(
                             let mut arrays = Vec::new();
                             for (i, p) in prog.params.iter().enumerate() {
                                 let shape: Vec<usize> = p.stored.known_shape();
-                                arrays.push((format!("param/{}", p.name), shape.clone(), gather_one(&ex, &p.stored, &params[i])?));
+                                if let Some(v) = gather_one(&ex, &p.stored, &params[i])? {
+                                    arrays.push((format!("param/{}", p.name), shape.clone(), v));
+                                }
                                 for (slot, key) in [(&state.m[i], "opt_m"), (&state.v[i], "opt_v")] {
                                     if let Some(s) = slot {
-                                        arrays.push((format!("{key}/{}", p.name), shape.clone(), gather_one(&ex, &p.stored, s)?));
+                                        if let Some(v) = gather_one(&ex, &p.stored, s)? {
+                                            arrays.push((format!("{key}/{}", p.name), shape.clone(), v));
+                                        }
                                     }
                                 }
                             }
@@ -840,28 +844,34 @@ fn global_norm(ex: &Exec, grads: &[Tensor]) -> R<f64> {
     Ok(s.sqrt())
 }
 
-/// Assemble each gradient into its global array (for tests and `--dump-grads`).
-fn gather_global(ex: &Exec, grads: &[Tensor]) -> R<Named> {
-    ex.prog
-        .params
-        .iter()
-        .zip(grads)
-        .map(|(p, g)| Ok((p.name.clone(), gather_one(ex, &p.stored, g)?)))
-        .collect()
+/// Assemble each gradient into its global array on device 0 (for tests).
+fn gather_global(ex: &Exec, grads: &[Tensor]) -> R<Option<Named>> {
+    let mut out = Vec::new();
+    for (p, g) in ex.prog.params.iter().zip(grads) {
+        if let Some(v) = gather_one(ex, &p.stored, g)? {
+            out.push((p.name.clone(), v));
+        }
+    }
+    Ok((ex.rank == 0).then_some(out))
 }
 
-/// One value's global array on every device. Only the first replica of each piece
-/// contributes (the others add zeros), so the values come back bit for bit.
-fn gather_one(ex: &Exec, stored: &TType, t: &Tensor) -> R<Vec<f64>> {
+/// One value's global array, assembled on device 0 (`None` on the others) from
+/// every device's piece, so no device holds more than one global copy.
+fn gather_one(ex: &Exec, stored: &TType, t: &Tensor) -> R<Option<Vec<f64>>> {
+    let Some(pieces) = ex.comm.gather_to_first(ex.rank, t).map_err(ce)? else {
+        return Ok(None);
+    };
     let n: usize = stored.known_shape().iter().product();
     let mut full = vec![0f64; n];
-    let (rep_axes, _) = replication(ex.comm.topo(), stored);
-    if rep_axes
-        .iter()
-        .all(|a| ex.comm.topo().coord(ex.rank, a) == 0)
-    {
-        let idx = ex.global_indices(stored)?;
-        let vals: Vec<f64> = t
+    let topo = ex.comm.topo();
+    let (rep_axes, _) = replication(topo, stored);
+    for (r, piece) in pieces.iter().enumerate() {
+        // Replicas hold the same values; each element is written from its first.
+        if !rep_axes.iter().all(|a| topo.coord(r, a) == 0) {
+            continue;
+        }
+        let idx = super::init::global_indices(topo, r, stored, &ex.prog.bound)?;
+        let vals: Vec<f64> = piece
             .flatten_all()
             .and_then(|t| t.to_dtype(DType::F64))
             .and_then(|t| t.to_vec1::<f64>())
@@ -870,12 +880,7 @@ fn gather_one(ex: &Exec, stored: &TType, t: &Tensor) -> R<Vec<f64>> {
             full[*i as usize] = v;
         }
     }
-    let all: Vec<String> = ex.comm.topo().axes.iter().map(|a| a.0.clone()).collect();
-    let t = Tensor::from_vec(full, n, &ex.dev).map_err(ce)?;
-    ex.comm
-        .psum(ex.rank, &t, &all)
-        .and_then(|t| t.to_vec1::<f64>())
-        .map_err(ce)
+    Ok(Some(full))
 }
 
 /// Optimizer state in each parameter's layout; each parameter may have its own

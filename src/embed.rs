@@ -1,0 +1,559 @@
+//! SparseCore semantics of embedding tables, on the host: MOD partitioning, table
+//! stacking, per-step input statistics, limits with their overflow policies, and
+//! FDO (record, publish to a directory as `.npz`, load merged by maximum, raise the
+//! limits). These follow the JAX SparseCore library where it is well defined; where
+//! it aborts the process, these return data the caller turns into a diagnostic.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// MOD row placement over `n` partitions: id `i` lives in partition `(i + shift) % n`
+/// at row `i / n` of that partition's shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Partitioner {
+    pub n: usize,
+    pub shift: usize,
+}
+
+impl Partitioner {
+    pub fn partition(&self, id: u64) -> usize {
+        ((id + self.shift as u64) % self.n.max(1) as u64) as usize
+    }
+    pub fn local_row(&self, id: u64) -> usize {
+        (id / self.n.max(1) as u64) as usize
+    }
+}
+
+/// What happens when a step needs more ids in a partition than the limit allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Overflow {
+    /// Stop with a diagnostic (JAX aborts the process).
+    Error,
+    /// Keep the first ids in sorted order, drop the rest, count them.
+    Drop,
+    /// Raise the limit to what the step needs and continue (logged and counted).
+    Grow,
+}
+
+impl Overflow {
+    pub fn parse(s: &str) -> Option<Overflow> {
+        match s {
+            "error" => Some(Overflow::Error),
+            "drop" => Some(Overflow::Drop),
+            "grow" => Some(Overflow::Grow),
+            _ => None,
+        }
+    }
+}
+
+/// Per-stack input statistics of one step (or the maximum over several).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Per partition: the most ids one SparseCore sends it, after merging duplicate
+    /// (sample, id) pairs.
+    pub max_ids: Vec<i64>,
+    /// Per partition: the most distinct ids one SparseCore sends it.
+    pub max_unique_ids: Vec<i64>,
+    /// Per SparseCore: the sum over partitions of its id counts, each rounded up to 8.
+    pub required_buffer_size: Vec<i64>,
+    /// Per partition: ids dropped by `overflow: drop`.
+    pub id_drop_counters: Vec<i64>,
+}
+
+impl Stats {
+    /// Element-wise maximum (how FDO merges steps and processes).
+    pub fn merge_max(&mut self, o: &Stats) {
+        fn m(a: &mut Vec<i64>, b: &[i64]) {
+            if a.len() < b.len() {
+                a.resize(b.len(), 0);
+            }
+            for (x, y) in a.iter_mut().zip(b) {
+                *x = (*x).max(*y);
+            }
+        }
+        m(&mut self.max_ids, &o.max_ids);
+        m(&mut self.max_unique_ids, &o.max_unique_ids);
+        m(&mut self.required_buffer_size, &o.required_buffer_size);
+        m(&mut self.id_drop_counters, &o.id_drop_counters);
+    }
+}
+
+/// A table's current limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub max_ids: i64,
+    pub max_unique_ids: i64,
+}
+
+/// A limit a step exceeded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exceeded {
+    pub device: usize,
+    pub sparsecore: usize,
+    pub partition: usize,
+    /// `max_ids_per_partition` or `max_unique_ids_per_partition`.
+    pub limit_name: &'static str,
+    pub observed: i64,
+    pub limit: i64,
+}
+
+/// The result of preprocessing one feature's ids for one step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Preprocessed {
+    pub stats: Stats,
+    /// Per id position: false where `overflow: drop` dropped it.
+    pub keep: Vec<bool>,
+    /// Limits a `grow` or `drop` step exceeded (for the log).
+    pub exceeded: Vec<Exceeded>,
+}
+
+/// SparseCores and devices a feature's samples are spread over: the global batch is
+/// split into `devices` contiguous pieces, each into `sparsecores` pieces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub devices: usize,
+    pub sparsecores: usize,
+}
+
+impl Layout {
+    pub fn sources(&self) -> usize {
+        self.devices.max(1) * self.sparsecores.max(1)
+    }
+}
+
+/// Statistics of one step's ids (`ids` row-major `[samples, valency]`), and the
+/// limits applied with `policy`. `limits` is raised in place under `grow`; under
+/// `error` the first limit exceeded is returned as `Err`.
+pub fn preprocess(
+    ids: &[u64],
+    valency: usize,
+    layout: Layout,
+    part: Partitioner,
+    limits: &mut Limits,
+    policy: Overflow,
+) -> Result<Preprocessed, Exceeded> {
+    let valency = valency.max(1);
+    let samples = ids.len() / valency;
+    let sources = layout.sources();
+    let per_source = samples.div_ceil(sources);
+    let n = part.n.max(1);
+    let mut stats = Stats {
+        max_ids: vec![0; n],
+        max_unique_ids: vec![0; n],
+        required_buffer_size: vec![0; sources],
+        id_drop_counters: vec![0; n],
+    };
+    let mut keep = vec![true; ids.len()];
+    let mut exceeded = Vec::new();
+    for s in 0..sources {
+        let lo = (s * per_source).min(samples);
+        let hi = ((s + 1) * per_source).min(samples);
+        // (id, sample) pairs per partition, duplicates within a sample merged.
+        let mut pairs: BTreeMap<usize, BTreeSet<(u64, usize)>> = BTreeMap::new();
+        for sample in lo..hi {
+            for &id in &ids[sample * valency..(sample + 1) * valency] {
+                pairs
+                    .entry(part.partition(id))
+                    .or_default()
+                    .insert((id, sample));
+            }
+        }
+        let mut buffer = 0;
+        for (&p, set) in &pairs {
+            let count = set.len() as i64;
+            let distinct: BTreeSet<u64> = set.iter().map(|x| x.0).collect();
+            let unique = distinct.len() as i64;
+            stats.max_ids[p] = stats.max_ids[p].max(count);
+            stats.max_unique_ids[p] = stats.max_unique_ids[p].max(unique);
+            buffer += (count + 7) / 8 * 8;
+            let over = |name, observed, limit| Exceeded {
+                device: s / layout.sparsecores.max(1),
+                sparsecore: s % layout.sparsecores.max(1),
+                partition: p,
+                limit_name: name,
+                observed,
+                limit,
+            };
+            let mut hits = Vec::new();
+            if unique > limits.max_unique_ids {
+                hits.push(over(
+                    "max_unique_ids_per_partition",
+                    unique,
+                    limits.max_unique_ids,
+                ));
+            }
+            if count > limits.max_ids {
+                hits.push(over("max_ids_per_partition", count, limits.max_ids));
+            }
+            if hits.is_empty() {
+                continue;
+            }
+            match policy {
+                Overflow::Error => return Err(hits.remove(0)),
+                Overflow::Grow => {
+                    limits.max_ids = limits.max_ids.max(count);
+                    limits.max_unique_ids = limits.max_unique_ids.max(unique);
+                }
+                Overflow::Drop => {
+                    // Keep the smallest ids: first the distinct-id limit, then the
+                    // pair limit, both in sorted (id, sample) order.
+                    let allowed: BTreeSet<u64> = distinct
+                        .iter()
+                        .take(limits.max_unique_ids.max(0) as usize)
+                        .copied()
+                        .collect();
+                    let kept: BTreeSet<(u64, usize)> = set
+                        .iter()
+                        .filter(|x| allowed.contains(&x.0))
+                        .take(limits.max_ids.max(0) as usize)
+                        .copied()
+                        .collect();
+                    for &(id, sample) in set.difference(&kept) {
+                        stats.id_drop_counters[p] += 1;
+                        for k in sample * valency..(sample + 1) * valency {
+                            if ids[k] == id {
+                                keep[k] = false;
+                            }
+                        }
+                    }
+                }
+            }
+            exceeded.extend(hits);
+        }
+        stats.required_buffer_size[s] = buffer;
+    }
+    Ok(Preprocessed {
+        stats,
+        keep,
+        exceeded,
+    })
+}
+
+/// One table of a stack, placed in the stack's shards.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StackedTable {
+    pub name: String,
+    pub vocab: usize,
+    pub padded_vocab: usize,
+    pub dim: usize,
+    /// Rows of this table before it in every shard.
+    pub row_offset_in_shard: usize,
+    /// Its MOD shift, so stacked tables do not all start on the same partition.
+    pub shard_rotation: usize,
+}
+
+/// Tables stacked into one: same padded dim, optimizer and combiner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stack {
+    pub name: String,
+    pub dim: usize,
+    pub partitions: usize,
+    pub tables: Vec<StackedTable>,
+}
+
+impl Stack {
+    pub fn rows_per_shard(&self) -> usize {
+        self.tables
+            .iter()
+            .map(|t| t.padded_vocab / self.partitions.max(1))
+            .sum()
+    }
+    /// Shard row of a table's id: (partition, row within that partition's shard).
+    pub fn place(&self, table: &str, id: u64) -> Option<(usize, usize)> {
+        let t = self.tables.iter().find(|t| t.name == table)?;
+        let p = Partitioner {
+            n: self.partitions,
+            shift: t.shard_rotation,
+        };
+        Some((p.partition(id), t.row_offset_in_shard + p.local_row(id)))
+    }
+}
+
+/// What stacking needs to know of a table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TableInfo {
+    pub name: String,
+    pub vocab: usize,
+    pub dim: usize,
+    pub optimizer: String,
+    pub combiner: String,
+    /// Activation bytes its features produce per step (for the stacking limit).
+    pub activation_bytes: f64,
+}
+
+pub fn round_up(x: usize, m: usize) -> usize {
+    x.div_ceil(m.max(1)) * m.max(1)
+}
+
+/// Stack tables as SparseCore does: dims padded to multiples of 8, vocabularies to
+/// multiples of 8 × `partitions`; tables with the same padded dim, optimizer and
+/// combiner share a stack (in declaration order) while the stack's activations stay
+/// under `limit_bytes`. Table k of a stack is rotated by k × `sparsecores_per_device`.
+pub fn stack(
+    tables: &[TableInfo],
+    partitions: usize,
+    sparsecores_per_device: usize,
+    limit_bytes: Option<f64>,
+) -> Vec<Stack> {
+    let partitions = partitions.max(1);
+    let mut stacks: Vec<(Stack, String, String, f64)> = Vec::new();
+    for t in tables {
+        let dim = round_up(t.dim, 8);
+        let padded_vocab = round_up(t.vocab, 8 * partitions);
+        let fits = |s: &(Stack, String, String, f64)| {
+            s.0.dim == dim
+                && s.1 == t.optimizer
+                && s.2 == t.combiner
+                && limit_bytes.is_none_or(|l| s.3 + t.activation_bytes <= l)
+        };
+        let i = match stacks.iter().position(fits) {
+            Some(i) => i,
+            None => {
+                stacks.push((
+                    Stack {
+                        name: String::new(),
+                        dim,
+                        partitions,
+                        tables: vec![],
+                    },
+                    t.optimizer.clone(),
+                    t.combiner.clone(),
+                    0.0,
+                ));
+                stacks.len() - 1
+            }
+        };
+        let s = &mut stacks[i];
+        let k = s.0.tables.len();
+        s.0.tables.push(StackedTable {
+            name: t.name.clone(),
+            vocab: t.vocab,
+            padded_vocab,
+            dim: t.dim,
+            row_offset_in_shard: s.0.rows_per_shard(),
+            shard_rotation: (k * sparsecores_per_device.max(1)) % partitions,
+        });
+        s.3 += t.activation_bytes;
+    }
+    stacks
+        .into_iter()
+        .map(|(mut s, ..)| {
+            s.name = s
+                .tables
+                .iter()
+                .map(|t| t.name.as_str())
+                .collect::<Vec<_>>()
+                .join("_");
+            s
+        })
+        .collect()
+}
+
+/// The limits FDO sets from merged statistics: the largest observed count times
+/// `headroom` (rounded up), and the buffer size max(required) × SparseCores per device.
+pub fn limits_from(stats: &Stats, headroom: f64, sparsecores_per_device: usize) -> (Limits, i64) {
+    let up = |v: &[i64]| {
+        let m = v.iter().copied().max().unwrap_or(0).max(1);
+        ((m as f64) * headroom.max(1.0)).ceil() as i64
+    };
+    (
+        Limits {
+            max_ids: up(&stats.max_ids),
+            max_unique_ids: up(&stats.max_unique_ids),
+        },
+        stats
+            .required_buffer_size
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(0)
+            * sparsecores_per_device.max(1) as i64,
+    )
+}
+
+/// FDO through files, in the layout of JAX SparseCore's `NPZFileFDOClient`: each
+/// process publishes `fdo_stats_<process>_<time_ns>.npz` holding, per stack,
+/// `<stack>_max_ids`, `<stack>_max_unique_ids`, `<stack>_required_buffer_size` and
+/// `<stack>_id_drop_counters` (int32); loading takes each process's newest file and
+/// merges them by element-wise maximum.
+#[derive(Debug)]
+pub struct FdoClient {
+    pub dir: PathBuf,
+    pub process: usize,
+    recorded: BTreeMap<String, Stats>,
+}
+
+const KEYS: [&str; 4] = [
+    "max_ids",
+    "max_unique_ids",
+    "required_buffer_size",
+    "id_drop_counters",
+];
+
+impl FdoClient {
+    pub fn new(dir: &Path, process: usize) -> FdoClient {
+        FdoClient {
+            dir: dir.to_path_buf(),
+            process,
+            recorded: BTreeMap::new(),
+        }
+    }
+
+    /// Fold one step's statistics into what the next publish writes.
+    pub fn record(&mut self, stack: &str, stats: &Stats) {
+        self.recorded
+            .entry(stack.to_string())
+            .or_default()
+            .merge_max(stats);
+    }
+
+    /// Write what was recorded (atomically: a temporary file renamed into place).
+    pub fn publish(&mut self) -> Result<PathBuf, String> {
+        std::fs::create_dir_all(&self.dir)
+            .map_err(|e| format!("cannot create `{}`: {e}", self.dir.display()))?;
+        let ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let name = format!("fdo_stats_{}_{ns}.npz", self.process);
+        let mut tensors = Vec::new();
+        for (stack, s) in &self.recorded {
+            for (key, v) in KEYS.iter().zip([
+                &s.max_ids,
+                &s.max_unique_ids,
+                &s.required_buffer_size,
+                &s.id_drop_counters,
+            ]) {
+                let data: Vec<i32> = v
+                    .iter()
+                    .map(|x| (*x).clamp(0, i32::MAX as i64) as i32)
+                    .collect();
+                let n = data.len();
+                let t = candle_core::Tensor::from_vec(data, n, &candle_core::Device::Cpu)
+                    .map_err(|e| e.to_string())?;
+                tensors.push((format!("{stack}_{key}"), t));
+            }
+        }
+        let tmp = self.dir.join(format!(".{name}.tmp"));
+        let refs: Vec<(&str, &candle_core::Tensor)> =
+            tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        candle_core::Tensor::write_npz(&refs, &tmp)
+            .map_err(|e| format!("cannot write `{}`: {e}", tmp.display()))?;
+        let dest = self.dir.join(name);
+        std::fs::rename(&tmp, &dest)
+            .map_err(|e| format!("cannot write `{}`: {e}", dest.display()))?;
+        Ok(dest)
+    }
+}
+
+/// The newest file of each process in `dir`, merged by element-wise maximum, per
+/// stack. A directory without FDO files, or an unreadable file, is an error naming it.
+pub fn load(dir: &Path) -> Result<(BTreeMap<String, Stats>, Vec<PathBuf>), String> {
+    let rd = std::fs::read_dir(dir).map_err(|e| format!("cannot read `{}`: {e}", dir.display()))?;
+    let mut newest: BTreeMap<String, (u128, PathBuf)> = BTreeMap::new();
+    for e in rd.filter_map(|e| e.ok()) {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(rest) = name
+            .strip_prefix("fdo_stats_")
+            .and_then(|r| r.strip_suffix(".npz"))
+        else {
+            continue;
+        };
+        let Some((process, time)) = rest.rsplit_once('_') else {
+            continue;
+        };
+        let Ok(time) = time.parse::<u128>() else {
+            continue;
+        };
+        let slot = newest
+            .entry(process.to_string())
+            .or_insert((0, PathBuf::new()));
+        if time >= slot.0 {
+            *slot = (time, e.path());
+        }
+    }
+    if newest.is_empty() {
+        return Err(format!(
+            "`{}` holds no `fdo_stats_*.npz` files",
+            dir.display()
+        ));
+    }
+    let mut merged: BTreeMap<String, Stats> = BTreeMap::new();
+    let mut files = Vec::new();
+    for (_, (_, path)) in newest {
+        let arrays = crate::arrays::read(&path)
+            .map_err(|e| format!("`{}` is not a readable FDO file: {e}", path.display()))?;
+        let mut per: BTreeMap<String, Stats> = BTreeMap::new();
+        for a in arrays {
+            let Some((stack, key)) = KEYS.iter().find_map(|k| {
+                a.name
+                    .strip_suffix(&format!("_{k}"))
+                    .map(|s| (s.to_string(), *k))
+            }) else {
+                continue;
+            };
+            let v: Vec<i64> = a.values.iter().map(|x| *x as i64).collect();
+            let s = per.entry(stack).or_default();
+            match key {
+                "max_ids" => s.max_ids = v,
+                "max_unique_ids" => s.max_unique_ids = v,
+                "required_buffer_size" => s.required_buffer_size = v,
+                _ => s.id_drop_counters = v,
+            }
+        }
+        if per.is_empty() {
+            return Err(format!(
+                "`{}` holds no `<stack>_max_ids` arrays",
+                path.display()
+            ));
+        }
+        for (k, s) in per {
+            merged.entry(k).or_default().merge_max(&s);
+        }
+        files.push(path);
+    }
+    Ok((merged, files))
+}
+
+/// `shardc fdo show`: the merged statistics as a table.
+pub fn render(stats: &BTreeMap<String, Stats>, files: &[PathBuf]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    for f in files {
+        let _ = writeln!(out, "from {}", f.display());
+    }
+    for (stack, s) in stats {
+        let _ = writeln!(out, "\nstack `{stack}`");
+        let _ = writeln!(
+            out,
+            "  {:>9} {:>8} {:>15} {:>8}",
+            "partition", "max_ids", "max_unique_ids", "dropped"
+        );
+        for p in 0..s.max_ids.len() {
+            let g = |v: &Vec<i64>| v.get(p).copied().unwrap_or(0);
+            let _ = writeln!(
+                out,
+                "  {:>9} {:>8} {:>15} {:>8}",
+                p,
+                g(&s.max_ids),
+                g(&s.max_unique_ids),
+                g(&s.id_drop_counters)
+            );
+        }
+        let max = |v: &Vec<i64>| v.iter().copied().max().unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "  {:>9} {:>8} {:>15}",
+            "max",
+            max(&s.max_ids),
+            max(&s.max_unique_ids)
+        );
+        let _ = writeln!(
+            out,
+            "  required buffer: {} per SparseCore at most ({} SparseCores); {} ids dropped",
+            max(&s.required_buffer_size),
+            s.required_buffer_size.len(),
+            s.id_drop_counters.iter().sum::<i64>()
+        );
+    }
+    out
+}
