@@ -39,6 +39,13 @@ pub enum Format {
 }
 
 #[derive(Subcommand, Debug)]
+pub enum FdoAction {
+    /// Print the statistics in a directory of `fdo_stats_*.npz` files (each
+    /// process's newest, merged by maximum), as `shardc run` would load them.
+    Show { dir: PathBuf },
+}
+
+#[derive(Subcommand, Debug)]
 pub enum Command {
     /// Check shapes, dtypes and shardings without running anything.
     Check {
@@ -135,6 +142,11 @@ pub enum Command {
     },
     /// Language server on stdio (diagnostics on every edit, types on hover).
     Lsp,
+    /// Feedback-directed optimization files of embedding tables.
+    Fdo {
+        #[command(subcommand)]
+        action: FdoAction,
+    },
     /// Explain a diagnostic code, e.g. `shardc explain E0203`.
     Explain { code: Option<String> },
 }
@@ -182,6 +194,18 @@ pub fn main() -> ExitCode {
         ),
         Command::Explain { code } => explain(code.as_deref()),
         Command::Lsp => crate::lsp::run(),
+        Command::Fdo {
+            action: FdoAction::Show { dir },
+        } => match crate::embed::load(&dir) {
+            Ok((stats, files)) => {
+                out!("{}", crate::embed::render(&stats, &files));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(1)
+            }
+        },
         Command::Run {
             file,
             mesh,
@@ -472,16 +496,6 @@ fn run(args: RunArgs) -> ExitCode {
         }
     };
     // Say plainly what this version does not execute yet, rather than ignore it.
-    let unsupported: Vec<&str> = ["fdo"]
-        .into_iter()
-        .filter(|k| train.options.get(k).is_some())
-        .collect();
-    if !unsupported.is_empty() {
-        eprintln!(
-            "warning: not executed yet, ignored for this run: {}",
-            unsupported.join(", ")
-        );
-    }
     let staged = c.program.layers.values().flat_map(|l| l.members.iter()).any(|m| match m {
         crate::ast::Member::Sub { value, .. } => matches!(&value.kind, crate::ast::ExprKind::Call(_, args) if args.iter().any(|a| matches!(a, crate::ast::Arg::Named(k, _) if k.name == "stages"))),
         _ => false,
@@ -601,7 +615,17 @@ fn run(args: RunArgs) -> ExitCode {
             step_ms: secs * 1e3,
             examples_per_s: cfg.batch as f64 / secs.max(1e-9),
             eval_loss: r.eval_loss,
+            events: r.notes.clone(),
         };
+        // Limits and FDO changes are worth a line even when steps are thinned.
+        if !quiet && !json {
+            for n in &rec.events {
+                match &bar {
+                    Some(b) => b.println(format!("step {}: {n}", rec.step)),
+                    None => eprintln!("step {:>5}: {n}", rec.step),
+                }
+            }
+        }
         if json {
             outln!("{}", serde_json::to_string(&rec).unwrap_or_default());
         } else if let Some(b) = &bar {
@@ -708,12 +732,22 @@ fn run(args: RunArgs) -> ExitCode {
                 .and_then(|n| n.parse::<usize>().ok())
                 .and_then(|i| prog.nodes.get(i))
                 .map(|n| (n.span, n.ty.to_string()));
-            match at {
-                Some((span, ty)) => eprintln!(
+            // Or at the table a SparseCore limit belongs to.
+            let table = e
+                .split("table `")
+                .nth(1)
+                .and_then(|r| r.split('`').next())
+                .and_then(|n| c.program.tables.iter().find(|t| t.name.name == n));
+            match (at, table) {
+                (Some((span, ty)), _) => eprintln!(
                     "error: the run stopped: {e}\n  --> {} (a value of type {ty})",
                     c.sources.describe(span)
                 ),
-                None => eprintln!("error: the run stopped: {e}"),
+                (None, Some(t)) => eprintln!(
+                    "error: the run stopped: {e}\n  --> {} (the table)",
+                    c.sources.describe(t.name.span)
+                ),
+                (None, None) => eprintln!("error: the run stopped: {e}"),
             }
             ExitCode::from(1)
         }

@@ -37,6 +37,21 @@ pub struct Plan {
     pub comms: Vec<Comm>,
     /// Sizes that stayed symbolic, so the figures above omit them.
     pub unknown: Vec<String>,
+    /// Embedding tables as SparseCore stacks them.
+    pub stacks: Vec<StackPlan>,
+}
+
+/// One stack of embedding tables: its shards and the tables placed in them.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct StackPlan {
+    pub name: String,
+    pub dim: usize,
+    pub partitions: usize,
+    pub rows_per_shard: usize,
+    /// Table bytes on each device (its SparseCores' shards, f32).
+    pub bytes_per_device: f64,
+    /// (table, vocab → padded, row offset in shard, shard rotation).
+    pub tables: Vec<(String, usize, usize, usize, usize)>,
 }
 
 impl Plan {
@@ -154,6 +169,29 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
             "",
             human_bytes(total)
         ));
+    }
+    for st in &p.stacks {
+        s.push_str(&format!(
+            "\nembedding stack `{}`: dim {} (padded), {} partitions × {} rows, {} per device\n",
+            st.name,
+            st.dim,
+            st.partitions,
+            st.rows_per_shard,
+            human_bytes(st.bytes_per_device)
+        ));
+        s.push_str(&format!(
+            "  {:<16} {:>16} {:>14} {:>9}\n",
+            "table", "vocab → padded", "row offset", "rotation"
+        ));
+        for (name, v, pv, off, rot) in &st.tables {
+            s.push_str(&format!(
+                "  {:<16} {:>16} {:>14} {:>9}\n",
+                name,
+                format!("{v} → {pv}"),
+                off,
+                rot
+            ));
+        }
     }
     if !p.unknown.is_empty() {
         s.push_str(&format!(

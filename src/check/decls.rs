@@ -395,6 +395,7 @@ impl<'p> Checker<'p> {
     /// Embedding tables: rows MOD-sharded over `devices × sparsecores` partitions,
     /// vocabularies padded to multiples of 8·N and dims to multiples of 8 (SparseCore).
     fn plan_tables(&mut self, plan: &mut crate::plan::Plan, mesh: &crate::resolve::Mesh) {
+        self.plan_stacks(plan, mesh);
         for t in &self.prog.tables.clone() {
             let int = |c: &Checker, k: &str| match t.options.get(k) {
                 Some(OptValue::Expr(e)) => match &e.kind {
@@ -443,6 +444,82 @@ impl<'p> Checker<'p> {
                 plan.gathered_params = plan
                     .gathered_params
                     .max(vocab as f64 * pad(dim, 8) as f64 * 4.0);
+            }
+        }
+    }
+
+    /// The SparseCore stacks of the tables, per sharding axis.
+    fn plan_stacks(&mut self, plan: &mut crate::plan::Plan, mesh: &crate::resolve::Mesh) {
+        let int = |c: &Checker, o: &ast::Options, k: &str| match o.get(k) {
+            Some(OptValue::Expr(e)) => match &e.kind {
+                ExprKind::Int(v) => Some(*v),
+                ExprKind::Name(n) => c.prog.consts.get(n).map(|v| v.0),
+                _ => None,
+            },
+            _ => None,
+        };
+        let sc = mesh.sparsecores.max(1) as usize;
+        let mut by_axis: std::collections::BTreeMap<String, Vec<crate::embed::TableInfo>> =
+            Default::default();
+        for t in &self.prog.tables {
+            let (Some(vocab), Some(dim)) =
+                (int(self, &t.options, "vocab"), int(self, &t.options, "dim"))
+            else {
+                continue;
+            };
+            let axis = match t.options.expr("shard").map(|e| &e.kind) {
+                Some(ExprKind::Call(_, args)) => match args.first() {
+                    Some(ast::Arg::Pos(Expr {
+                        kind: ExprKind::Name(a),
+                        ..
+                    })) => a.clone(),
+                    _ => String::new(),
+                },
+                _ => String::new(),
+            };
+            let name = |k: &str| match t.options.expr(k) {
+                Some(e) => call_parts(e).map_or(String::new(), |p| p.0.to_string()),
+                None => String::new(),
+            };
+            by_axis
+                .entry(axis)
+                .or_default()
+                .push(crate::embed::TableInfo {
+                    name: t.name.name.clone(),
+                    vocab: vocab.max(1) as usize,
+                    dim: dim.max(1) as usize,
+                    optimizer: name("optimizer"),
+                    combiner: name("combiner"),
+                    activation_bytes: 0.0,
+                });
+        }
+        for (axis, infos) in by_axis {
+            let devices = if axis.is_empty() {
+                1
+            } else {
+                mesh.size(&axis).max(1) as usize
+            };
+            for st in crate::embed::stack(&infos, devices * sc, sc, None) {
+                plan.stacks.push(crate::plan::StackPlan {
+                    bytes_per_device: (st.rows_per_shard() * sc * st.dim * 4) as f64,
+                    name: st.name.clone(),
+                    dim: st.dim,
+                    partitions: st.partitions,
+                    rows_per_shard: st.rows_per_shard(),
+                    tables: st
+                        .tables
+                        .iter()
+                        .map(|t| {
+                            (
+                                t.name.clone(),
+                                t.vocab,
+                                t.padded_vocab,
+                                t.row_offset_in_shard,
+                                t.shard_rotation,
+                            )
+                        })
+                        .collect(),
+                });
             }
         }
     }

@@ -26,6 +26,9 @@ pub struct Exec<'a> {
     pub rank: usize,
     pub dtype: DType,
     pub dev: Device,
+    /// Per `lookup` node: 1 for each id of the current (global) batch that is
+    /// looked up, 0 where the table's `overflow: drop` dropped it.
+    pub keep: std::cell::RefCell<std::collections::HashMap<usize, Vec<f64>>>,
 }
 
 /// What forward keeps for backward: every node's local value.
@@ -483,7 +486,7 @@ impl<'a> Exec<'a> {
                 }
             }
             "lookup" => {
-                let (y, _, _, _) = self.lookup(a[0], a[1], attrs, out)?;
+                let (y, _, _, _) = self.lookup(a[0], a[1], ts[1], attrs, out, node)?;
                 return Ok((y, None));
             }
             "index" => {
@@ -538,8 +541,10 @@ impl<'a> Exec<'a> {
         &self,
         table: &Tensor,
         ids: &Tensor,
+        ids_t: &TType,
         attrs: &[(String, String)],
         out: &TType,
+        node: usize,
     ) -> R<(Tensor, Tensor, Tensor, usize)> {
         let n = self.prog.local_shape(out)?.first().copied().unwrap_or(1) as usize;
         let flat: Vec<i64> = ids
@@ -569,7 +574,25 @@ impl<'a> Exec<'a> {
             &self.dev,
         )
         .map_err(ce)?;
-        let scale = Tensor::full(w, (flat.len(), 1), &self.dev)
+        // Dropped ids weigh nothing; this device's ids are its block of the batch's.
+        let weights: Vec<f64> = match self.keep.borrow().get(&node) {
+            Some(keep) => {
+                let axes = ids_t
+                    .dims
+                    .first()
+                    .map(|d| d.axes.clone())
+                    .unwrap_or_default();
+                let (i, _) = self.comm.topo().shard_index(self.rank, &axes);
+                let l = flat.len();
+                keep.get(i * l..(i + 1) * l)
+                    .ok_or("the drop mask does not cover this device's ids")?
+                    .iter()
+                    .map(|k| k * w)
+                    .collect()
+            }
+            None => vec![w; flat.len()],
+        };
+        let scale = Tensor::from_vec(weights, (flat.len(), 1), &self.dev)
             .and_then(|t| t.to_dtype(table.dtype()))
             .map_err(ce)?;
         let d = table.dims()[1];
@@ -1073,7 +1096,7 @@ impl<'a> Exec<'a> {
                 )])
             }
             "lookup" => {
-                let (_, rows, scale, n) = self.lookup(v(0), v(1), attrs, &node.ty)?;
+                let (_, rows, scale, n) = self.lookup(v(0), v(1), ty(1), attrs, &node.ty, i)?;
                 // Each id's row gets its sample's cotangent (times the combiner's weight).
                 let d = v(0).dims()[1];
                 let valency = rows.dims()[0] / n.max(1);

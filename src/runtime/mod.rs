@@ -7,4 +7,5 @@ pub mod exec;
 pub mod init;
 pub mod mesh;
 pub mod report;
+pub mod sparse;
 pub mod train;

@@ -16,6 +16,9 @@ pub struct Record {
     pub examples_per_s: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_loss: Option<f64>,
+    /// SparseCore limits and FDO events of this step.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<String>,
 }
 
 pub fn write_metrics(dir: &Path, records: &[Record]) -> std::io::Result<()> {

@@ -85,6 +85,8 @@ pub struct Config {
     pub start_step: usize,
     /// Optimizer slots to start from (`opt_m/NAME`, `opt_v/NAME`, global arrays).
     pub init_opt: std::collections::HashMap<String, Vec<f64>>,
+    /// Embedding tables' SparseCore input processing and FDO.
+    pub sparse: super::sparse::SparseConfig,
 }
 
 fn num(e: &Expr) -> Option<f64> {
@@ -206,6 +208,7 @@ pub fn config(
         },
         start_step: 0,
         init_opt: Default::default(),
+        sparse: Default::default(),
         eval: match t.options.get("eval") {
             Some(OptValue::Options(o)) => {
                 let g = |k: &str| opt_count(o, k);
@@ -307,6 +310,7 @@ pub fn prepare<'c>(
                 .and_then(|d| d.size.as_const())
         })
         .unwrap_or(1) as usize;
+    cfg.sparse = sparse_config(c, prog, t);
     let loaded = c.data.iter().find(|d| d.model == t.model.name);
     if loaded.is_none() {
         // A file source that did not load has a diagnostic; never fall back silently.
@@ -320,10 +324,178 @@ pub fn prepare<'c>(
     Ok((prog, t, cfg, src))
 }
 
+/// The tables a program looks up, with their SparseCore placement, limits and
+/// overflow policy, the lookups whose ids are model inputs, and `fdo`.
+fn sparse_config(
+    c: &crate::world::Compilation,
+    prog: &Program,
+    t: &TrainDecl,
+) -> super::sparse::SparseConfig {
+    use super::sparse::{Fdo, LookupRun, SparseConfig, TableRun};
+    use crate::embed::{Layout, Limits, Overflow, Partitioner, TableInfo};
+    let consts = &c.program.consts;
+    let int = |o: &Options, k: &str| {
+        o.expr(k).and_then(|e| match &e.kind {
+            ExprKind::Int(v) => Some(*v),
+            ExprKind::Name(n) => consts.get(n).map(|v| v.0),
+            _ => None,
+        })
+    };
+    let mesh = c.program.mesh(&t.mesh.name);
+    let sparsecores = mesh.map_or(1, |m| m.sparsecores.max(1)) as usize;
+    let name_of = |e: Option<&Expr>| match e.map(|e| &e.kind) {
+        Some(ExprKind::Name(n)) => n.clone(),
+        _ => String::new(),
+    };
+    let infos: Vec<TableInfo> = c
+        .program
+        .tables
+        .iter()
+        .map(|tb| TableInfo {
+            name: tb.name.name.clone(),
+            vocab: int(&tb.options, "vocab").unwrap_or(1).max(1) as usize,
+            dim: int(&tb.options, "dim").unwrap_or(1).max(1) as usize,
+            optimizer: tb
+                .options
+                .expr("optimizer")
+                .and_then(Expr::as_call)
+                .map_or(String::new(), |x| x.0.to_string()),
+            combiner: name_of(tb.options.expr("combiner")),
+            activation_bytes: 0.0,
+        })
+        .collect();
+    let mut tables = Vec::new();
+    for tb in &c.program.tables {
+        let axis = match tb.options.expr("shard").map(|e| &e.kind) {
+            Some(ExprKind::Call(_, args)) => match args.first() {
+                Some(crate::ast::Arg::Pos(Expr {
+                    kind: ExprKind::Name(a),
+                    ..
+                })) => Some(a.clone()),
+                _ => None,
+            },
+            _ => None,
+        };
+        let devices = axis
+            .as_deref()
+            .and_then(|a| mesh.map(|m| m.size(a)))
+            .unwrap_or(1)
+            .max(1) as usize;
+        let n = devices * sparsecores;
+        let stacks = crate::embed::stack(&infos, n, sparsecores, None);
+        let stack = stacks
+            .iter()
+            .find(|s| s.tables.iter().any(|x| x.name == tb.name.name))
+            .map_or(tb.name.name.clone(), |s| s.name.clone());
+        let shift = stacks
+            .iter()
+            .flat_map(|s| &s.tables)
+            .find(|x| x.name == tb.name.name)
+            .map_or(0, |x| x.shard_rotation);
+        // SparseCore's own defaults when a table leaves its limits out.
+        let max_ids = int(&tb.options, "max_ids_per_partition").unwrap_or(256);
+        tables.push(TableRun {
+            name: tb.name.name.clone(),
+            stack,
+            layout: Layout {
+                devices,
+                sparsecores,
+            },
+            part: Partitioner { n, shift },
+            limits: Limits {
+                max_ids,
+                max_unique_ids: int(&tb.options, "max_unique_ids_per_partition").unwrap_or(max_ids),
+            },
+            policy: Overflow::parse(&name_of(tb.options.expr("overflow")))
+                .unwrap_or(Overflow::Error),
+        });
+    }
+    let mut lookups = Vec::new();
+    for (i, node) in prog.nodes.iter().enumerate() {
+        let Op::Builtin(b, attrs) = &node.op else {
+            continue;
+        };
+        if b != "lookup" {
+            continue;
+        }
+        let Some(feature) = attrs.iter().find_map(|a| {
+            c.program
+                .features
+                .iter()
+                .find(|f| a.0.is_empty() && f.name.name == a.1)
+        }) else {
+            continue;
+        };
+        let Some(table) = tables.iter().position(|x| x.name == feature.table.name) else {
+            continue;
+        };
+        // The ids, through layout changes, must be a model input.
+        let mut id = node.args.get(1).copied();
+        while let Some(k) = id {
+            match &prog.nodes[k as usize].op {
+                Op::Reshard => id = prog.nodes[k as usize].args.first().copied(),
+                _ => break,
+            }
+        }
+        let Some(Op::Input(input)) = id.map(|k| &prog.nodes[k as usize].op) else {
+            continue;
+        };
+        let size = |ty: &TType| -> usize {
+            ty.dims
+                .iter()
+                .map(|d| {
+                    d.size
+                        .substitute(&prog.bound)
+                        .and_then(|p| p.as_const())
+                        .unwrap_or(1)
+                        .max(1) as usize
+                })
+                .product()
+        };
+        let samples = node
+            .ty
+            .dims
+            .first()
+            .and_then(|d| d.size.substitute(&prog.bound))
+            .and_then(|p| p.as_const())
+            .unwrap_or(1)
+            .max(1) as usize;
+        let ids_t = &prog.nodes[id.unwrap_or(0) as usize].ty;
+        lookups.push(LookupRun {
+            node: i,
+            input: *input,
+            valency: (size(ids_t) / samples).max(1),
+            table,
+        });
+    }
+    let fdo = match t.options.get("fdo") {
+        Some(OptValue::Options(o)) => Some(Fdo {
+            every: opt_count(o, "every").unwrap_or(1),
+            dir: o
+                .expr("dir")
+                .and_then(|e| match &e.kind {
+                    ExprKind::Str(s) => Some(std::path::PathBuf::from(s)),
+                    _ => None,
+                })
+                .unwrap_or_else(|| "fdo".into()),
+            headroom: o.expr("headroom").and_then(num).unwrap_or(1.0),
+        }),
+        _ => None,
+    };
+    SparseConfig {
+        tables,
+        lookups,
+        fdo,
+        sparsecores,
+    }
+}
+
 /// Per-step results, reported by device 0.
 #[derive(Clone, Debug)]
 pub struct StepReport {
     pub step: usize,
+    /// What SparseCore input processing and FDO did at this step.
+    pub notes: Vec<String>,
     pub loss: f64,
     pub lr: f64,
     pub grad_norm: f64,
@@ -477,6 +649,15 @@ pub fn run(
             )
         })
         .collect();
+    // SparseCore input statistics, limits and FDO, ahead of the devices.
+    let sparse = super::sparse::plan_steps(&cfg.sparse, cfg.steps, cfg.start_step, &|st, k| {
+        batches
+            .get(st)
+            .and_then(|b| b.inputs.get(k))
+            .cloned()
+            .unwrap_or_default()
+    })?;
+    let sparse = &sparse;
     let (tx, rx) = mpsc::channel::<StepReport>();
     let mut result: R<RunOutput> = Err("no device ran".into());
     std::thread::scope(|scope| {
@@ -497,6 +678,7 @@ pub fn run(
                     rank,
                     dtype: cfg.dtype,
                     dev: dev.clone(),
+                    keep: Default::default(),
                 };
                 // Parameters: each device computes only its own piece.
                 let mut params = Vec::new();
@@ -553,6 +735,11 @@ pub fn run(
                             .map(|(t, v)| local_piece(topo, rank, t, prog, &chunk(v), cfg.dtype, &dev))
                             .collect::<R<_>>()?;
                         let labels_f: Vec<f64> = chunk(&b.labels.iter().map(|x| *x as f64).collect::<Vec<_>>());
+                        // This microbatch's part of each lookup's drop mask.
+                        *ex.keep.borrow_mut() = sparse
+                            .get(step)
+                            .map(|x| x.keep.iter().map(|(n, m)| (*n, chunk(m))).collect())
+                            .unwrap_or_default();
                         let y = local_piece(topo, rank, label_t, prog, &labels_f, cfg.dtype, &dev)?;
                         let seed = cfg.seed ^ ((step * k + j) as u64).wrapping_mul(0xA24B_AED4_963E_E407);
                         let t = ex.forward(&params, &xs, Some(seed))?;
@@ -662,6 +849,8 @@ pub fn run(
                     let mut eval_loss = None;
                     if let Some((every, esteps)) = cfg.eval {
                         if (step + 1) % every == 0 {
+                            // Held-out batches are looked up whole.
+                            ex.keep.borrow_mut().clear();
                             let mut total = 0.0;
                             for e in 0..esteps {
                                 let b = src.batch(cfg.seed, e, cfg.batch / k, micro_sizes, int_inputs, vocab, rows, per_position, true);
@@ -675,7 +864,8 @@ pub fn run(
                         }
                     }
                     if rank == 0 {
-                        let _ = tx.send(StepReport { step, loss, lr, grad_norm: norm, eval_loss });
+                        let notes = sparse.get(step).map(|x| x.notes.clone()).unwrap_or_default();
+                        let _ = tx.send(StepReport { step, notes, loss, lr, grad_norm: norm, eval_loss });
                     }
                 }
                 Ok((first, memory))

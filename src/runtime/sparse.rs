@@ -1,0 +1,161 @@
+//! SparseCore input processing of a run: every step's lookup ids go through
+//! [`crate::embed::preprocess`] (statistics, limits, the table's overflow policy),
+//! and with `fdo` the statistics are published every N steps and the limits raised
+//! from what was loaded. Batches are known before training starts, so this runs
+//! ahead of the devices; its messages are shown at the steps they belong to.
+
+use crate::embed::{self, FdoClient, Layout, Limits, Overflow, Partitioner};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+
+/// One table as a run uses it.
+#[derive(Clone, Debug)]
+pub struct TableRun {
+    pub name: String,
+    /// The stack it belongs to (the name its FDO statistics are filed under).
+    pub stack: String,
+    pub layout: Layout,
+    pub part: Partitioner,
+    pub limits: Limits,
+    pub policy: Overflow,
+}
+
+/// One `lookup` whose ids are a model input.
+#[derive(Clone, Debug)]
+pub struct LookupRun {
+    pub node: usize,
+    pub input: usize,
+    pub valency: usize,
+    pub table: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct Fdo {
+    pub every: usize,
+    pub dir: PathBuf,
+    pub headroom: f64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct SparseConfig {
+    pub tables: Vec<TableRun>,
+    pub lookups: Vec<LookupRun>,
+    pub fdo: Option<Fdo>,
+    pub sparsecores: usize,
+}
+
+/// What one step needs and says.
+#[derive(Clone, Debug, Default)]
+pub struct StepSparse {
+    /// Per lookup node: 1/0 per id of the global batch (absent: keep all).
+    pub keep: HashMap<usize, Vec<f64>>,
+    pub notes: Vec<String>,
+}
+
+/// Process every step's ids. `inputs(s, k)` is model input `k` of step `s` (global,
+/// row-major). Steps before `start` (a resumed run) are replayed without writing
+/// FDO files, so the limits are what they were when the checkpoint was written.
+pub fn plan_steps(
+    cfg: &SparseConfig,
+    steps: usize,
+    start: usize,
+    inputs: &dyn Fn(usize, usize) -> Vec<f64>,
+) -> Result<Vec<StepSparse>, String> {
+    let mut out = vec![StepSparse::default(); steps];
+    if cfg.lookups.is_empty() {
+        return Ok(out);
+    }
+    let mut limits: Vec<Limits> = cfg.tables.iter().map(|t| t.limits).collect();
+    // Where each table's current limits come from, for the diagnostic.
+    let mut origin: Vec<String> = vec!["as declared".to_string(); cfg.tables.len()];
+    let mut client = cfg.fdo.as_ref().map(|f| FdoClient::new(&f.dir, 0));
+    // What was recorded so far, for replayed steps (no files then).
+    let mut recorded: BTreeMap<String, embed::Stats> = BTreeMap::new();
+    for (s, slot) in out.iter_mut().enumerate() {
+        for l in &cfg.lookups {
+            let t = &cfg.tables[l.table];
+            let ids: Vec<u64> = inputs(s, l.input)
+                .iter()
+                .map(|x| x.max(0.0) as u64)
+                .collect();
+            let p = embed::preprocess(&ids, l.valency, t.layout, t.part, &mut limits[l.table], t.policy)
+                .map_err(|e| {
+                    format!(
+                        "step {}: table `{}`: SparseCore {} of device {} sends {} ids to partition {}, over `{}: {}` ({})",
+                        s + 1,
+                        t.name,
+                        e.sparsecore,
+                        e.device,
+                        e.observed,
+                        e.partition,
+                        e.limit_name,
+                        e.limit,
+                        origin[l.table]
+                    ) + &format!(
+                        "\n  help: `overflow: grow` in the table raises the limit when a step needs it (logged) and `overflow: drop` drops the excess ids (counted); `fdo` raises limits from observed statistics; or set `{}: {}`",
+                        e.limit_name, e.observed
+                    )
+                })?;
+            if t.policy == Overflow::Grow && !p.exceeded.is_empty() {
+                origin[l.table] = format!("grown at step {}", s + 1);
+            }
+            for e in &p.exceeded {
+                let what = match t.policy {
+                    Overflow::Grow => format!("raised `{}` to {}", e.limit_name, e.observed),
+                    _ => format!("dropped {} ids", e.observed - e.limit),
+                };
+                if s >= start {
+                    slot.notes.push(format!(
+                        "table `{}`: SparseCore {} of device {} needs {} ids in partition {} (`{}: {}`): {what}",
+                        t.name, e.sparsecore, e.device, e.observed, e.partition, e.limit_name, e.limit
+                    ));
+                }
+            }
+            if t.policy == Overflow::Drop {
+                slot.keep.insert(
+                    l.node,
+                    p.keep.iter().map(|k| f64::from(u8::from(*k))).collect(),
+                );
+            }
+            recorded
+                .entry(t.stack.clone())
+                .or_default()
+                .merge_max(&p.stats);
+            if let Some(c) = client.as_mut() {
+                c.record(&t.stack, &p.stats);
+            }
+        }
+        let Some(f) = &cfg.fdo else { continue };
+        if (s + 1) % f.every.max(1) != 0 {
+            continue;
+        }
+        let merged = match (s >= start, client.as_mut()) {
+            (true, Some(c)) => {
+                let path = c.publish()?;
+                let (merged, files) = embed::load(&f.dir)?;
+                slot.notes.push(format!(
+                    "FDO: published {}; loaded {} file(s)",
+                    path.display(),
+                    files.len()
+                ));
+                merged
+            }
+            _ => recorded.clone(),
+        };
+        for (i, t) in cfg.tables.iter().enumerate() {
+            let Some(st) = merged.get(&t.stack) else {
+                continue;
+            };
+            let (new, buffer) = embed::limits_from(st, f.headroom, cfg.sparsecores);
+            if s >= start {
+                slot.notes.push(format!(
+                    "FDO: table `{}`: max_ids_per_partition {} → {}, max_unique_ids_per_partition {} → {}, buffer {buffer} per device",
+                    t.name, limits[i].max_ids, new.max_ids, limits[i].max_unique_ids, new.max_unique_ids
+                ));
+            }
+            limits[i] = new;
+            origin[i] = format!("set by FDO after step {}", s + 1);
+        }
+    }
+    Ok(out)
+}
