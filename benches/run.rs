@@ -82,6 +82,14 @@ fn main() {
         baseline_gptj(&small, 30),
     );
     bench("models/shakespeare.shard", None, 12);
+    // Embedding lookup + update throughput: 1M × 64 table, batch 4096 × valency 8.
+    let step = bench("benches/models/lookup.shard", None, 6);
+    println!(
+        "{:<34} {:<16} {:>12.0} ids/s (lookup, backward to owners, Adagrad on touched rows)",
+        "embedding 1M × 64, 4096 × 8 ids",
+        "device=8 × 4 SC",
+        4096.0 * 8.0 / step
+    );
     bench("models/transformer_3d.shard", None, 8);
     if std::env::var_os("SHARDC_BENCH_FULL").is_some() {
         let ours = bench("models/gptj.shard", None, 3);

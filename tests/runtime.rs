@@ -760,3 +760,65 @@ fn array_data_trains_on_exactly_those_batches() {
     }
     assert_eq!(losses.len(), 7);
 }
+
+fn table_model(extra_table: &str, extra_train: &str) -> String {
+    format!("mesh m(dp: 2) {{ sparsecores: 2 }}\ntable t {{ vocab: 64, dim: 4, init: normal(1.0), combiner: sum, optimizer: adamw(lr: 0.1, weight_decay: 0.1), shard: rows(dp){extra_table} }}\nfeature f: i32[B * 3, 1] -> t\nimport nn\nmodel M {{\n  d = Dense(12 -> 5)\n  fn forward(ids: i32[B@dp, 3]) -> f32[B@dp, 5] {{\n    d(tanh(reshape(lookup(f, ids), [B@dp, 12])))\n  }}\n}}\ntrain M on m {{ data: synthetic(classes: 5, vocab: 8), batch: 8, steps: 3, optimizer: adam(lr: 0.1){extra_train} }}\n")
+}
+
+/// A table's optimizer updates only the rows looked up (ids below 8 here): every
+/// other row keeps its initial value, as SparseCore's sparse updates do.
+#[test]
+fn a_table_updates_only_the_rows_it_looked_up() {
+    let dir = std::env::temp_dir().join(format!("shardc-rows-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = table_model(
+        "",
+        &format!(", checkpoint: {{ every: 3, dir: \"{}\" }}", dir.display()),
+    );
+    let (prog, cfg, src) = setup_text("rows.shard", &text, &[], None);
+    train::run(&prog, &cfg, &src, false, &mut |_| {}).expect("run");
+    let init = global_params(&prog, &cfg);
+    let before = &init.iter().find(|p| p.0 == "tables.t").expect("table").1;
+    let (_, arrays) = shardc::runtime::checkpoint::load(&dir.join("step-00000003")).expect("ckpt");
+    let after = &arrays
+        .iter()
+        .find(|a| a.0 == "param/tables.t")
+        .expect("saved")
+        .2;
+    let same = |row: usize| (0..4).all(|c| before[row * 4 + c] as f32 == after[row * 4 + c] as f32);
+    assert!((8..64).all(same), "rows never looked up are untouched");
+    assert!(
+        (0..8).filter(|r| !same(*r)).count() >= 4,
+        "looked-up rows moved"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `overflow: drop` trains with the excess ids dropped and says so; `error` stops
+/// with the table, device, partition and counts, and names the other policies.
+#[test]
+fn overflow_policies_drop_grow_and_error() {
+    let limit = ", max_ids_per_partition: 2, max_unique_ids_per_partition: 2";
+    let run = |policy: &str| {
+        let text = table_model(&format!("{limit}, overflow: {policy}"), "");
+        let (prog, cfg, src) = setup_text("overflow.shard", &text, &[], None);
+        let mut notes = Vec::new();
+        let r = train::run(&prog, &cfg, &src, false, &mut |s| {
+            notes.extend(s.notes.clone())
+        });
+        (r.map(|o| o.losses), notes)
+    };
+    let (dropped, notes) = run("drop");
+    let dropped = dropped.expect("drop trains");
+    assert!(notes.iter().any(|n| n.contains("dropped")), "{notes:?}");
+    let (grown, notes) = run("grow");
+    let grown = grown.expect("grow trains");
+    assert!(notes.iter().any(|n| n.contains("raised")), "{notes:?}");
+    assert_ne!(dropped, grown, "dropped ids change the lookup");
+    let (err, _) = run("error");
+    let err = err.expect_err("error stops");
+    assert!(
+        err.contains("table `t`") && err.contains("partition") && err.contains("overflow: grow"),
+        "{err}"
+    );
+}

@@ -439,12 +439,6 @@ impl<'p> Checker<'p> {
             plan.params += bytes;
             plan.grads += bytes;
             plan.optimizer_state += bytes * slots;
-            // The lookup gathers the whole (padded) table on each device.
-            if devices > 1 {
-                plan.gathered_params = plan
-                    .gathered_params
-                    .max(vocab as f64 * pad(dim, 8) as f64 * 4.0);
-            }
         }
     }
 

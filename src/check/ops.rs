@@ -2240,6 +2240,16 @@ impl<'p> Checker<'p> {
         let axes = ids.dims.first().map(|d| d.axes.clone()).unwrap_or_default();
         if self.emit.is_some() {
             self.emit_table(&table, dim);
+            // Ids to the owners and rows back, forward and backward.
+            if let (Some(n), Some(ax)) =
+                (have.as_ref().and_then(|h| h.as_const()), table_axis(&table))
+            {
+                let devices = self.axes_product(&axes).max(1);
+                let bytes = (n / devices) as f64 * (dim as f64 * 4.0 + 8.0) * 2.0;
+                if self.plan.is_some() && self.axis_size(&ax) > 1 {
+                    self.add_comm("embedding all-to-all", vec![ax], bytes, e.span, false);
+                }
+            }
         }
         Val::T(TType::new(
             DType::F32,
@@ -2255,10 +2265,11 @@ impl<'p> Checker<'p> {
 }
 
 impl<'p> Checker<'p> {
-    /// An embedding table in the SPMD program: a parameter `tables.NAME` stored with
-    /// its rows split over the table's `rows(axis)` (contiguous blocks here; the
-    /// SparseCore MOD placement is a storage detail of the embedding runtime),
-    /// gathered for the lookup. Its node goes first among the lookup's operands.
+    /// An embedding table in the SPMD program: a parameter `tables.NAME` with its
+    /// rows split over the table's `rows(axis)` (placed MOD over the axis's devices
+    /// and their SparseCores by the runtime) and used in place: the lookup fetches
+    /// the rows it needs from their owners. Its node goes first among the lookup's
+    /// operands.
     fn emit_table(&mut self, table: &ast::TableDecl, dim: i64) {
         let Some(vocab) = decls_int(self, table, "vocab") else {
             return;
@@ -2290,6 +2301,9 @@ impl<'p> Checker<'p> {
         );
         let mut stored = used.clone();
         stored.dims[0].axes = rows_axes.clone();
+        // The lookup reads rows from their owners (an all-to-all of ids and rows),
+        // so the table is used as stored, never gathered whole.
+        let used = stored.clone();
         let init = match table.options.get("init") {
             Some(v) => self
                 .sources
@@ -2300,6 +2314,20 @@ impl<'p> Checker<'p> {
         };
         let id = self.emit_parameter(name, &stored, &used, init, table.name.span);
         self.arg_ids.insert(0, id);
+    }
+}
+
+/// The axis of a table's `shard: rows(axis)`.
+fn table_axis(table: &ast::TableDecl) -> Option<String> {
+    match table.options.expr("shard").map(|e| &e.kind) {
+        Some(ExprKind::Call(_, a)) => match a.first() {
+            Some(Arg::Pos(Expr {
+                kind: ExprKind::Name(n),
+                ..
+            })) => Some(n.clone()),
+            _ => None,
+        },
+        _ => None,
     }
 }
 

@@ -29,6 +29,11 @@ pub struct Exec<'a> {
     /// Per `lookup` node: 1 for each id of the current (global) batch that is
     /// looked up, 0 where the table's `overflow: drop` dropped it.
     pub keep: std::cell::RefCell<std::collections::HashMap<usize, Vec<f64>>>,
+    /// Embedding tables' row placement, by parameter index.
+    pub placements: std::collections::HashMap<usize, super::sparse::Placement>,
+    /// Per table parameter: 1 for each local row this step looked up (the table's
+    /// optimizer updates only those), accumulated over microbatches.
+    pub touched: std::cell::RefCell<std::collections::HashMap<usize, Vec<f64>>>,
 }
 
 /// What forward keeps for backward: every node's local value.
@@ -534,9 +539,10 @@ impl<'a> Exec<'a> {
         Ok((res[0].clone(), res[1].clone()))
     }
 
-    /// Embedding-table lookup with a replicated (gathered) table: ids → rows,
-    /// combined over each sample's valency (`sum`, `mean`, `sqrtn`). Returns the
-    /// output, the row ids, the per-id weights [n·valency, 1] and the sample count.
+    /// `lookup(feature, ids)`: each id's row of the table (operand 0), weighted by
+    /// the combiner (`sum`, `mean`, `sqrtn`; 0 for ids `overflow: drop` dropped)
+    /// and summed over each sample's valency. Returns the output, the ids, the
+    /// per-id weights and the sample count.
     fn lookup(
         &self,
         table: &Tensor,
@@ -545,15 +551,15 @@ impl<'a> Exec<'a> {
         attrs: &[(String, String)],
         out: &TType,
         node: usize,
-    ) -> R<(Tensor, Tensor, Tensor, usize)> {
+    ) -> R<(Tensor, Vec<i64>, Vec<f64>, usize)> {
         let n = self.prog.local_shape(out)?.first().copied().unwrap_or(1) as usize;
         let flat: Vec<i64> = ids
             .flatten_all()
             .and_then(|t| t.to_dtype(DType::I64))
             .and_then(|t| t.to_vec1::<i64>())
             .map_err(ce)?;
-        let vocab = table.dims()[0] as i64;
-        if let Some(bad) = flat.iter().find(|i| **i < 0 || **i >= vocab) {
+        let vocab = self.table_vocab(node)?;
+        if let Some(bad) = flat.iter().find(|i| **i < 0 || **i >= vocab as i64) {
             return Err(format!(
                 "id {bad} is outside the table's vocabulary (0..{vocab})"
             ));
@@ -568,12 +574,6 @@ impl<'a> Exec<'a> {
             Some("sqrtn") => 1.0 / (valency.max(1) as f64).sqrt(),
             _ => 1.0,
         };
-        let rows = Tensor::from_vec(
-            flat.iter().map(|i| *i as u32).collect::<Vec<u32>>(),
-            flat.len(),
-            &self.dev,
-        )
-        .map_err(ce)?;
         // Dropped ids weigh nothing; this device's ids are its block of the batch's.
         let weights: Vec<f64> = match self.keep.borrow().get(&node) {
             Some(keep) => {
@@ -592,17 +592,246 @@ impl<'a> Exec<'a> {
             }
             None => vec![w; flat.len()],
         };
-        let scale = Tensor::from_vec(weights, (flat.len(), 1), &self.dev)
+        let rows = self.fetch_rows(node, table, &flat, &weights)?;
+        let scale = Tensor::from_vec(weights.clone(), (flat.len(), 1), &self.dev)
             .and_then(|t| t.to_dtype(table.dtype()))
             .map_err(ce)?;
         let d = table.dims()[1];
-        let y = table
-            .index_select(&rows, 0)
-            .and_then(|r| r.broadcast_mul(&scale))
+        let y = rows
+            .broadcast_mul(&scale)
             .and_then(|r| r.reshape((n, valency, d)))
             .and_then(|r| r.sum(1))
             .map_err(ce)?;
-        Ok((y, rows, scale, n))
+        Ok((y, flat, weights, n))
+    }
+
+    /// The table parameter behind a lookup node, and its placement.
+    fn table_of(&self, node: usize) -> (Option<usize>, Option<super::sparse::Placement>) {
+        let arg = self.prog.nodes[node].args.first().copied();
+        match arg.map(|a| &self.prog.nodes[a as usize].op) {
+            Some(Op::Param(p)) => (Some(*p), self.placements.get(p).copied()),
+            _ => (None, None),
+        }
+    }
+
+    fn table_vocab(&self, node: usize) -> R<usize> {
+        let a = self.prog.nodes[node]
+            .args
+            .first()
+            .copied()
+            .ok_or("lookup without a table")?;
+        self.prog.nodes[a as usize]
+            .ty
+            .dims
+            .first()
+            .and_then(|d| d.size.as_const())
+            .map(|v| v as usize)
+            .ok_or_else(|| "the table's size is unknown".to_string())
+    }
+
+    /// This device's requests: the distinct live ids (weight ≠ 0), and for each id
+    /// position its index among them (dropped ids point one past the end).
+    fn requests(ids: &[i64], weights: &[f64]) -> (Vec<i64>, Vec<u32>) {
+        let mut uniq: Vec<i64> = ids
+            .iter()
+            .zip(weights)
+            .filter(|(_, w)| **w != 0.0)
+            .map(|(i, _)| *i)
+            .collect();
+        uniq.sort_unstable();
+        uniq.dedup();
+        let inv = ids
+            .iter()
+            .zip(weights)
+            .map(|(i, w)| {
+                if *w == 0.0 {
+                    uniq.len() as u32
+                } else {
+                    uniq.binary_search(i).unwrap_or(0) as u32
+                }
+            })
+            .collect();
+        (uniq, inv)
+    }
+
+    /// Exchange of requests along the table's axis: every member's padded request
+    /// list, in group order ([members × m], -1 for padding), and m.
+    fn gather_requests(&self, axis: &str, uniq: &[i64]) -> R<(Vec<i64>, usize)> {
+        let ax = [axis.to_string()];
+        let count = Tensor::new(&[uniq.len() as f64], &self.dev).map_err(ce)?;
+        let m = self
+            .comm
+            .pmax(self.rank, &count, &ax)
+            .and_then(|t| t.to_vec1::<f64>())
+            .map_err(ce)?
+            .first()
+            .copied()
+            .unwrap_or(0.0)
+            .max(1.0) as usize;
+        let mut req: Vec<f64> = uniq.iter().map(|i| *i as f64).collect();
+        req.resize(m, -1.0);
+        let req = Tensor::from_vec(req, m, &self.dev).map_err(ce)?;
+        let all = self
+            .comm
+            .all_gather(self.rank, &req, axis, 0)
+            .and_then(|t| t.to_vec1::<f64>())
+            .map_err(ce)?;
+        Ok((all.iter().map(|x| *x as i64).collect(), m))
+    }
+
+    /// Where each requested id lives on this device: (local row, 1) for ids it
+    /// owns, (0, 0) otherwise.
+    fn serve(&self, pl: &super::sparse::Placement, me: usize, all: &[i64]) -> (Vec<u32>, Vec<f64>) {
+        all.iter()
+            .map(|&q| match (q >= 0).then(|| pl.locate(q as u64)) {
+                Some((o, r)) if o == me => (r as u32, 1.0),
+                _ => (0, 0.0),
+            })
+            .unzip()
+    }
+
+    /// Rows [ids, D] for logical ids from the table operand: in place when this
+    /// device holds the whole table, else fetched from their owners along the
+    /// table's axis (requests all-gathered, rows returned by one all-to-all).
+    fn fetch_rows(&self, node: usize, table: &Tensor, ids: &[i64], weights: &[f64]) -> R<Tensor> {
+        let (pi, pl) = self.table_of(node);
+        let tt = &self.prog.nodes[self.prog.nodes[node].args[0] as usize].ty;
+        let axes = tt.dims.first().map(|d| d.axes.clone()).unwrap_or_default();
+        let (me, n) = self.comm.topo().shard_index(self.rank, &axes);
+        let d = table.dims()[1];
+        let (uniq, inv) = Self::requests(ids, weights);
+        let inv = Tensor::from_vec(inv, ids.len(), &self.dev).map_err(ce)?;
+        let zero = Tensor::zeros((1, d), table.dtype(), &self.dev).map_err(ce)?;
+        let mine = if n <= 1 {
+            let rows: Vec<u32> = uniq
+                .iter()
+                .map(|&q| pl.map_or(q as usize, |pl| pl.locate(q as u64).1) as u32)
+                .collect();
+            let k = rows.len();
+            if let Some(pi) = pi {
+                self.touch(pi, table.dims()[0], rows.iter().map(|r| (*r, 1.0)));
+            }
+            let idx = Tensor::from_vec(rows, k, &self.dev).map_err(ce)?;
+            table.index_select(&idx, 0).map_err(ce)?
+        } else {
+            let (Some(pl), [axis]) = (pl, axes.as_slice()) else {
+                return Err("a table split over several axes, or without a placement, cannot be looked up yet".into());
+            };
+            let (all, m) = self.gather_requests(axis, &uniq)?;
+            let (rows, mask) = self.serve(&pl, me, &all);
+            if let Some(pi) = pi {
+                self.touch(
+                    pi,
+                    table.dims()[0],
+                    rows.iter().copied().zip(mask.iter().copied()),
+                );
+            }
+            let len = rows.len();
+            let idx = Tensor::from_vec(rows, len, &self.dev).map_err(ce)?;
+            let mask = Tensor::from_vec(mask, (len, 1), &self.dev)
+                .and_then(|t| t.to_dtype(table.dtype()))
+                .map_err(ce)?;
+            let served = table
+                .index_select(&idx, 0)
+                .and_then(|r| r.broadcast_mul(&mask))
+                .map_err(ce)?;
+            let recv = self
+                .comm
+                .all_to_all(self.rank, &served, axis, 0, 0)
+                .map_err(ce)?;
+            recv.reshape((n, m, d))
+                .and_then(|t| t.sum(0))
+                .and_then(|t| t.narrow(0, 0, uniq.len()))
+                .map_err(ce)?
+        };
+        Tensor::cat(&[&mine, &zero], 0)
+            .and_then(|t| t.index_select(&inv, 0))
+            .map_err(ce)
+    }
+
+    /// Transpose of `fetch_rows`: the table's local gradient for row cotangents
+    /// `g` [ids, D], each returned to the row's owner.
+    fn fetch_rows_t(
+        &self,
+        node: usize,
+        table: &Tensor,
+        ids: &[i64],
+        weights: &[f64],
+        g: &Tensor,
+    ) -> R<Tensor> {
+        let (_, pl) = self.table_of(node);
+        let tt = &self.prog.nodes[self.prog.nodes[node].args[0] as usize].ty;
+        let axes = tt.dims.first().map(|d| d.axes.clone()).unwrap_or_default();
+        let (me, n) = self.comm.topo().shard_index(self.rank, &axes);
+        let d = table.dims()[1];
+        let (uniq, inv) = Self::requests(ids, weights);
+        let k = uniq.len();
+        let inv = Tensor::from_vec(inv, ids.len(), &self.dev).map_err(ce)?;
+        // Per distinct id (plus the dropped slot, discarded).
+        let gu = Tensor::zeros((k + 1, d), g.dtype(), &self.dev)
+            .and_then(|z| z.index_add(&inv, g, 0))
+            .and_then(|t| t.narrow(0, 0, k))
+            .map_err(ce)?;
+        if n <= 1 {
+            let rows: Vec<u32> = uniq
+                .iter()
+                .map(|&q| pl.map_or(q as usize, |pl| pl.locate(q as u64).1) as u32)
+                .collect();
+            let idx = Tensor::from_vec(rows, k, &self.dev).map_err(ce)?;
+            return table
+                .zeros_like()
+                .and_then(|z| z.index_add(&idx, &gu, 0))
+                .map_err(ce);
+        }
+        let (Some(pl), [axis]) = (pl, axes.as_slice()) else {
+            return Err(
+                "a table split over several axes, or without a placement, cannot be looked up yet"
+                    .into(),
+            );
+        };
+        let (all, m) = self.gather_requests(axis, &uniq)?;
+        let gu = gu.pad_with_zeros(0, 0, m - k).map_err(ce)?;
+        // One block per owner: the gradients of the ids it owns.
+        let mut blocks = Vec::with_capacity(n);
+        for o in 0..n {
+            let mut mask: Vec<f64> = uniq
+                .iter()
+                .map(|&q| f64::from(u8::from(pl.locate(q as u64).0 == o)))
+                .collect();
+            mask.resize(m, 0.0);
+            let mask = Tensor::from_vec(mask, (m, 1), &self.dev)
+                .and_then(|t| t.to_dtype(g.dtype()))
+                .map_err(ce)?;
+            blocks.push(gu.broadcast_mul(&mask).map_err(ce)?);
+        }
+        let send = Tensor::cat(&blocks, 0).map_err(ce)?;
+        let recv = self
+            .comm
+            .all_to_all(self.rank, &send, axis, 0, 0)
+            .map_err(ce)?;
+        let (rows, mask) = self.serve(&pl, me, &all);
+        let len = rows.len();
+        let idx = Tensor::from_vec(rows, len, &self.dev).map_err(ce)?;
+        let mask = Tensor::from_vec(mask, (len, 1), &self.dev)
+            .and_then(|t| t.to_dtype(g.dtype()))
+            .map_err(ce)?;
+        table
+            .zeros_like()
+            .and_then(|z| z.index_add(&idx, &recv.broadcast_mul(&mask)?, 0))
+            .map_err(ce)
+    }
+
+    /// Mark local rows of table parameter `pi` as looked up this step.
+    fn touch(&self, pi: usize, rows: usize, hits: impl Iterator<Item = (u32, f64)>) {
+        let mut t = self.touched.borrow_mut();
+        let m = t.entry(pi).or_insert_with(|| vec![0.0; rows]);
+        for (r, on) in hits {
+            if on > 0.0 {
+                if let Some(x) = m.get_mut(r as usize) {
+                    *x = 1.0;
+                }
+            }
+        }
     }
 
     /// Vocab-parallel embedding: rows outside this device's window give zeros.
@@ -1096,20 +1325,20 @@ impl<'a> Exec<'a> {
                 )])
             }
             "lookup" => {
-                let (_, rows, scale, n) = self.lookup(v(0), v(1), ty(1), attrs, &node.ty, i)?;
-                // Each id's row gets its sample's cotangent (times the combiner's weight).
+                let (_, ids, weights, n) = self.lookup(v(0), v(1), ty(1), attrs, &node.ty, i)?;
+                // Each id's row gets its sample's cotangent (times its weight).
                 let d = v(0).dims()[1];
-                let valency = rows.dims()[0] / n.max(1);
+                let valency = ids.len() / n.max(1);
+                let scale = Tensor::from_vec(weights.clone(), (ids.len(), 1), &self.dev)
+                    .and_then(|t| t.to_dtype(g.dtype()))
+                    .map_err(ce)?;
                 let gr = g
                     .unsqueeze(1)
                     .and_then(|t| t.broadcast_as((n, valency, d)))
                     .and_then(|t| t.reshape((n * valency, d)))
                     .and_then(|t| t.broadcast_mul(&scale))
                     .map_err(ce)?;
-                let dt = v(0)
-                    .zeros_like()
-                    .and_then(|z| z.index_add(&rows, &gr, 0))
-                    .map_err(ce)?;
+                let dt = self.fetch_rows_t(i, v(0), &ids, &weights, &gr)?;
                 Ok(vec![Some(dt), None])
             }
             "index" => {

@@ -546,6 +546,44 @@ fn local_piece(
     dev: &Device,
 ) -> R<Tensor> {
     let idx = init::global_indices(topo, rank, t, &prog.bound)?;
+    local_piece_at(&idx, t, prog, values, dtype, dev)
+}
+
+/// Global element indices of a parameter's local piece: a table's rows in its
+/// SparseCore placement, anything else by its layout.
+fn param_indices(
+    topo: &Topology,
+    rank: usize,
+    p: &crate::spmd::Param,
+    pl: Option<&super::sparse::Placement>,
+    prog: &Program,
+) -> R<Vec<u64>> {
+    let Some(pl) = pl else {
+        return init::global_indices(topo, rank, &p.stored, &prog.bound);
+    };
+    let shape = prog.local_shape(&p.stored)?;
+    let (rows, d) = (
+        shape[0] as usize,
+        shape.get(1).copied().unwrap_or(1) as usize,
+    );
+    let owner = topo.shard_index(rank, &p.stored.dims[0].axes).0;
+    let mut idx = Vec::with_capacity(rows * d);
+    for r in 0..rows {
+        let id = pl.id_at(owner, r);
+        idx.extend((0..d as u64).map(|c| id * d as u64 + c));
+    }
+    Ok(idx)
+}
+
+/// The local piece at the given global indices.
+fn local_piece_at(
+    idx: &[u64],
+    t: &TType,
+    prog: &Program,
+    values: &[f64],
+    dtype: DType,
+    dev: &Device,
+) -> R<Tensor> {
     let v: Vec<f64> = idx
         .iter()
         .map(|i| values.get(*i as usize).copied().unwrap_or(0.0))
@@ -649,6 +687,8 @@ pub fn run(
             )
         })
         .collect();
+    let placements = super::sparse::placements(prog, &cfg.sparse);
+    let placements = &placements;
     // SparseCore input statistics, limits and FDO, ahead of the devices.
     let sparse = super::sparse::plan_steps(&cfg.sparse, cfg.steps, cfg.start_step, &|st, k| {
         batches
@@ -679,11 +719,13 @@ pub fn run(
                     dtype: cfg.dtype,
                     dev: dev.clone(),
                     keep: Default::default(),
+                    placements: placements.clone(),
+                    touched: Default::default(),
                 };
                 // Parameters: each device computes only its own piece.
                 let mut params = Vec::new();
-                for p in &prog.params {
-                    let idx = init::global_indices(topo, rank, &p.stored, &prog.bound)?;
+                for (pi, p) in prog.params.iter().enumerate() {
+                    let idx = param_indices(topo, rank, p, placements.get(&pi), prog)?;
                     let v = match cfg.init.get(&p.name) {
                         Some(g) => idx
                             .iter()
@@ -714,13 +756,15 @@ pub fn run(
                 for (i, p) in prog.params.iter().enumerate() {
                     for (slot, key) in [(&mut state.m[i], "opt_m"), (&mut state.v[i], "opt_v")] {
                         if let (Some(s), Some(g)) = (slot.as_mut(), cfg.init_opt.get(&format!("{key}/{}", p.name))) {
-                            *s = local_piece(topo, rank, &p.stored, prog, g, cfg.dtype, &dev)?;
+                            let idx = param_indices(topo, rank, p, placements.get(&i), prog)?;
+                            *s = local_piece_at(&idx, &p.stored, prog, g, cfg.dtype, &dev)?;
                         }
                     }
                 }
                 let mut memory = None;
                 let mut first = None;
                 for (step, b) in batches.iter().enumerate().skip(cfg.start_step) {
+                    ex.touched.borrow_mut().clear();
                     // Microbatch j is the j-th contiguous chunk of the step's batch.
                     let mut acc: Option<(Vec<Tensor>, f64)> = None;
                     let mut tape = None;
@@ -801,19 +845,30 @@ pub fn run(
                         _ => 1.0,
                     };
                     let lr = cfg.optimizer.lr.at(step);
-                    state.update(step + 1, &mut params, &grads, scale)?;
+                    // Tables update only the rows this step looked up (on any replica).
+                    let touched = std::mem::take(&mut *ex.touched.borrow_mut());
+                    let mut masks: Vec<Option<Tensor>> = vec![None; params.len()];
+                    for pi in placements.keys() {
+                        let rows = params[*pi].dims()[0];
+                        let m = touched.get(pi).cloned().unwrap_or_else(|| vec![0.0; rows]);
+                        let m = Tensor::from_vec(m, (rows, 1), &dev).map_err(ce)?;
+                        let (rep, _) = replication(topo, &prog.params[*pi].stored);
+                        let m = ex.comm.pmax(rank, &m, &rep).and_then(|t| t.to_dtype(cfg.dtype)).map_err(ce)?;
+                        masks[*pi] = Some(m);
+                    }
+                    state.update(step + 1, &mut params, &grads, scale, &masks)?;
                     if let Some((every, keep, dir)) = &cfg.checkpoint {
                         if (step + 1) % every == 0 {
                             // Every device takes part in gathering; device 0 writes.
                             let mut arrays = Vec::new();
                             for (i, p) in prog.params.iter().enumerate() {
                                 let shape: Vec<usize> = p.stored.known_shape();
-                                if let Some(v) = gather_one(&ex, &p.stored, &params[i])? {
+                                if let Some(v) = gather_one(&ex, i, &params[i])? {
                                     arrays.push((format!("param/{}", p.name), shape.clone(), v));
                                 }
                                 for (slot, key) in [(&state.m[i], "opt_m"), (&state.v[i], "opt_v")] {
                                     if let Some(s) = slot {
-                                        if let Some(v) = gather_one(&ex, &p.stored, s)? {
+                                        if let Some(v) = gather_one(&ex, i, s)? {
                                             arrays.push((format!("{key}/{}", p.name), shape.clone(), v));
                                         }
                                     }
@@ -1037,8 +1092,8 @@ fn global_norm(ex: &Exec, grads: &[Tensor]) -> R<f64> {
 /// Assemble each gradient into its global array on device 0 (for tests).
 fn gather_global(ex: &Exec, grads: &[Tensor]) -> R<Option<Named>> {
     let mut out = Vec::new();
-    for (p, g) in ex.prog.params.iter().zip(grads) {
-        if let Some(v) = gather_one(ex, &p.stored, g)? {
+    for (pi, (p, g)) in ex.prog.params.iter().zip(grads).enumerate() {
+        if let Some(v) = gather_one(ex, pi, g)? {
             out.push((p.name.clone(), v));
         }
     }
@@ -1047,7 +1102,9 @@ fn gather_global(ex: &Exec, grads: &[Tensor]) -> R<Option<Named>> {
 
 /// One value's global array, assembled on device 0 (`None` on the others) from
 /// every device's piece, so no device holds more than one global copy.
-fn gather_one(ex: &Exec, stored: &TType, t: &Tensor) -> R<Option<Vec<f64>>> {
+fn gather_one(ex: &Exec, pi: usize, t: &Tensor) -> R<Option<Vec<f64>>> {
+    let p = &ex.prog.params[pi];
+    let stored = &p.stored;
     let Some(pieces) = ex.comm.gather_to_first(ex.rank, t).map_err(ce)? else {
         return Ok(None);
     };
@@ -1060,7 +1117,7 @@ fn gather_one(ex: &Exec, stored: &TType, t: &Tensor) -> R<Option<Vec<f64>>> {
         if !rep_axes.iter().all(|a| topo.coord(r, a) == 0) {
             continue;
         }
-        let idx = super::init::global_indices(topo, r, stored, &ex.prog.bound)?;
+        let idx = param_indices(topo, r, p, ex.placements.get(&pi), ex.prog)?;
         let vals: Vec<f64> = piece
             .flatten_all()
             .and_then(|t| t.to_dtype(DType::F64))
@@ -1110,9 +1167,11 @@ impl OptState {
         params: &mut [Tensor],
         grads: &[Tensor],
         scale: f64,
+        masks: &[Option<Tensor>],
     ) -> R<()> {
         let t = step as i32;
         for i in 0..params.len() {
+            let before = (params[i].clone(), self.m[i].clone(), self.v[i].clone());
             let o = &self.opts[i];
             let lr = o.lr.at(step - 1);
             let g = (&grads[i] * scale).map_err(ce)?;
@@ -1156,6 +1215,23 @@ impl OptState {
                 _ => g,
             };
             params[i] = (p - d.affine(lr, 0.0).map_err(ce)?).map_err(ce)?;
+            // Rows outside the mask keep their values and optimizer slots.
+            if let Some(mask) = masks.get(i).and_then(Option::as_ref) {
+                let on = mask
+                    .broadcast_as(params[i].shape())
+                    .and_then(|m| m.ne(0.0))
+                    .map_err(ce)?;
+                let blend = |new: &Tensor, old: &Tensor| -> R<Tensor> {
+                    on.where_cond(new, old).map_err(ce)
+                };
+                params[i] = blend(&params[i], &before.0)?;
+                if let (Some(new), Some(old)) = (&self.m[i], &before.1) {
+                    self.m[i] = Some(blend(new, old)?);
+                }
+                if let (Some(new), Some(old)) = (&self.v[i], &before.2) {
+                    self.v[i] = Some(blend(new, old)?);
+                }
+            }
         }
         Ok(())
     }
