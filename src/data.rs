@@ -78,6 +78,8 @@ struct Shapes {
     inputs: Vec<(String, Vec<usize>, bool)>,
     /// Rows the embedding consuming each integer input has (its vocabulary).
     input_vocab: Vec<Option<usize>>,
+    /// Inputs a `lookup` reads, where negative ids pad ragged samples.
+    padded: Vec<bool>,
     labels: Vec<usize>,
     classes: usize,
     eval: Option<Span>,
@@ -120,6 +122,7 @@ impl Shapes {
             .unwrap_or_default();
         let mut inputs = Vec::new();
         let mut input_vocab = Vec::new();
+        let mut padded = Vec::new();
         for (id, n) in prog.nodes.iter().enumerate() {
             let Op::Input(i) = n.op else { continue };
             // One input is `x`, as in seeds 000 and 003; several go by their names.
@@ -138,6 +141,10 @@ impl Shapes {
                 _ => None,
             });
             input_vocab.push(vocab);
+            padded.push(prog.nodes.iter().any(|m| {
+                matches!(&m.op, Op::Builtin(b, _) if b == "lookup")
+                    && m.args.get(1) == Some(&(id as u32))
+            }));
         }
         if inputs.len() == 1 {
             inputs[0].0 = "x".into();
@@ -153,6 +160,7 @@ impl Shapes {
         Shapes {
             inputs,
             input_vocab,
+            padded,
             labels,
             classes,
             eval: t.options.get("eval").map(|v| v.span()),
@@ -338,7 +346,7 @@ impl Cx {
                        name: &str,
                        want: &[usize],
                        int: bool,
-                       vocab: Option<(usize, &str)>|
+                       vocab: Option<(usize, &str, bool)>|
          -> Option<Array> {
             let Some(a) = all.iter().find(|a| a.name == name) else {
                 cx.problems.push(Problem::DataMismatch {
@@ -398,12 +406,12 @@ impl Cx {
                 });
                 return None;
             }
-            if let Some((limit, what)) = vocab {
+            if let Some((limit, what, pad)) = vocab {
                 if let Some((i, v)) = a
                     .values
                     .iter()
                     .enumerate()
-                    .find(|(_, v)| **v < 0.0 || **v >= limit as f64)
+                    .find(|(_, v)| (**v < 0.0 && !pad) || **v >= limit as f64)
                 {
                     cx.problems.push(Problem::DataOutOfRange {
                         span,
@@ -423,12 +431,13 @@ impl Cx {
             let mut inputs = Vec::new();
             for (k, (name, want, int)) in shape.inputs.iter().enumerate() {
                 let vocab = shape.input_vocab.get(k).copied().flatten();
+                let pad = shape.padded.get(k).copied().unwrap_or(false);
                 let a = get(
                     cx,
                     &format!("{name}{suffix}"),
                     want,
                     *int,
-                    vocab.map(|v| (v, "embedding rows")),
+                    vocab.map(|v| (v, "embedding rows", pad)),
                 );
                 inputs.push(a);
             }
@@ -437,7 +446,7 @@ impl Cx {
                 &format!("y{suffix}"),
                 &shape.labels,
                 true,
-                Some((shape.classes, "classes")),
+                Some((shape.classes, "classes", false)),
             );
             let inputs: Option<Vec<Array>> = inputs.into_iter().collect();
             Some((inputs?, y?))

@@ -121,11 +121,12 @@ impl Layout {
     }
 }
 
-/// Statistics of one step's ids (`ids` row-major `[samples, valency]`), and the
-/// limits applied with `policy`. `limits` is raised in place under `grow`; under
+/// Statistics of one step's ids (`ids` row-major `[samples, valency]`; negative
+/// ids pad ragged samples and are not looked up), and the limits applied with
+/// `policy`. `limits` is raised in place under `grow`; under
 /// `error` the first limit exceeded is returned as `Err`.
 pub fn preprocess(
-    ids: &[u64],
+    ids: &[i64],
     valency: usize,
     layout: Layout,
     part: Partitioner,
@@ -152,6 +153,7 @@ pub fn preprocess(
         let mut pairs: BTreeMap<usize, BTreeSet<(u64, usize)>> = BTreeMap::new();
         for sample in lo..hi {
             for &id in &ids[sample * valency..(sample + 1) * valency] {
+                let Ok(id) = u64::try_from(id) else { continue };
                 pairs
                     .entry(part.partition(id))
                     .or_default()
@@ -211,7 +213,7 @@ pub fn preprocess(
                     for &(id, sample) in set.difference(&kept) {
                         stats.id_drop_counters[p] += 1;
                         for k in sample * valency..(sample + 1) * valency {
-                            if ids[k] == id {
+                            if ids[k] == id as i64 {
                                 keep[k] = false;
                             }
                         }

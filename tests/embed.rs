@@ -9,12 +9,11 @@ const LOOSE: Limits = Limits {
 };
 
 /// SparseCore's documented example: 1 device × 2 SparseCores, batch 2, the first
-/// sample's ids [0,0,0,2,4,1], the second's [1,1,1,3,3,5,5,7,7,0] (ragged, padded
-/// here with repeats of an id already in the sample, which merging removes).
+/// sample's ids [0,0,0,2,4,1], the second's [1,1,1,3,3,5,5,7,7,0]: ragged, so the
+/// first is padded to valency 10 with -1 (padding is not looked up).
 #[test]
 fn documented_example_max_ids_per_partition() {
-    // Valency 10: pad sample 0 with its own ids (duplicates merge away).
-    let ids: Vec<u64> = [0, 0, 0, 2, 4, 1, 1, 1, 1, 1]
+    let ids: Vec<i64> = [0, 0, 0, 2, 4, 1, -1, -1, -1, -1]
         .into_iter()
         .chain([1, 1, 1, 3, 3, 5, 5, 7, 7, 0])
         .collect();
@@ -50,7 +49,7 @@ fn mod_placement_with_a_shift() {
 /// Two samples on one SparseCore: merged pairs count per sample, unique ids across.
 #[test]
 fn unique_ids_count_across_samples() {
-    let ids = [5u64, 5, 7, 5, 7, 9];
+    let ids = [5i64, 5, 7, 5, 7, 9];
     let mut limits = LOOSE;
     let p = embed::preprocess(
         &ids,
@@ -72,7 +71,7 @@ fn unique_ids_count_across_samples() {
 
 #[test]
 fn error_policy_names_device_sparsecore_partition_and_counts() {
-    let ids = [1u64, 3, 5, 7, 9, 11];
+    let ids = [1i64, 3, 5, 7, 9, 11];
     let mut limits = Limits {
         max_ids: 4,
         max_unique_ids: 4,
@@ -97,7 +96,7 @@ fn error_policy_names_device_sparsecore_partition_and_counts() {
 /// the limit and keeps everything.
 #[test]
 fn drop_keeps_the_smallest_ids_and_grow_raises_the_limit() {
-    let ids = [9u64, 1, 7, 3, 5, 11];
+    let ids = [9i64, 1, 7, 3, 5, 11];
     let layout = Layout {
         devices: 1,
         sparsecores: 1,

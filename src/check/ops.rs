@@ -2162,7 +2162,7 @@ impl<'p> Checker<'p> {
     }
 
     fn lookup(&mut self, inst: &Rc<Inst>, args: &Args, e: &Expr, scope: &mut Scope) -> Val {
-        if !self.arity("lookup", args, 2, 2, e) {
+        if !self.arity("lookup", args, 2, 3, e) {
             return Val::Poison;
         }
         let ExprKind::Name(fname) = &args.pos[0].kind else {
@@ -2203,6 +2203,22 @@ impl<'p> Checker<'p> {
                 other: Some(feat.ty.dtype_span),
             });
             return Val::Poison;
+        }
+        // Optional per-id weights, shaped and laid out like the ids.
+        if let Some(we) = args.pos.get(2) {
+            let Some(w) = self.tensor_arg(inst, we, scope, "the weights of `lookup`") else {
+                return Val::Poison;
+            };
+            if !w.dtype.is_float() || w.dims != ids.dims {
+                self.report(Problem::Mismatch {
+                    span: we.span,
+                    expected: format!("f32{}", &ids.to_string()[ids.dtype.name().len()..]),
+                    found: w.to_string(),
+                    decl: None,
+                    detail: "per-id weights are floats shaped and split like the ids".into(),
+                });
+                return Val::Poison;
+            }
         }
         let Some(table) = self
             .prog

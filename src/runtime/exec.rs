@@ -36,6 +36,17 @@ pub struct Exec<'a> {
     pub touched: std::cell::RefCell<std::collections::HashMap<usize, Vec<f64>>>,
 }
 
+/// A lookup's output and what its gradient needs: the ids, each id's final weight,
+/// the sample count, each id's row, and which ids are valid (not padding or dropped).
+struct Looked {
+    y: Tensor,
+    ids: Vec<i64>,
+    weights: Vec<f64>,
+    samples: usize,
+    rows: Tensor,
+    valid: Vec<f64>,
+}
+
 /// What forward keeps for backward: every node's local value.
 pub struct Tape {
     pub vals: Vec<Tensor>,
@@ -491,8 +502,8 @@ impl<'a> Exec<'a> {
                 }
             }
             "lookup" => {
-                let (y, _, _, _) = self.lookup(a[0], a[1], ts[1], attrs, out, node)?;
-                return Ok((y, None));
+                let l = self.lookup(a[0], a[1], a.get(2).copied(), ts[1], attrs, out, node)?;
+                return Ok((l.y, None));
             }
             "index" => {
                 let sl = attrs.first().map(|s| s.1.clone()).unwrap_or_default();
@@ -543,15 +554,17 @@ impl<'a> Exec<'a> {
     /// the combiner (`sum`, `mean`, `sqrtn`; 0 for ids `overflow: drop` dropped)
     /// and summed over each sample's valency. Returns the output, the ids, the
     /// per-id weights and the sample count.
+    #[allow(clippy::too_many_arguments)]
     fn lookup(
         &self,
         table: &Tensor,
         ids: &Tensor,
+        id_weights: Option<&Tensor>,
         ids_t: &TType,
         attrs: &[(String, String)],
         out: &TType,
         node: usize,
-    ) -> R<(Tensor, Vec<i64>, Vec<f64>, usize)> {
+    ) -> R<Looked> {
         let n = self.prog.local_shape(out)?.first().copied().unwrap_or(1) as usize;
         let flat: Vec<i64> = ids
             .flatten_all()
@@ -559,40 +572,62 @@ impl<'a> Exec<'a> {
             .and_then(|t| t.to_vec1::<i64>())
             .map_err(ce)?;
         let vocab = self.table_vocab(node)?;
-        if let Some(bad) = flat.iter().find(|i| **i < 0 || **i >= vocab as i64) {
+        // Negative ids pad ragged samples.
+        if let Some(bad) = flat.iter().find(|i| **i >= vocab as i64) {
             return Err(format!(
                 "id {bad} is outside the table's vocabulary (0..{vocab})"
             ));
         }
         let valency = flat.len() / n.max(1);
-        let w = match attrs
+        // Valid ids: not padding (negative), not dropped by `overflow: drop`; this
+        // device's ids are its block of the batch's.
+        let mut valid: Vec<f64> = flat
+            .iter()
+            .map(|id| f64::from(u8::from(*id >= 0)))
+            .collect();
+        if let Some(keep) = self.keep.borrow().get(&node) {
+            let axes = ids_t
+                .dims
+                .first()
+                .map(|d| d.axes.clone())
+                .unwrap_or_default();
+            let (i, _) = self.comm.topo().shard_index(self.rank, &axes);
+            let l = flat.len();
+            let k = keep
+                .get(i * l..(i + 1) * l)
+                .ok_or("the drop mask does not cover this device's ids")?;
+            valid.iter_mut().zip(k).for_each(|(v, k)| *v *= k);
+        }
+        let given: Vec<f64> = match id_weights {
+            Some(t) => t
+                .flatten_all()
+                .and_then(|t| t.to_dtype(DType::F64))
+                .and_then(|t| t.to_vec1::<f64>())
+                .map_err(ce)?,
+            None => vec![1.0; flat.len()],
+        };
+        // Per sample, over its valid ids with weights w: sum Σ w·row, mean
+        // Σ w·row / Σ w, sqrtn Σ w·row / √Σ w² (as TensorFlow and SparseCore).
+        let combiner = attrs
             .iter()
             .find(|a| a.0 == "combiner")
-            .map(|a| a.1.as_str())
-        {
-            Some("mean") => 1.0 / valency.max(1) as f64,
-            Some("sqrtn") => 1.0 / (valency.max(1) as f64).sqrt(),
-            _ => 1.0,
-        };
-        // Dropped ids weigh nothing; this device's ids are its block of the batch's.
-        let weights: Vec<f64> = match self.keep.borrow().get(&node) {
-            Some(keep) => {
-                let axes = ids_t
-                    .dims
-                    .first()
-                    .map(|d| d.axes.clone())
-                    .unwrap_or_default();
-                let (i, _) = self.comm.topo().shard_index(self.rank, &axes);
-                let l = flat.len();
-                keep.get(i * l..(i + 1) * l)
-                    .ok_or("the drop mask does not cover this device's ids")?
-                    .iter()
-                    .map(|k| k * w)
-                    .collect()
+            .map_or("sum", |a| a.1.as_str());
+        let mut weights = vec![0.0; flat.len()];
+        for sample in 0..n {
+            let r = sample * valency..(sample + 1) * valency;
+            let eff: Vec<f64> = r.clone().map(|k| valid[k] * given[k]).collect();
+            let c = match combiner {
+                "mean" => 1.0 / eff.iter().sum::<f64>(),
+                "sqrtn" => 1.0 / eff.iter().map(|x| x * x).sum::<f64>().sqrt(),
+                _ => 1.0,
+            };
+            let c = if c.is_finite() { c } else { 0.0 };
+            for (k, e) in r.zip(eff) {
+                weights[k] = e * c;
             }
-            None => vec![w; flat.len()],
-        };
-        let rows = self.fetch_rows(node, table, &flat, &weights)?;
+        }
+        let base = valid;
+        let rows = self.fetch_rows(node, table, &flat, &base)?;
         let scale = Tensor::from_vec(weights.clone(), (flat.len(), 1), &self.dev)
             .and_then(|t| t.to_dtype(table.dtype()))
             .map_err(ce)?;
@@ -602,7 +637,14 @@ impl<'a> Exec<'a> {
             .and_then(|r| r.reshape((n, valency, d)))
             .and_then(|r| r.sum(1))
             .map_err(ce)?;
-        Ok((y, flat, weights, n))
+        Ok(Looked {
+            y,
+            ids: flat,
+            weights,
+            samples: n,
+            rows,
+            valid: base,
+        })
     }
 
     /// The table parameter behind a lookup node, and its placement.
@@ -1325,7 +1367,15 @@ impl<'a> Exec<'a> {
                 )])
             }
             "lookup" => {
-                let (_, ids, weights, n) = self.lookup(v(0), v(1), ty(1), attrs, &node.ty, i)?;
+                let w_in = node.args.get(2).map(|k| &tape.vals[*k as usize]);
+                let Looked {
+                    ids,
+                    weights,
+                    samples: n,
+                    rows,
+                    valid: base,
+                    ..
+                } = self.lookup(v(0), v(1), w_in, ty(1), attrs, &node.ty, i)?;
                 // Each id's row gets its sample's cotangent (times its weight).
                 let d = v(0).dims()[1];
                 let valency = ids.len() / n.max(1);
@@ -1338,8 +1388,73 @@ impl<'a> Exec<'a> {
                     .and_then(|t| t.reshape((n * valency, d)))
                     .and_then(|t| t.broadcast_mul(&scale))
                     .map_err(ce)?;
-                let dt = self.fetch_rows_t(i, v(0), &ids, &weights, &gr)?;
-                Ok(vec![Some(dt), None])
+                let dt = self.fetch_rows_t(i, v(0), &ids, &base, &gr)?;
+                // d/d weight, per combiner (y the sample's output, g its cotangent,
+                // c its factor): sum g·r; mean c·(g·r − g·y); sqrtn c·g·r − c²·w·(g·y).
+                let dw = match w_in {
+                    Some(w) => {
+                        let given: Vec<f64> = w
+                            .flatten_all()
+                            .and_then(|t| t.to_dtype(DType::F64))
+                            .and_then(|t| t.to_vec1::<f64>())
+                            .map_err(ce)?;
+                        let gs = g
+                            .unsqueeze(1)
+                            .and_then(|t| t.broadcast_as((n, valency, d)))
+                            .and_then(|t| t.reshape((n * valency, d)))
+                            .map_err(ce)?;
+                        let as_f64 = |t: Tensor| -> R<Vec<f64>> {
+                            t.flatten_all()
+                                .and_then(|t| t.to_dtype(DType::F64))
+                                .and_then(|t| t.to_vec1::<f64>())
+                                .map_err(ce)
+                        };
+                        let gr_dot = as_f64(rows.mul(&gs).and_then(|t| t.sum(1)).map_err(ce)?)?;
+                        let gy_dot =
+                            as_f64(tape.vals[i].mul(g).and_then(|t| t.sum(1)).map_err(ce)?)?;
+                        let combiner = attrs
+                            .iter()
+                            .find(|a| a.0 == "combiner")
+                            .map_or("sum", |a| a.1.as_str());
+                        let dw: Vec<f64> = (0..ids.len())
+                            .map(|k| {
+                                let s = k / valency.max(1);
+                                let (v, wk) = (base[k], given[k]);
+                                // c = weight / (valid · given) where nonzero.
+                                let c = if v * wk != 0.0 {
+                                    weights[k] / (v * wk)
+                                } else {
+                                    let r = s * valency..(s + 1) * valency;
+                                    let eff: Vec<f64> = r.map(|j| base[j] * given[j]).collect();
+                                    let c = match combiner {
+                                        "mean" => 1.0 / eff.iter().sum::<f64>(),
+                                        "sqrtn" => {
+                                            1.0 / eff.iter().map(|x| x * x).sum::<f64>().sqrt()
+                                        }
+                                        _ => 1.0,
+                                    };
+                                    if c.is_finite() {
+                                        c
+                                    } else {
+                                        0.0
+                                    }
+                                };
+                                v * match combiner {
+                                    "mean" => c * (gr_dot[k] - gy_dot[s]),
+                                    "sqrtn" => c * gr_dot[k] - c * c * wk * gy_dot[s],
+                                    _ => gr_dot[k],
+                                }
+                            })
+                            .collect();
+                        Some(
+                            Tensor::from_vec(dw, w.shape(), &self.dev)
+                                .and_then(|t| t.to_dtype(g.dtype()))
+                                .map_err(ce)?,
+                        )
+                    }
+                    None => None,
+                };
+                Ok(vec![Some(dt), None, dw])
             }
             "index" => {
                 let sl = attrs.first().map(|s| s.1.clone()).unwrap_or_default();

@@ -74,10 +74,7 @@ pub fn plan_steps(
     for (s, slot) in out.iter_mut().enumerate() {
         for l in &cfg.lookups {
             let t = &cfg.tables[l.table];
-            let ids: Vec<u64> = inputs(s, l.input)
-                .iter()
-                .map(|x| x.max(0.0) as u64)
-                .collect();
+            let ids: Vec<i64> = inputs(s, l.input).iter().map(|x| *x as i64).collect();
             let p = embed::preprocess(&ids, l.valency, t.layout, t.part, &mut limits[l.table], t.policy)
                 .map_err(|e| {
                     format!(

@@ -61,6 +61,13 @@ pub struct Optimizer {
     pub eps: f64,
     pub weight_decay: f64,
     pub momentum: f64,
+    pub nesterov: bool,
+    /// Adagrad's and FTRL's starting accumulator.
+    pub initial_accumulator: f64,
+    /// FTRL.
+    pub lr_power: f64,
+    pub l1: f64,
+    pub l2: f64,
 }
 
 #[derive(Clone, Debug)]
@@ -118,6 +125,12 @@ fn default_optimizer() -> Optimizer {
         eps: 1e-8,
         weight_decay: 1e-4,
         momentum: 0.0,
+        nesterov: false,
+        // optax.adagrad's and TensorFlow FTRL's defaults.
+        initial_accumulator: 0.1,
+        lr_power: -0.5,
+        l1: 0.0,
+        l2: 0.0,
     }
 }
 
@@ -156,6 +169,13 @@ pub fn optimizer_of(e: &Expr) -> Optimizer {
                 "eps" => opt.eps = num(v).unwrap_or(opt.eps),
                 "weight_decay" => opt.weight_decay = num(v).unwrap_or(opt.weight_decay),
                 "momentum" => opt.momentum = num(v).unwrap_or(0.0),
+                "nesterov" => opt.nesterov = matches!(&v.kind, ExprKind::Name(n) if n == "true"),
+                "initial_accumulator" => {
+                    opt.initial_accumulator = num(v).unwrap_or(opt.initial_accumulator)
+                }
+                "lr_power" => opt.lr_power = num(v).unwrap_or(opt.lr_power),
+                "l1" => opt.l1 = num(v).unwrap_or(0.0),
+                "l2" => opt.l2 = num(v).unwrap_or(0.0),
                 _ => {}
             }
         }
@@ -296,9 +316,6 @@ pub fn prepare<'c>(
             cfg.per_param
                 .insert(format!("tables.{}", table.name.name), optimizer_of(e));
         }
-    }
-    if let Some((name, o)) = cfg.per_param.iter().find(|(_, o)| o.kind == "ftrl") {
-        return Err(format!("`{name}` uses `{}`, which is checked but not executed yet; use `adam`, `adagrad` or `sgd`", o.kind));
     }
     let classes = prog
         .output
@@ -1145,9 +1162,16 @@ impl OptState {
         let mut v = Vec::new();
         for (p, o) in params.iter().zip(&opts) {
             let z = || p.zeros_like().map_err(ce);
+            let acc = || {
+                p.ones_like()
+                    .and_then(|t| t.affine(o.initial_accumulator, 0.0))
+                    .map_err(ce)
+            };
             let (a, b) = match o.kind.as_str() {
                 "adam" | "adamw" => (Some(z()?), Some(z()?)),
-                "adagrad" => (None, Some(z()?)),
+                "adagrad" => (None, Some(acc()?)),
+                // FTRL: the linear term and the squared-gradient accumulator.
+                "ftrl" => (Some(z()?), Some(acc()?)),
                 "sgd" if o.momentum > 0.0 => (Some(z()?), None),
                 _ => (None, None),
             };
@@ -1180,7 +1204,36 @@ impl OptState {
                 ("sgd", Some(m), _) => {
                     let m = (m.affine(o.momentum, 0.0).map_err(ce)? + &g).map_err(ce)?;
                     self.m[i] = Some(m.clone());
-                    m
+                    if o.nesterov {
+                        (&g + m.affine(o.momentum, 0.0).map_err(ce)?).map_err(ce)?
+                    } else {
+                        m
+                    }
+                }
+                ("ftrl", Some(lin), Some(acc)) => {
+                    // FTRL-proximal (TensorFlow's ApplyFtrl): the new weight is
+                    // computed, not stepped; `d` is what reaches it at this lr.
+                    let acc_new = (acc + g.sqr().map_err(ce)?).map_err(ce)?;
+                    let pw = |t: &Tensor| t.powf(-o.lr_power).map_err(ce);
+                    let sigma = ((pw(&acc_new)? - pw(acc)?).map_err(ce)? / lr).map_err(ce)?;
+                    let lin = ((lin + &g).map_err(ce)? - sigma.mul(p).map_err(ce)?).map_err(ce)?;
+                    let quad = (pw(&acc_new)? / lr)
+                        .and_then(|t| t.affine(1.0, 2.0 * o.l2))
+                        .map_err(ce)?;
+                    let shrunk = lin
+                        .sign()
+                        .and_then(|sg| sg.affine(o.l1, 0.0))
+                        .and_then(|t| t - &lin)
+                        .and_then(|t| t.div(&quad))
+                        .map_err(ce)?;
+                    let keep = lin.abs().and_then(|a| a.gt(o.l1)).map_err(ce)?;
+                    let w = keep
+                        .where_cond(&shrunk, &shrunk.zeros_like().map_err(ce)?)
+                        .map_err(ce)?;
+                    self.m[i] = Some(lin);
+                    self.v[i] = Some(acc_new);
+                    // p - lr·d = w
+                    ((p - w).map_err(ce)? / lr).map_err(ce)?
                 }
                 ("adagrad", _, Some(v)) => {
                     let v = (v + g.sqr().map_err(ce)?).map_err(ce)?;

@@ -53,3 +53,6 @@ npz("lm_id_range.npz", {"x": ((4, 5), "i4", [i % 10 for i in range(19)] + [12]),
 npz("lm_float_ids.npz", {"x": ((4, 5), "f4", [float(i % 10) for i in range(20)]), "y": ((4, 5), "i8", [0] * 20)})
 open("tiny.txt", "w").write("To be, or not to be, that is the question:\n" * 4)
 open("short.txt", "w").write("Too short.\n")
+
+# A bag-of-ids model's data: ragged samples padded with -1 (not looked up).
+npz("bag.npz", {"x": ((4, 3), "i4", [1, 5, -1, 7, -1, -1, 2, 3, 4, 0, -1, -1]), "y": ((4,), "i8", [0, 1, 1, 0])})
