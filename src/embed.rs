@@ -123,8 +123,8 @@ impl Layout {
 
 /// Statistics of one step's ids (`ids` row-major `[samples, valency]`; negative
 /// ids pad ragged samples and are not looked up), and the limits applied with
-/// `policy`. `limits` is raised in place under `grow`; under
-/// `error` the first limit exceeded is returned as `Err`.
+/// `policy`. `limits` is raised in place under `grow`; under `error` the first
+/// limit exceeded is returned as `Err`.
 pub fn preprocess(
     ids: &[i64],
     valency: usize,
@@ -133,37 +133,82 @@ pub fn preprocess(
     limits: &mut Limits,
     policy: Overflow,
 ) -> Result<Preprocessed, Exceeded> {
-    let valency = valency.max(1);
-    let samples = ids.len() / valency;
+    let (stats, mut keep, exceeded) = preprocess_stack(
+        &[Feature {
+            ids,
+            valency,
+            part,
+            table: 0,
+        }],
+        layout,
+        limits,
+        policy,
+    )?;
+    Ok(Preprocessed {
+        stats,
+        keep: keep.pop().unwrap_or_default(),
+        exceeded,
+    })
+}
+
+/// One feature's ids in a stack: `[samples, valency]`, placed by its table's
+/// partitioner (its shard rotation).
+#[derive(Clone, Copy, Debug)]
+pub struct Feature<'a> {
+    pub ids: &'a [i64],
+    pub valency: usize,
+    pub part: Partitioner,
+    /// Which table of the stack (ids of different tables never merge).
+    pub table: usize,
+}
+
+/// Several features looked up in one stack (feature stacking): each SparseCore
+/// takes its block of every feature's samples, one after the other (feature k's
+/// samples offset by those before it), and its (sample, table, id) triples are
+/// counted per partition against the stack's limits. Returns the statistics, a
+/// keep mask per feature, and the limits exceeded under `drop` or `grow`.
+#[allow(clippy::type_complexity)]
+pub fn preprocess_stack(
+    features: &[Feature],
+    layout: Layout,
+    limits: &mut Limits,
+    policy: Overflow,
+) -> Result<(Stats, Vec<Vec<bool>>, Vec<Exceeded>), Exceeded> {
     let sources = layout.sources();
-    let per_source = samples.div_ceil(sources);
-    let n = part.n.max(1);
+    let n = features.first().map_or(1, |f| f.part.n.max(1));
     let mut stats = Stats {
         max_ids: vec![0; n],
         max_unique_ids: vec![0; n],
         required_buffer_size: vec![0; sources],
         id_drop_counters: vec![0; n],
     };
-    let mut keep = vec![true; ids.len()];
+    let mut keep: Vec<Vec<bool>> = features.iter().map(|f| vec![true; f.ids.len()]).collect();
     let mut exceeded = Vec::new();
     for s in 0..sources {
-        let lo = (s * per_source).min(samples);
-        let hi = ((s + 1) * per_source).min(samples);
-        // (id, sample) pairs per partition, duplicates within a sample merged.
-        let mut pairs: BTreeMap<usize, BTreeSet<(u64, usize)>> = BTreeMap::new();
-        for sample in lo..hi {
-            for &id in &ids[sample * valency..(sample + 1) * valency] {
-                let Ok(id) = u64::try_from(id) else { continue };
-                pairs
-                    .entry(part.partition(id))
-                    .or_default()
-                    .insert((id, sample));
+        // Per partition: ((table slot, id), (feature, sample)) pairs, duplicates
+        // within a sample merged; the first element orders them for `drop`.
+        type Pair = ((usize, u64), (usize, usize));
+        let mut pairs: BTreeMap<usize, BTreeSet<Pair>> = BTreeMap::new();
+        for (fi, f) in features.iter().enumerate() {
+            let valency = f.valency.max(1);
+            let samples = f.ids.len() / valency;
+            let per_source = samples.div_ceil(sources);
+            let lo = (s * per_source).min(samples);
+            let hi = ((s + 1) * per_source).min(samples);
+            for sample in lo..hi {
+                for &id in &f.ids[sample * valency..(sample + 1) * valency] {
+                    let Ok(id) = u64::try_from(id) else { continue };
+                    pairs
+                        .entry(f.part.partition(id))
+                        .or_default()
+                        .insert(((f.table, id), (fi, sample)));
+                }
             }
         }
         let mut buffer = 0;
         for (&p, set) in &pairs {
             let count = set.len() as i64;
-            let distinct: BTreeSet<u64> = set.iter().map(|x| x.0).collect();
+            let distinct: BTreeSet<(usize, u64)> = set.iter().map(|x| x.0).collect();
             let unique = distinct.len() as i64;
             stats.max_ids[p] = stats.max_ids[p].max(count);
             stats.max_unique_ids[p] = stats.max_unique_ids[p].max(unique);
@@ -198,23 +243,26 @@ pub fn preprocess(
                 }
                 Overflow::Drop => {
                     // Keep the smallest ids: first the distinct-id limit, then the
-                    // pair limit, both in sorted (id, sample) order.
-                    let allowed: BTreeSet<u64> = distinct
+                    // pair limit, both in sorted order.
+                    let allowed: BTreeSet<(usize, u64)> = distinct
                         .iter()
                         .take(limits.max_unique_ids.max(0) as usize)
                         .copied()
                         .collect();
-                    let kept: BTreeSet<(u64, usize)> = set
+                    let kept: BTreeSet<Pair> = set
                         .iter()
                         .filter(|x| allowed.contains(&x.0))
                         .take(limits.max_ids.max(0) as usize)
                         .copied()
                         .collect();
-                    for &(id, sample) in set.difference(&kept) {
+                    for &((_, id), (fi, sample)) in set.difference(&kept) {
                         stats.id_drop_counters[p] += 1;
-                        for k in sample * valency..(sample + 1) * valency {
-                            if ids[k] == id as i64 {
-                                keep[k] = false;
+                        let f = &features[fi];
+                        let v = f.valency.max(1);
+                        let r = sample * v..(sample + 1) * v;
+                        for (k, x) in keep[fi][r.clone()].iter_mut().zip(&f.ids[r]) {
+                            if *x == id as i64 {
+                                *k = false;
                             }
                         }
                     }
@@ -224,11 +272,7 @@ pub fn preprocess(
         }
         stats.required_buffer_size[s] = buffer;
     }
-    Ok(Preprocessed {
-        stats,
-        keep,
-        exceeded,
-    })
+    Ok((stats, keep, exceeded))
 }
 
 /// One table of a stack, placed in the stack's shards.

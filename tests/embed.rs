@@ -227,3 +227,52 @@ fn missing_or_corrupt_fdo_files_are_errors() {
     assert!(e.contains("not a readable FDO file"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Feature stacking: two features of one table on one SparseCore count together
+/// per partition (their samples one after the other), while a sample's duplicate
+/// ids merge only within that feature's sample; a second table's equal ids stay
+/// distinct.
+#[test]
+fn stacked_features_count_together() {
+    let part = Partitioner { n: 2, shift: 0 };
+    let layout = Layout {
+        devices: 1,
+        sparsecores: 1,
+    };
+    let a = [2i64, 2, 4, 6];
+    let b = [2i64, 8];
+    let c = [2i64, 3];
+    let mut limits = LOOSE;
+    let (stats, keep, _) = embed::preprocess_stack(
+        &[
+            embed::Feature {
+                ids: &a,
+                valency: 2,
+                part,
+                table: 0,
+            },
+            embed::Feature {
+                ids: &b,
+                valency: 1,
+                part,
+                table: 0,
+            },
+            embed::Feature {
+                ids: &c,
+                valency: 1,
+                part: Partitioner { n: 2, shift: 1 },
+                table: 1,
+            },
+        ],
+        layout,
+        &mut limits,
+        Overflow::Error,
+    )
+    .expect("ok");
+    // Partition 0: a gives (2,s0), (4,s1), (6,s1); b gives (2), (8); c's 3 lands
+    // there with shift 1: six pairs, distinct (table, id): 2, 4, 6, 8 of table 0
+    // and 3 of table 1.
+    assert_eq!(stats.max_ids, vec![6, 1]);
+    assert_eq!(stats.max_unique_ids, vec![5, 1]);
+    assert_eq!(keep.len(), 3);
+}

@@ -55,6 +55,8 @@ pub struct StepSparse {
 /// Process every step's ids. `inputs(s, k)` is model input `k` of step `s` (global,
 /// row-major). Steps before `start` (a resumed run) are replayed without writing
 /// FDO files, so the limits are what they were when the checkpoint was written.
+/// Lookups of tables in one stack are processed together (feature stacking),
+/// against the stack's limits: the sum of its tables'.
 pub fn plan_steps(
     cfg: &SparseConfig,
     steps: usize,
@@ -65,61 +67,121 @@ pub fn plan_steps(
     if cfg.lookups.is_empty() {
         return Ok(out);
     }
-    let mut limits: Vec<Limits> = cfg.tables.iter().map(|t| t.limits).collect();
-    // Where each table's current limits come from, for the diagnostic.
-    let mut origin: Vec<String> = vec!["as declared".to_string(); cfg.tables.len()];
+    // Stacks in table order, each with its tables.
+    let mut stacks: Vec<(String, Vec<usize>)> = Vec::new();
+    for (i, t) in cfg.tables.iter().enumerate() {
+        match stacks.iter_mut().find(|s| s.0 == t.stack) {
+            Some(s) => s.1.push(i),
+            None => stacks.push((t.stack.clone(), vec![i])),
+        }
+    }
+    let mut limits: Vec<Limits> = stacks
+        .iter()
+        .map(|(_, ts)| Limits {
+            max_ids: ts.iter().map(|&i| cfg.tables[i].limits.max_ids).sum(),
+            max_unique_ids: ts
+                .iter()
+                .map(|&i| cfg.tables[i].limits.max_unique_ids)
+                .sum(),
+        })
+        .collect();
+    // The strictest policy of a stack's tables applies to it.
+    let policy: Vec<Overflow> = stacks
+        .iter()
+        .map(|(_, ts)| {
+            let ps: Vec<Overflow> = ts.iter().map(|&i| cfg.tables[i].policy).collect();
+            if ps.contains(&Overflow::Error) {
+                Overflow::Error
+            } else if ps.contains(&Overflow::Drop) {
+                Overflow::Drop
+            } else {
+                Overflow::Grow
+            }
+        })
+        .collect();
+    let label = |k: usize| -> String {
+        let (name, ts) = &stacks[k];
+        match ts.as_slice() {
+            [one] => format!("table `{}`", cfg.tables[*one].name),
+            _ => format!(
+                "table `{}` (stack `{name}` of {} tables)",
+                cfg.tables[ts[0]].name,
+                ts.len()
+            ),
+        }
+    };
+    // Where each stack's current limits come from, for the diagnostic.
+    let mut origin: Vec<String> = vec!["as declared".to_string(); stacks.len()];
     let mut client = cfg.fdo.as_ref().map(|f| FdoClient::new(&f.dir, 0));
     // What was recorded so far, for replayed steps (no files then).
     let mut recorded: BTreeMap<String, embed::Stats> = BTreeMap::new();
     for (s, slot) in out.iter_mut().enumerate() {
-        for l in &cfg.lookups {
-            let t = &cfg.tables[l.table];
-            let ids: Vec<i64> = inputs(s, l.input).iter().map(|x| *x as i64).collect();
-            let p = embed::preprocess(&ids, l.valency, t.layout, t.part, &mut limits[l.table], t.policy)
-                .map_err(|e| {
+        for (k, (stack, ts)) in stacks.iter().enumerate() {
+            let ls: Vec<&LookupRun> = cfg
+                .lookups
+                .iter()
+                .filter(|l| ts.contains(&l.table))
+                .collect();
+            if ls.is_empty() {
+                continue;
+            }
+            let ids: Vec<Vec<i64>> = ls
+                .iter()
+                .map(|l| inputs(s, l.input).iter().map(|x| *x as i64).collect())
+                .collect();
+            let features: Vec<embed::Feature> = ls
+                .iter()
+                .zip(&ids)
+                .map(|(l, ids)| embed::Feature {
+                    ids,
+                    valency: l.valency,
+                    part: cfg.tables[l.table].part,
+                    table: l.table,
+                })
+                .collect();
+            let layout = cfg.tables[ts[0]].layout;
+            let (stats, keep, exceeded) =
+                embed::preprocess_stack(&features, layout, &mut limits[k], policy[k]).map_err(|e| {
                     format!(
-                        "step {}: table `{}`: SparseCore {} of device {} sends {} ids to partition {}, over `{}: {}` ({})",
+                        "step {}: {}: SparseCore {} of device {} sends {} ids to partition {}, over `{}: {}` ({})",
                         s + 1,
-                        t.name,
+                        label(k),
                         e.sparsecore,
                         e.device,
                         e.observed,
                         e.partition,
                         e.limit_name,
                         e.limit,
-                        origin[l.table]
+                        origin[k]
                     ) + &format!(
                         "\n  help: `overflow: grow` in the table raises the limit when a step needs it (logged) and `overflow: drop` drops the excess ids (counted); `fdo` raises limits from observed statistics; or set `{}: {}`",
                         e.limit_name, e.observed
                     )
                 })?;
-            if t.policy == Overflow::Grow && !p.exceeded.is_empty() {
-                origin[l.table] = format!("grown at step {}", s + 1);
+            if policy[k] == Overflow::Grow && !exceeded.is_empty() {
+                origin[k] = format!("grown at step {}", s + 1);
             }
-            for e in &p.exceeded {
-                let what = match t.policy {
-                    Overflow::Grow => format!("raised `{}` to {}", e.limit_name, e.observed),
-                    _ => format!("dropped {} ids", e.observed - e.limit),
-                };
-                if s >= start {
+            if s >= start {
+                for e in &exceeded {
+                    let what = match policy[k] {
+                        Overflow::Grow => format!("raised `{}` to {}", e.limit_name, e.observed),
+                        _ => format!("dropped {} ids", e.observed - e.limit),
+                    };
                     slot.notes.push(format!(
-                        "table `{}`: SparseCore {} of device {} needs {} ids in partition {} (`{}: {}`): {what}",
-                        t.name, e.sparsecore, e.device, e.observed, e.partition, e.limit_name, e.limit
+                        "{}: SparseCore {} of device {} needs {} ids in partition {} (`{}: {}`): {what}",
+                        label(k), e.sparsecore, e.device, e.observed, e.partition, e.limit_name, e.limit
                     ));
                 }
             }
-            if t.policy == Overflow::Drop {
-                slot.keep.insert(
-                    l.node,
-                    p.keep.iter().map(|k| f64::from(u8::from(*k))).collect(),
-                );
+            if policy[k] == Overflow::Drop {
+                for (l, m) in ls.iter().zip(keep) {
+                    slot.keep
+                        .insert(l.node, m.iter().map(|k| f64::from(u8::from(*k))).collect());
+                }
             }
-            recorded
-                .entry(t.stack.clone())
-                .or_default()
-                .merge_max(&p.stats);
+            recorded.entry(stack.clone()).or_default().merge_max(&stats);
             if let Some(c) = client.as_mut() {
-                c.record(&t.stack, &p.stats);
+                c.record(stack, &stats);
             }
         }
         let Some(f) = &cfg.fdo else { continue };
@@ -139,19 +201,19 @@ pub fn plan_steps(
             }
             _ => recorded.clone(),
         };
-        for (i, t) in cfg.tables.iter().enumerate() {
-            let Some(st) = merged.get(&t.stack) else {
+        for (k, (stack, _)) in stacks.iter().enumerate() {
+            let Some(st) = merged.get(stack) else {
                 continue;
             };
             let (new, buffer) = embed::limits_from(st, f.headroom, cfg.sparsecores);
             if s >= start {
                 slot.notes.push(format!(
-                    "FDO: table `{}`: max_ids_per_partition {} → {}, max_unique_ids_per_partition {} → {}, buffer {buffer} per device",
-                    t.name, limits[i].max_ids, new.max_ids, limits[i].max_unique_ids, new.max_unique_ids
+                    "FDO: {}: max_ids_per_partition {} → {}, max_unique_ids_per_partition {} → {}, buffer {buffer} per device",
+                    label(k), limits[k].max_ids, new.max_ids, limits[k].max_unique_ids, new.max_unique_ids
                 ));
             }
-            limits[i] = new;
-            origin[i] = format!("set by FDO after step {}", s + 1);
+            limits[k] = new;
+            origin[k] = format!("set by FDO after step {}", s + 1);
         }
     }
     Ok(out)
