@@ -880,3 +880,42 @@ fn finite_differences_weighted_lookup_combiners() {
         finite_differences(&format!("fd_weighted_{combiner}.shard"), &text, &[]);
     }
 }
+
+/// Seed 000 with the reference's own settings (limits 64, FDO every 15 steps with
+/// no headroom) dies where the reference library would abort: FDO lowers the limit
+/// to what the first 15 steps needed, and a later step needs more. `grow` carries
+/// it through all 100 steps, logging the raise.
+#[test]
+fn seed_000_survives_where_the_reference_dies() {
+    let dir = std::env::temp_dir().join(format!("shardc-seed000-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("models/shakespeare.shard"),
+    )
+    .expect("model")
+    .replace(
+        "fdo: { every: 15, dir: \"fdo\", headroom: 1.2 }",
+        &format!("fdo: {{ every: 15, dir: \"{}\" }}", dir.display()),
+    );
+    let run = |policy: &str| {
+        let t = text.replace("overflow: grow", &format!("overflow: {policy}"));
+        let (prog, cfg, src) = setup_text("seed000.shard", &t, &[], None);
+        let mut notes = Vec::new();
+        let r = train::run(&prog, &cfg, &src, false, &mut |s| {
+            notes.extend(s.notes.clone())
+        });
+        (r.map(|o| o.losses.len()), notes)
+    };
+    let (err, _) = run("error");
+    let err = err.expect_err("the reference's settings abort");
+    assert!(err.contains("set by FDO after step 15"), "{err}");
+    let (done, notes) = run("grow");
+    assert_eq!(done.expect("grow trains"), 100);
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("raised `max_ids_per_partition`")),
+        "{notes:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -188,32 +188,42 @@ pub fn plan_steps(
         if (s + 1) % f.every.max(1) != 0 {
             continue;
         }
-        let merged = match (s >= start, client.as_mut()) {
+        let (merged, published) = match (s >= start, client.as_mut()) {
             (true, Some(c)) => {
                 let path = c.publish()?;
                 let (merged, files) = embed::load(&f.dir)?;
-                slot.notes.push(format!(
-                    "FDO: published {}; loaded {} file(s)",
-                    path.display(),
-                    files.len()
-                ));
-                merged
+                (
+                    merged,
+                    format!(
+                        "FDO: published {} ({} file(s) loaded)",
+                        path.display(),
+                        files.len()
+                    ),
+                )
             }
-            _ => recorded.clone(),
+            _ => (recorded.clone(), String::new()),
         };
+        let mut changes = Vec::new();
         for (k, (stack, _)) in stacks.iter().enumerate() {
             let Some(st) = merged.get(stack) else {
                 continue;
             };
             let (new, buffer) = embed::limits_from(st, f.headroom, cfg.sparsecores);
-            if s >= start {
-                slot.notes.push(format!(
-                    "FDO: {}: max_ids_per_partition {} → {}, max_unique_ids_per_partition {} → {}, buffer {buffer} per device",
+            if new != limits[k] {
+                changes.push(format!(
+                    "{}: max_ids_per_partition {} → {}, max_unique_ids_per_partition {} → {}, buffer {buffer} per device",
                     label(k), limits[k].max_ids, new.max_ids, limits[k].max_unique_ids, new.max_unique_ids
                 ));
             }
             limits[k] = new;
             origin[k] = format!("set by FDO after step {}", s + 1);
+        }
+        if s >= start {
+            slot.notes.push(if changes.is_empty() {
+                format!("{published}; limits unchanged")
+            } else {
+                format!("{published}; {}", changes.join("; "))
+            });
         }
     }
     Ok(out)
