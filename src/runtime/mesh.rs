@@ -3,7 +3,9 @@
 //! bit-identical from run to run.
 
 use candle_core::{Result, Tensor};
-use std::sync::{Condvar, Mutex};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// A barrier that a failing device can break, so the others return an error
 /// instead of waiting forever.
@@ -150,11 +152,14 @@ pub trait Collectives: Sync {
     fn abort(&self);
 }
 
-/// Shared state for collectives: a slot per device and a barrier.
+/// Shared state for collectives: a slot per device, and a barrier per group of
+/// devices that communicate, so that groups proceed independently (the stages
+/// of a pipeline run different layers at the same time).
 pub struct Comm {
     pub topo: Topology,
     slots: Mutex<Vec<Option<Tensor>>>,
-    barrier: Barrier,
+    barriers: Mutex<HashMap<Vec<usize>, Arc<Barrier>>>,
+    aborted: AtomicBool,
 }
 
 impl Comm {
@@ -163,8 +168,24 @@ impl Comm {
         Comm {
             topo,
             slots: Mutex::new(vec![None; n]),
-            barrier: Barrier::new(n),
+            barriers: Mutex::new(HashMap::new()),
+            aborted: AtomicBool::new(false),
         }
+    }
+
+    fn barrier_of(&self, group: &[usize]) -> Result<Arc<Barrier>> {
+        let mut m = self
+            .barriers
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("mesh lock poisoned".into()))?;
+        let b = m
+            .entry(group.to_vec())
+            .or_insert_with(|| Arc::new(Barrier::new(group.len())))
+            .clone();
+        if self.aborted.load(Ordering::SeqCst) {
+            b.abort();
+        }
+        Ok(b)
     }
 
     /// Post a tensor, then read what `pick` selects from the group's posts (a
@@ -176,12 +197,14 @@ impl Comm {
         axes: &[String],
         pick: impl FnOnce(&[&Tensor]) -> Result<T>,
     ) -> Result<T> {
+        let group = self.topo.group(rank, axes);
+        let barrier = self.barrier_of(&group)?;
         if let Ok(mut s) = self.slots.lock() {
             s[rank] = Some(t.clone());
         }
-        self.barrier.wait()?;
-        let group = self.topo.group(rank, axes);
-        // Nobody overwrites a slot until everyone has read (the second wait).
+        barrier.wait()?;
+        // Only this group reads these slots, and nobody in it overwrites one until
+        // everyone has read (the second wait).
         let posted: Vec<Tensor> = match self.slots.lock() {
             Ok(s) => group.iter().filter_map(|r| s[*r].clone()).collect(),
             Err(_) => vec![],
@@ -192,7 +215,7 @@ impl Comm {
         } else {
             Err(candle_core::Error::Msg("a device's slot was lost".into()))
         };
-        self.barrier.wait()?;
+        barrier.wait()?;
         out
     }
 }
@@ -203,11 +226,17 @@ impl Collectives for Comm {
     }
 
     fn abort(&self) {
-        self.barrier.abort();
+        self.aborted.store(true, Ordering::SeqCst);
+        if let Ok(m) = self.barriers.lock() {
+            for b in m.values() {
+                b.abort();
+            }
+        }
     }
 
     fn barrier(&self) -> Result<()> {
-        self.barrier.wait()
+        let all: Vec<usize> = (0..self.topo.devices()).collect();
+        self.barrier_of(&all)?.wait()
     }
 
     fn gather_to_first(&self, rank: usize, t: &Tensor) -> Result<Option<Vec<Tensor>>> {
