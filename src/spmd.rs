@@ -71,6 +71,23 @@ pub struct Program {
     pub output: Option<Nid>,
     /// Values of the symbolic sizes (the batch).
     pub bound: BTreeMap<String, Poly>,
+    /// A `repeat(..., stages: axis)` stack run as a pipeline.
+    pub pipeline: Option<Pipeline>,
+}
+
+/// Where the pipelined stack sits in the program: each repetition's nodes are a
+/// contiguous range that reads only the value entering it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pipeline {
+    pub axis: String,
+    pub stages: usize,
+    pub microbatches: usize,
+    /// `gpipe` or `one_f_one_b`.
+    pub schedule: String,
+    /// Node ranges `[start, end)` of the repetitions, in order.
+    pub blocks: Vec<(Nid, Nid)>,
+    /// The value entering the stack.
+    pub input: Nid,
 }
 
 impl Program {

@@ -54,6 +54,53 @@ const TABLE_FIELDS: &[&str] = &[
     "shard",
 ];
 
+/// A `repeat(n, Layer, stages: axis, microbatches: m, schedule: s)` member.
+pub(super) struct Staged {
+    pub axis: String,
+    pub schedule: String,
+    pub microbatches: Option<i64>,
+    pub microbatches_span: Option<Span>,
+    pub span: Span,
+}
+
+pub(super) fn staged_repeat(decl: &ast::LayerDecl) -> Option<Staged> {
+    decl.members.iter().find_map(|m| {
+        let ast::Member::Sub { value, .. } = m else {
+            return None;
+        };
+        let ExprKind::Call(c, args) = &value.kind else {
+            return None;
+        };
+        if !matches!(&c.kind, ExprKind::Name(n) if n == "repeat") {
+            return None;
+        }
+        let named = |k: &str| {
+            args.iter().find_map(|a| match a {
+                ast::Arg::Named(n, OptValue::Expr(e)) if n.name == k => Some(e),
+                _ => None,
+            })
+        };
+        let axis = match named("stages").map(|e| &e.kind) {
+            Some(ExprKind::Name(a)) => a.clone(),
+            _ => return None,
+        };
+        let mb = named("microbatches");
+        Some(Staged {
+            axis,
+            schedule: match named("schedule").map(|e| &e.kind) {
+                Some(ExprKind::Name(s)) => s.clone(),
+                _ => "gpipe".into(),
+            },
+            microbatches: mb.and_then(|e| match e.kind {
+                ExprKind::Int(v) => Some(v),
+                _ => None,
+            }),
+            microbatches_span: mb.map(|e| e.span),
+            span: value.span,
+        })
+    })
+}
+
 fn is_name_in(v: &OptValue, names: &[&str]) -> bool {
     matches!(v, OptValue::Expr(Expr { kind: ExprKind::Name(n), .. }) if names.contains(&n.as_str()))
 }
@@ -826,6 +873,39 @@ impl<'p> Checker<'p> {
             ast::Member::Fn(f) if f.name.name == "forward" => Some(f),
             _ => None,
         });
+        // A pipelined stack runs the (micro)batch in `microbatches` pieces: the model
+        // is checked and lowered for one of them.
+        let staged = staged_repeat(&decl);
+        self.pipeline_microbatches = None;
+        self.pipeline_schedule = staged
+            .as_ref()
+            .map_or(String::new(), |s| s.schedule.clone());
+        if let (Some(b), Some(st)) = (batch, &staged) {
+            let stages = self.axis_size(&st.axis).max(1);
+            let m = st.microbatches.unwrap_or(stages);
+            let span = st.microbatches_span.unwrap_or(st.span);
+            if m < 1 {
+                // Reported where `repeat` is checked.
+                batch = None;
+            } else if b % m != 0 {
+                self.report(Problem::BadValue {
+                    span,
+                    message: format!("the batch of {b} examples per step (after `accumulate`) cannot be split into {m} pipeline microbatches"),
+                    help: Some(format!("use a number of microbatches that divides {b}, or a batch that is a multiple of {m}")),
+                });
+                batch = None;
+            } else {
+                batch = Some(b / m);
+                self.pipeline_microbatches = Some(m as usize);
+                if m < stages {
+                    self.report(Problem::FewMicrobatches {
+                        span,
+                        microbatches: m as usize,
+                        stages: stages as usize,
+                    });
+                }
+            }
+        }
         if let (Some(b), Some(f)) = (batch, fwd) {
             if let Some((_, te)) = f.params.first() {
                 if let Some(ast::DimSpec::Dim {

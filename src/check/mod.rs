@@ -149,6 +149,9 @@ pub struct Checker<'p> {
     arg_ids: Vec<Option<crate::spmd::Nid>>,
     in_builtin: bool,
     checked_fns: HashSet<(Span, String)>,
+    /// Microbatches and schedule of the pipelined stack of the model being lowered.
+    pipeline_microbatches: Option<usize>,
+    pipeline_schedule: String,
 }
 
 /// The most repetitions of a layer that lowering unrolls.
@@ -195,6 +198,8 @@ impl<'p> Checker<'p> {
             arg_ids: Vec::new(),
             in_builtin: false,
             checked_fns: HashSet::new(),
+            pipeline_microbatches: None,
+            pipeline_schedule: String::new(),
         }
     }
 
@@ -1886,22 +1891,72 @@ impl<'p> Checker<'p> {
             // must not hang the checker): check and plan it, but do not lower it.
             self.emit = None;
         }
+        let stage_axis = match sub {
+            Val::Repeat(_, _, Some(a)) => Some(a.clone()),
+            _ => None,
+        };
+        if let Some(ax) = &stage_axis {
+            // A stage holds whole layers: nothing inside may be split over its axis.
+            let mut bad: Vec<(Span, String)> = li
+                .weights
+                .values()
+                .filter(|w| {
+                    w.0.all_axes().contains(&ax.as_str()) || w.1.all_axes().contains(&ax.as_str())
+                })
+                .map(|w| (w.2, w.0.to_string()))
+                .collect();
+            if let Some((Val::T(t), sp, _)) = vals.first() {
+                if t.all_axes().contains(&ax.as_str()) || t.pending.contains_key(ax) {
+                    bad.push((*sp, t.to_string()));
+                }
+            }
+            bad.sort();
+            if let Some((span, ty)) = bad.into_iter().next() {
+                self.report(Problem::StageAxisInside {
+                    span,
+                    axis: ax.clone(),
+                    ty,
+                    stack: e.span,
+                });
+                return Val::Poison;
+            }
+        }
         let out = if self.emit.is_some() && count > 1 {
             // The program gets every repetition, each with its own parameters
             // (`blocks.0`, `blocks.1`, ...); the plan counts the first one, scaled.
             let mut vals = vals;
             let mut out = Val::Poison;
             let mut saved_plan = None;
+            let input = vals.first().and_then(|v| v.2);
+            let mut ranges = Vec::new();
             for i in 0..count {
+                let start = self.emit.as_ref().map_or(0, |p| p.nodes.len());
                 self.path.push(format!("{name}.{i}"));
                 out = self.call_fn(&li, f, vals.clone(), e.span);
                 self.path.pop();
+                let end = self.emit.as_ref().map_or(0, |p| p.nodes.len());
+                ranges.push((start as crate::spmd::Nid, end as crate::spmd::Nid));
                 if i == 0 {
                     saved_plan = self.plan.take();
                 }
                 vals = vec![(out.clone(), e.span, self.last)];
             }
             self.plan = saved_plan;
+            let schedule = self.pipeline_schedule.clone();
+            let stages = stage_axis
+                .as_ref()
+                .map_or(1, |ax| self.mesh.map_or(1, |m| m.size(ax)).max(1) as usize);
+            let microbatches = self.pipeline_microbatches.unwrap_or(1);
+            if let (Some(ax), Some(input), Some(p)) = (&stage_axis, input, self.emit.as_mut()) {
+                p.pipeline = Some(crate::spmd::Pipeline {
+                    axis: ax.clone(),
+                    stages,
+                    microbatches,
+                    schedule,
+                    blocks: ranges,
+                    input,
+                });
+            }
             out
         } else {
             self.path.push(name.to_string());

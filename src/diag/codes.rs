@@ -58,6 +58,7 @@ codes! {
     E0217 => "invalid einsum specification",
     E0218 => "dimension index out of range",
     E0219 => "recursive layer",
+    E0220 => "pipeline axis used inside its stages",
     E0300 => "unknown or missing field",
     E0301 => "unknown optimizer, schedule, loss or data source",
     E0302 => "invalid option value",
@@ -70,6 +71,7 @@ codes! {
     E0402 => "feature inconsistent with its table",
     E0500 => "invalid layer directive",
     N0001 => "collective inserted by the compiler",
+    W0001 => "fewer microbatches than pipeline stages",
 }
 
 impl Code {

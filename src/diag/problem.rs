@@ -234,6 +234,17 @@ pub enum Problem {
         message: String,
         help: Option<String>,
     },
+    StageAxisInside {
+        span: Span,
+        axis: String,
+        ty: String,
+        stack: Span,
+    },
+    FewMicrobatches {
+        span: Span,
+        microbatches: usize,
+        stages: usize,
+    },
     DataUnreadable {
         span: Span,
         path: String,
@@ -468,6 +479,15 @@ impl Problem {
             BadDirective { span, message, help } => {
                 let x = d(Code::E0500, message.clone(), *span, "here".into());
                 match help { Some(h) => x.help(h.clone()), None => x }
+            }
+            StageAxisInside { span, axis, ty, stack } => d(Code::E0220, format!("`{axis}` splits the pipeline's stages, but this value inside a stage is `{ty}`"), *span, format!("uses `{axis}`"))
+                .secondary(*stack, format!("stages over `{axis}` here"))
+                .help(format!("a stage holds whole layers: split their tensors over another axis, or stage over another axis than `{axis}`")),
+            FewMicrobatches { span, microbatches, stages } => {
+                let bubble = (*stages as f64 - 1.0) / (*microbatches as f64 + *stages as f64 - 1.0);
+                d(Code::W0001, format!("{microbatches} microbatch(es) for {stages} pipeline stages: devices idle {:.0}% of each step", bubble * 100.0), *span, format!("{microbatches} < {stages}"))
+                    .note(format!("the bubble fraction is (stages − 1) / (microbatches + stages − 1) = {}/{}", stages - 1, microbatches + stages - 1))
+                    .help(format!("use at least {stages} microbatches, more to shrink the bubble"))
             }
             DataUnreadable { span, path, reason } => d(Code::E0304, format!("cannot read the data `{path}`: {reason}"), *span, "named here".into())
                 .help("paths in a `.shard` file are relative to that file; `--data` paths to the working directory"),
