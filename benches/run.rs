@@ -9,7 +9,13 @@ use std::time::Instant;
 
 fn bench(file: &str, model: Option<&str>, steps: usize) -> f64 {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
-    let c = world::compile(&path, &Options::default()).expect("readable");
+    let text = std::fs::read_to_string(&path).expect("readable");
+    bench_text(file, &text, model, steps)
+}
+
+fn bench_text(file: &str, text: &str, model: Option<&str>, steps: usize) -> f64 {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+    let c = world::compile_source(&path, text.to_string(), &Options::default());
     assert!(!c.has_errors(), "{file} has errors");
     let (prog, _, mut cfg, src) = train::prepare(&c, model).expect("runnable");
     cfg.steps = steps;
@@ -90,7 +96,23 @@ fn main() {
         "device=8 × 4 SC",
         4096.0 * 8.0 / step
     );
-    bench("models/transformer_3d.shard", None, 8);
+    // Pipeline schedules on the small 3-D model (dp=2, pp=2, tp=2, 8 microbatches).
+    let t3d = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/models/t3d_small.shard"),
+    )
+    .expect("readable")
+    .replace("microbatches: 4", "microbatches: 8")
+    .replace("accumulate: 2", "accumulate: 1");
+    for (schedule, label) in [("gpipe", "GPipe"), ("one_f_one_b", "1F1B")] {
+        let text = t3d.replace("schedule: gpipe", &format!("schedule: {schedule}"));
+        bench_text(
+            &format!("tests/models/t3d_small.shard [{label}]"),
+            &text,
+            None,
+            8,
+        );
+    }
+    bench("models/transformer_3d.shard", None, 4);
     if std::env::var_os("SHARDC_BENCH_FULL").is_some() {
         let ours = bench("models/gptj.shard", None, 3);
         let full = Gptj {

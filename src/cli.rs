@@ -496,13 +496,6 @@ fn run(args: RunArgs) -> ExitCode {
         }
     };
     // Say plainly what this version does not execute yet, rather than ignore it.
-    let staged = c.program.layers.values().flat_map(|l| l.members.iter()).any(|m| match m {
-        crate::ast::Member::Sub { value, .. } => matches!(&value.kind, crate::ast::ExprKind::Call(_, args) if args.iter().any(|a| matches!(a, crate::ast::Arg::Named(k, _) if k.name == "stages"))),
-        _ => false,
-    });
-    if staged {
-        eprintln!("warning: pipeline stages are not executed yet: every device runs the whole stack (the pipeline axis acts as a replica axis)");
-    }
     if let Some(s) = steps {
         cfg.steps = s;
     }

@@ -39,6 +39,23 @@ pub struct Plan {
     pub unknown: Vec<String>,
     /// Embedding tables as SparseCore stacks them.
     pub stacks: Vec<StackPlan>,
+    /// A pipelined stack: stages, schedule, bubble, per-stage activations.
+    pub pipeline: Option<PipelinePlan>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PipelinePlan {
+    pub axis: String,
+    pub stages: usize,
+    pub microbatches: usize,
+    pub schedule: String,
+    /// Idle share of each device's step.
+    pub bubble: f64,
+    /// Per stage: the most microbatches in flight, and their activation bytes.
+    pub in_flight: Vec<usize>,
+    pub activations: Vec<f64>,
+    /// The schedule drawn as text, one row per stage.
+    pub timeline: String,
 }
 
 /// One stack of embedding tables: its shards and the tables placed in them.
@@ -169,6 +186,25 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
             "",
             human_bytes(total)
         ));
+    }
+    if let Some(pp) = &p.pipeline {
+        s.push_str(&format!(
+            "\npipeline: {} stages over `{}`, {} microbatches per pass (one pass per accumulated chunk), {}: bubble {:.1}%\n",
+            pp.stages,
+            pp.axis,
+            pp.microbatches,
+            if pp.schedule == "one_f_one_b" { "1F1B" } else { "GPipe" },
+            pp.bubble * 100.0
+        ));
+        s.push_str(&format!(
+            "  {:<8} {:>10} {:>14}\n",
+            "stage", "in flight", "activations"
+        ));
+        for (k, (n, b)) in pp.in_flight.iter().zip(&pp.activations).enumerate() {
+            s.push_str(&format!("  {:<8} {:>10} {:>14}\n", k, n, human_bytes(*b)));
+        }
+        s.push_str("  (parameters and optimizer state are kept on every stage)\n");
+        s.push_str(&pp.timeline);
     }
     for st in &p.stacks {
         s.push_str(&format!(

@@ -64,6 +64,38 @@ fn max_rel(a: &[f64], b: &[f64]) -> f64 {
 
 /// Per-tensor gradients and the first losses of a sharded run match the mesh-of-1 run.
 fn compare(file: &str, sharded: &[(&str, i64)], single: &[(&str, i64)], model: Option<&str>) {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file))
+        .expect("model file");
+    compare_text(file, &text, sharded, single, model);
+}
+
+fn grads_and_losses_text(
+    file: &str,
+    text: &str,
+    mesh: &[(&str, i64)],
+    model: Option<&str>,
+    steps: usize,
+    f64: bool,
+) -> (Named, Vec<f64>) {
+    let (prog, mut cfg, src) = setup_text(file, text, mesh, model);
+    cfg.steps = steps;
+    if f64 {
+        cfg.dtype = candle_core::DType::F64;
+    }
+    let out = train::run(&prog, &cfg, &src, true, &mut |_| {}).expect("run");
+    (out.first_grads.expect("grads"), out.losses)
+}
+
+fn compare_text(
+    file: &str,
+    text: &str,
+    sharded: &[(&str, i64)],
+    single: &[(&str, i64)],
+    model: Option<&str>,
+) {
+    let grads_and_losses = |_: &str, mesh: &[(&str, i64)], model, steps, f64| {
+        grads_and_losses_text(file, text, mesh, model, steps, f64)
+    };
     let (g8, _) = grads_and_losses(file, sharded, model, 1, true);
     let (g1, _) = grads_and_losses(file, single, model, 1, true);
     assert_eq!(g8.len(), g1.len());
@@ -153,6 +185,44 @@ fn gptj_full_size_matches_one_device() {
         eprintln!("loss {i}: {x} vs {y}");
         assert!(((x - y) / y).abs() < 1e-4, "loss {i}: {x} vs {y}");
     }
+}
+
+/// Seed 004's shape: pipeline stages over pp × Megatron tp × data parallel, with
+/// both schedules, on dp=2 × pp=2 × tp=2 and on pp=4 × tp=2, against one device.
+#[test]
+fn pipeline_matches_one_device_with_both_schedules() {
+    let file = "tests/models/t3d_small.shard";
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file))
+        .expect("model file");
+    let one = [("dp", 1), ("pp", 1), ("tp", 1)];
+    for schedule in ["gpipe", "one_f_one_b"] {
+        let t = text.replace("schedule: gpipe", &format!("schedule: {schedule}"));
+        compare_text(file, &t, &[("dp", 2), ("pp", 2), ("tp", 2)], &one, None);
+        compare_text(file, &t, &[("dp", 1), ("pp", 4), ("tp", 2)], &one, None);
+    }
+}
+
+/// With 8 microbatches on 2 stages, 1F1B holds at most 2 microbatches' activations
+/// on the first stage where GPipe holds all 8: the measured peak is lower.
+#[test]
+fn one_f_one_b_holds_fewer_activations_than_gpipe() {
+    let file = "tests/models/t3d_small.shard";
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file))
+        .expect("model file")
+        .replace("microbatches: 4", "microbatches: 8")
+        .replace("accumulate: 2", "accumulate: 1");
+    let peak = |schedule: &str| {
+        let t = text.replace("schedule: gpipe", &format!("schedule: {schedule}"));
+        let (prog, mut cfg, src) = setup_text(file, &t, &[], None);
+        cfg.steps = 1;
+        let out = train::run(&prog, &cfg, &src, false, &mut |_| {}).expect("run");
+        out.memory.expect("measured").activations
+    };
+    let (gpipe, ofob) = (peak("gpipe"), peak("one_f_one_b"));
+    assert!(
+        ofob > 0.0 && ofob * 3.0 < gpipe,
+        "1F1B {ofob} vs GPipe {gpipe} bytes"
+    );
 }
 
 #[test]

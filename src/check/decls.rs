@@ -973,6 +973,28 @@ impl<'p> Checker<'p> {
         if let Some(mut plan) = plan {
             if !self.diags.iter().any(|d| d.is_error()) {
                 self.finish_plan(&mut plan, &inst, &optimizer);
+                if let (Some(st), Some(m)) = (&staged, self.pipeline_microbatches) {
+                    use crate::runtime::pipeline as pl;
+                    let stages = self.axis_size(&st.axis).max(1) as usize;
+                    let ticks = pl::timeline(&st.schedule, stages, m);
+                    let in_flight: Vec<usize> =
+                        (0..stages).map(|k| pl::in_flight(&ticks, k)).collect();
+                    // Each stage keeps its share of one microbatch's activations per
+                    // microbatch in flight (an estimate: the layers split evenly).
+                    let per = plan.activations / stages as f64;
+                    let activations: Vec<f64> = in_flight.iter().map(|n| per * *n as f64).collect();
+                    plan.activations = activations.first().copied().unwrap_or(plan.activations);
+                    plan.pipeline = Some(crate::plan::PipelinePlan {
+                        axis: st.axis.clone(),
+                        stages,
+                        microbatches: m,
+                        schedule: st.schedule.clone(),
+                        bubble: pl::bubble(&ticks),
+                        in_flight,
+                        activations,
+                        timeline: pl::draw(&ticks),
+                    });
+                }
                 self.plan_tables(&mut plan, mesh);
                 self.out.plans.push(plan);
             }

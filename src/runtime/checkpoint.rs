@@ -107,9 +107,12 @@ pub fn save(
             }
         }
     }
+    // Keep the one just written and the newest others (a fresh run into a directory
+    // with a later step's checkpoints must not lose its own).
     let mut all = list(dir);
+    all.retain(|(_, p)| *p != dest);
     all.sort();
-    while all.len() > keep.max(1) {
+    while all.len() + 1 > keep.max(1) {
         let (_, p) = all.remove(0);
         let _ = std::fs::remove_dir_all(p);
     }

@@ -34,6 +34,8 @@ pub struct Exec<'a> {
     /// Per table parameter: 1 for each local row this step looked up (the table's
     /// optimizer updates only those), accumulated over microbatches.
     pub touched: std::cell::RefCell<std::collections::HashMap<usize, Vec<f64>>>,
+    /// A pipeline's stage axis and, per parameter, the stage holding it.
+    pub stage: Option<(String, Vec<Option<usize>>)>,
 }
 
 /// A lookup's output and what its gradient needs: the ids, each id's final weight,
@@ -57,6 +59,38 @@ pub struct Tape {
 impl<'a> Exec<'a> {
     fn size(&self, a: &str) -> usize {
         self.comm.topo().size(a)
+    }
+
+    /// Whether this device holds parameter `p` (a pipeline stage holds only its
+    /// own layers').
+    pub fn holds(&self, p: usize) -> bool {
+        match &self.stage {
+            Some((axis, of)) => of
+                .get(p)
+                .copied()
+                .flatten()
+                .is_none_or(|s| self.comm.topo().coord(self.rank, axis) == s),
+            None => true,
+        }
+    }
+
+    /// The axes parameter `p` is replicated over among the devices holding it,
+    /// and how many copies that makes.
+    pub fn replicas(&self, p: usize) -> (Vec<String>, usize) {
+        let topo = self.comm.topo();
+        let used = self.prog.params[p].stored.all_axes();
+        let staged = match &self.stage {
+            Some((axis, of)) if of.get(p).copied().flatten().is_some() => Some(axis.as_str()),
+            _ => None,
+        };
+        let axes: Vec<String> = topo
+            .axes
+            .iter()
+            .filter(|(a, n)| *n > 1 && !used.contains(&a.as_str()) && Some(a.as_str()) != staged)
+            .map(|a| a.0.clone())
+            .collect();
+        let n = axes.iter().map(|a| topo.size(a)).product();
+        (axes, n)
     }
 
     /// Global number of elements over `dims` of a value of type `t` (a mean's divisor).
@@ -159,16 +193,53 @@ impl<'a> Exec<'a> {
         inputs: &[Tensor],
         dropout_seed: Option<u64>,
     ) -> R<Tape> {
+        let mut tape = self.empty_tape(params, inputs)?;
+        self.forward_range(&mut tape, 0..self.prog.nodes.len(), dropout_seed)?;
+        Ok(tape)
+    }
+
+    /// A tape holding only the inputs and parameters (every other value empty):
+    /// what `forward_range` starts from.
+    pub fn empty_tape(&self, params: &[Tensor], inputs: &[Tensor]) -> R<Tape> {
         let n = self.prog.nodes.len();
-        let mut vals: Vec<Tensor> = Vec::with_capacity(n);
-        let mut masks = vec![None; n];
+        let empty = Tensor::zeros(0, self.dtype, &self.dev).map_err(ce)?;
+        let mut vals = vec![empty; n];
         for (i, node) in self.prog.nodes.iter().enumerate() {
+            match node.op {
+                Op::Input(k) => {
+                    if let Some(x) = inputs.get(k) {
+                        vals[i] = x.clone();
+                    }
+                }
+                Op::Param(p) => vals[i] = params.get(p).cloned().ok_or("missing parameter")?,
+                _ => {}
+            }
+        }
+        Ok(Tape {
+            vals,
+            masks: vec![None; n],
+        })
+    }
+
+    /// Compute the nodes in `range` (a pipeline stage, say), reading earlier values
+    /// from the tape.
+    pub fn forward_range(
+        &self,
+        tape: &mut Tape,
+        range: std::ops::Range<usize>,
+        dropout_seed: Option<u64>,
+    ) -> R<()> {
+        let vals = &mut tape.vals;
+        let masks = &mut tape.masks;
+        for i in range {
+            let node = &self.prog.nodes[i];
+            if matches!(node.op, Op::Input(_) | Op::Param(_)) {
+                continue;
+            }
             let a = |k: usize| -> &Tensor { &vals[node.args[k] as usize] };
             let at = |k: usize| -> &TType { &self.prog.nodes[node.args[k] as usize].ty };
             let out = &node.ty;
             let v: Tensor = match &node.op {
-                Op::Input(k) => inputs.get(*k).cloned().ok_or("missing input")?,
-                Op::Param(p) => params.get(*p).cloned().ok_or("missing parameter")?,
                 Op::Binary(op, Some(c)) => scalar_op(a(0), *op, *c, false)?,
                 Op::ScalarLeft(op, c) => scalar_op(a(0), *op, *c, true)?,
                 Op::Neg => a(0).neg().map_err(ce)?,
@@ -202,10 +273,11 @@ impl<'a> Exec<'a> {
                     masks[i] = m;
                     v
                 }
+                Op::Input(_) | Op::Param(_) => continue,
             };
-            vals.push(v);
+            vals[i] = v;
         }
-        Ok(Tape { vals, masks })
+        Ok(())
     }
 
     /// The relayouts a matmul's operands need, in order: (operand, dim, from, to).
@@ -962,11 +1034,27 @@ impl<'a> Exec<'a> {
     /// Reverse pass. `ct_out` is the output's cotangent; returns each parameter's
     /// gradient in its stored layout, still partial over the axes it is replicated on.
     pub fn backward(&self, tape: &Tape, ct_out: Tensor) -> R<Vec<Option<Tensor>>> {
+        let out = self.prog.output.ok_or("no output")? as usize;
+        let mut grads = vec![None; self.prog.params.len()];
+        self.backward_range(tape, &[(out, ct_out)], 0..self.prog.nodes.len(), &mut grads)?;
+        Ok(grads)
+    }
+
+    /// Reverse mode over the nodes in `range`, from cotangents `seeds` at nodes
+    /// in it; parameter gradients add into `grads`. Returns every node's cotangent,
+    /// including those of values the range read from before it (a stage's input).
+    pub fn backward_range(
+        &self,
+        tape: &Tape,
+        seeds: &[(usize, Tensor)],
+        range: std::ops::Range<usize>,
+        grads: &mut [Option<Tensor>],
+    ) -> R<Vec<Option<Tensor>>> {
         let n = self.prog.nodes.len();
         let mut ct: Vec<Option<Tensor>> = vec![None; n];
-        let out = self.prog.output.ok_or("no output")? as usize;
-        ct[out] = Some(ct_out);
-        let mut grads = vec![None; self.prog.params.len()];
+        for (i, g) in seeds {
+            ct[*i] = Some(g.clone());
+        }
         let add = |slot: &mut Option<Tensor>, g: Tensor| -> R<()> {
             *slot = Some(match slot.take() {
                 Some(s) => (s + g).map_err(ce)?,
@@ -974,7 +1062,7 @@ impl<'a> Exec<'a> {
             });
             Ok(())
         };
-        for i in (0..n).rev() {
+        for i in range.rev() {
             // Collectives must run on every device in the same order, even when a
             // device's cotangent happens to be absent: use zeros.
             let node = &self.prog.nodes[i];
@@ -1103,7 +1191,7 @@ impl<'a> Exec<'a> {
                 }
             }
         }
-        Ok(grads)
+        Ok(ct)
     }
 
     /// Transpose of `matmul_operands`, applied to the operands' cotangents.

@@ -6,6 +6,7 @@ pub mod data;
 pub mod exec;
 pub mod init;
 pub mod mesh;
+pub mod pipeline;
 pub mod report;
 pub mod sparse;
 pub mod train;

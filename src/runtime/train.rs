@@ -686,7 +686,11 @@ pub fn run(
         .product();
     let per_position = label_t.rank() > 1;
     let int_inputs: Vec<bool> = inputs.iter().map(|t| !t.dtype.is_float()).collect();
-    let k = cfg.accumulate.max(1);
+    // A pipelined program is lowered per microbatch: a step is `accumulate` chunks
+    // of M microbatches.
+    let stages = super::pipeline::Stages::of(prog)?;
+    let stages = &stages;
+    let k = cfg.accumulate.max(1) * stages.as_ref().map_or(1, |s| s.microbatches);
     let micro_sizes = input_sizes.clone();
     let input_sizes: Vec<usize> = input_sizes.iter().map(|n| n * k).collect();
     let batches: Vec<Batch> = (0..cfg.steps)
@@ -738,10 +742,16 @@ pub fn run(
                     keep: Default::default(),
                     placements: placements.clone(),
                     touched: Default::default(),
+                    stage: stages.as_ref().map(|st| (st.axis.clone(), st.param_stage.clone())),
                 };
                 // Parameters: each device computes only its own piece.
                 let mut params = Vec::new();
                 for (pi, p) in prog.params.iter().enumerate() {
+                    // A pipeline stage holds only its own layers' parameters.
+                    if !ex.holds(pi) {
+                        params.push(Tensor::zeros(0, cfg.dtype, &dev).map_err(ce)?);
+                        continue;
+                    }
                     let idx = param_indices(topo, rank, p, placements.get(&pi), prog)?;
                     let v = match cfg.init.get(&p.name) {
                         Some(g) => idx
@@ -772,7 +782,7 @@ pub fn run(
                 // Resuming: optimizer slots from their global arrays.
                 for (i, p) in prog.params.iter().enumerate() {
                     for (slot, key) in [(&mut state.m[i], "opt_m"), (&mut state.v[i], "opt_v")] {
-                        if let (Some(s), Some(g)) = (slot.as_mut(), cfg.init_opt.get(&format!("{key}/{}", p.name))) {
+                        if let (Some(s), Some(g), true) = (slot.as_mut(), cfg.init_opt.get(&format!("{key}/{}", p.name)), ex.holds(i)) {
                             let idx = param_indices(topo, rank, p, placements.get(&i), prog)?;
                             *s = local_piece_at(&idx, &p.stored, prog, g, cfg.dtype, &dev)?;
                         }
@@ -780,12 +790,53 @@ pub fn run(
                 }
                 let mut memory = None;
                 let mut first = None;
+                // A pipeline's activations: the most its microbatches' tapes held at once.
+                let mut peak_activations = 0.0f64;
                 for (step, b) in batches.iter().enumerate().skip(cfg.start_step) {
                     ex.touched.borrow_mut().clear();
                     // Microbatch j is the j-th contiguous chunk of the step's batch.
                     let mut acc: Option<(Vec<Tensor>, f64)> = None;
                     let mut tape = None;
-                    for j in 0..k {
+                    if let Some(st) = stages {
+                        // Pipelined: `accumulate` chunks of M microbatches each.
+                        let m_count = st.microbatches;
+                        for a in 0..k / m_count {
+                            let micro = |m: usize| -> R<super::pipeline::Micro> {
+                                let j = a * m_count + m;
+                                let chunk = |v: &[f64]| -> Vec<f64> {
+                                    let n = v.len() / k;
+                                    v[j * n..(j + 1) * n].to_vec()
+                                };
+                                let xs: Vec<Tensor> = inputs
+                                    .iter()
+                                    .zip(&b.inputs)
+                                    .map(|(t, v)| local_piece(topo, rank, t, prog, &chunk(v), cfg.dtype, &dev))
+                                    .collect::<R<_>>()?;
+                                let labels_f: Vec<f64> = chunk(&b.labels.iter().map(|x| *x as f64).collect::<Vec<_>>());
+                                Ok(super::pipeline::Micro {
+                                    inputs: xs,
+                                    labels: local_piece(topo, rank, label_t, prog, &labels_f, cfg.dtype, &dev)?,
+                                    seed: Some(cfg.seed ^ ((step * k + j) as u64).wrapping_mul(0xA24B_AED4_963E_E407)),
+                                    keep: sparse
+                                        .get(step)
+                                        .map(|x| x.keep.iter().map(|(n, mk)| (*n, chunk(mk))).collect())
+                                        .unwrap_or_default(),
+                                })
+                            };
+                            let loss_of = |logits: &Tensor, y: &Tensor| cross_entropy(&ex, logits, out_t, y, rows, Some(st.axis.as_str()));
+                            let c = super::pipeline::run_chunk(&ex, st, &params, &micro, &loss_of, m_count, true)?;
+                            peak_activations = peak_activations.max(c.peak_activations);
+                            let g: Vec<Tensor> = c.grads.into_iter().zip(&params).map(|(g, p)| g.map_or_else(|| p.zeros_like().map_err(ce), Ok)).collect::<R<_>>()?;
+                            acc = Some(match acc {
+                                None => (g, c.loss),
+                                Some((x, l)) => (x.iter().zip(&g).map(|(x, y)| x + y).collect::<candle_core::Result<_>>().map_err(ce)?, l + c.loss),
+                            });
+                            if c.tape.is_some() {
+                                tape = c.tape;
+                            }
+                        }
+                    }
+                    for j in (0..k).filter(|_| stages.is_none()) {
                         let chunk = |v: &[f64]| -> Vec<f64> {
                             let n = v.len() / k;
                             v[j * n..(j + 1) * n].to_vec()
@@ -804,7 +855,7 @@ pub fn run(
                         let y = local_piece(topo, rank, label_t, prog, &labels_f, cfg.dtype, &dev)?;
                         let seed = cfg.seed ^ ((step * k + j) as u64).wrapping_mul(0xA24B_AED4_963E_E407);
                         let t = ex.forward(&params, &xs, Some(seed))?;
-                        let (loss, ct) = cross_entropy(&ex, &t.vals[out_id], out_t, &y, rows)?;
+                        let (loss, ct) = cross_entropy(&ex, &t.vals[out_id], out_t, &y, rows, None)?;
                         if !loss.is_finite() {
                             // Every device sees the same loss, so all stop here together.
                             let first = t.vals.iter().position(|v| !all_finite(v));
@@ -823,7 +874,12 @@ pub fn run(
                     }
                     let (grads, loss) = acc.ok_or("no microbatch")?;
                     let grads = sync_grads(&ex, grads)?;
-                    let tape = tape.ok_or("no microbatch")?;
+                    // A pipeline's first stages keep no whole-program tape.
+                    let tape = match tape {
+                        Some(t) => t,
+                        None if stages.is_some() => ex.empty_tape(&params, &[])?,
+                        None => return Err("no microbatch".into()),
+                    };
                     let (grads, loss) = if k > 1 {
                         (grads.iter().map(|g| g / k as f64).collect::<candle_core::Result<Vec<_>>>().map_err(ce)?, loss / k as f64)
                     } else {
@@ -850,6 +906,9 @@ pub fn run(
                                 Op::Collective(k, _, _) if k == "all_gather" && n.args.first().is_some_and(|a| matches!(prog.nodes[*a as usize].op, Op::Param(_))) => m.gathered_params = m.gathered_params.max(bytes(v)),
                                 _ => m.activations += bytes(v),
                             }
+                        }
+                        if stages.is_some() {
+                            m.activations = peak_activations;
                         }
                         memory = Some(m);
                     }
@@ -929,8 +988,22 @@ pub fn run(
                                 let xs: Vec<Tensor> = inputs.iter().zip(&b.inputs).map(|(t, v)| local_piece(topo, rank, t, prog, v, cfg.dtype, &dev)).collect::<R<_>>()?;
                                 let labels_f: Vec<f64> = b.labels.iter().map(|x| *x as f64).collect();
                                 let y = local_piece(topo, rank, label_t, prog, &labels_f, cfg.dtype, &dev)?;
-                                let t = ex.forward(&params, &xs, None)?;
-                                total += cross_entropy(&ex, &t.vals[out_id], out_t, &y, rows)?.0;
+                                total += match stages {
+                                    // Through the stages, forward only.
+                                    Some(st) => {
+                                        let mb = std::cell::RefCell::new(Some((xs, y)));
+                                        let micro = |_: usize| -> R<super::pipeline::Micro> {
+                                            let (inputs, labels) = mb.borrow_mut().take().ok_or("one held-out batch")?;
+                                            Ok(super::pipeline::Micro { inputs, labels, seed: None, keep: Default::default() })
+                                        };
+                                        let loss_of = |logits: &Tensor, y: &Tensor| cross_entropy(&ex, logits, out_t, y, rows, Some(st.axis.as_str()));
+                                        super::pipeline::run_chunk(&ex, st, &params, &micro, &loss_of, 1, false)?.loss
+                                    }
+                                    None => {
+                                        let t = ex.forward(&params, &xs, None)?;
+                                        cross_entropy(&ex, &t.vals[out_id], out_t, &y, rows, None)?.0
+                                    }
+                                };
                             }
                             eval_loss = Some(total / esteps.max(1) as f64);
                         }
@@ -1000,6 +1073,7 @@ fn cross_entropy(
     lt: &TType,
     labels: &Tensor,
     rows: usize,
+    stage_axis: Option<&str>,
 ) -> R<(f64, Tensor)> {
     let topo = ex.comm.topo();
     let vaxes = lt.dims[lt.rank() - 1].axes.clone();
@@ -1042,8 +1116,14 @@ fn cross_entropy(
         .collect();
     let total = ex.comm.psum(ex.rank, &local, &raxes).map_err(ce)?;
     let loss = total.to_scalar::<f64>().map_err(ce)? / rows as f64;
-    // d loss / d logits, held as addends over the axes the logits are replicated on.
-    let rep = replication(topo, lt).1;
+    // d loss / d logits, held as addends over the axes the logits are replicated on
+    // (not a pipeline's stage axis: only the last stage computes them).
+    let (rep_axes, _) = replication(topo, lt);
+    let rep: usize = rep_axes
+        .iter()
+        .filter(|a| Some(a.as_str()) != stage_axis)
+        .map(|a| topo.size(a))
+        .product();
     let p = e.broadcast_div(&se).map_err(ce)?;
     let ct = p
         .sub(&oh)
@@ -1073,11 +1153,16 @@ fn all_finite(t: &Tensor) -> bool {
         .unwrap_or(true)
 }
 
-/// Sum each gradient over the axes its parameter is replicated on.
+/// Sum each gradient over the axes its parameter is replicated on (a pipeline
+/// stage's parameters: among the devices of that stage, which alone hold them).
 fn sync_grads(ex: &Exec, grads: Vec<Tensor>) -> R<Vec<Tensor>> {
     let mut out = Vec::new();
-    for (p, g) in ex.prog.params.iter().zip(grads) {
-        let rep = replication(ex.comm.topo(), &p.stored).0;
+    for (i, g) in grads.into_iter().enumerate() {
+        if !ex.holds(i) {
+            out.push(g);
+            continue;
+        }
+        let rep = ex.replicas(i).0;
         out.push(ex.comm.psum(ex.rank, &g, &rep).map_err(ce)?);
     }
     Ok(out)
@@ -1086,8 +1171,11 @@ fn sync_grads(ex: &Exec, grads: Vec<Tensor>) -> R<Vec<Tensor>> {
 /// Global L2 norm of all gradients (each element counted once).
 fn global_norm(ex: &Exec, grads: &[Tensor]) -> R<f64> {
     let mut local = 0.0;
-    for (p, g) in ex.prog.params.iter().zip(grads) {
-        let rep = replication(ex.comm.topo(), &p.stored).1;
+    for (i, g) in grads.iter().enumerate() {
+        if !ex.holds(i) {
+            continue;
+        }
+        let rep = ex.replicas(i).1;
         let s = g
             .sqr()
             .and_then(|x| x.sum_all())
@@ -1128,10 +1216,17 @@ fn gather_one(ex: &Exec, pi: usize, t: &Tensor) -> R<Option<Vec<f64>>> {
     let n: usize = stored.known_shape().iter().product();
     let mut full = vec![0f64; n];
     let topo = ex.comm.topo();
-    let (rep_axes, _) = replication(topo, stored);
+    let (rep_axes, _) = ex.replicas(pi);
+    let stage = ex
+        .stage
+        .as_ref()
+        .and_then(|(axis, of)| of.get(pi).copied().flatten().map(|s| (axis, s)));
     for (r, piece) in pieces.iter().enumerate() {
-        // Replicas hold the same values; each element is written from its first.
-        if !rep_axes.iter().all(|a| topo.coord(r, a) == 0) {
+        // Replicas hold the same values; each element is written from its first
+        // (among the devices of the stage holding it, for a pipeline's layers).
+        if !rep_axes.iter().all(|a| topo.coord(r, a) == 0)
+            || stage.is_some_and(|(axis, s)| topo.coord(r, axis) != s)
+        {
             continue;
         }
         let idx = param_indices(topo, r, p, ex.placements.get(&pi), ex.prog)?;
@@ -1195,6 +1290,10 @@ impl OptState {
     ) -> R<()> {
         let t = step as i32;
         for i in 0..params.len() {
+            // Another pipeline stage's parameter: not held here.
+            if params[i].elem_count() == 0 {
+                continue;
+            }
             let before = (params[i].clone(), self.m[i].clone(), self.v[i].clone());
             let o = &self.opts[i];
             let lr = o.lr.at(step - 1);

@@ -1,0 +1,403 @@
+//! Pipeline parallelism: a `repeat(..., stages: axis)` stack split into stages over
+//! the axis, microbatches moved between stages with `ppermute`, in the order a
+//! schedule (GPipe or 1F1B) gives. All devices advance in lockstep ticks; in each
+//! tick every device does at most one forward or one backward of one microbatch,
+//! then activations move one stage on and gradients one stage back.
+
+use super::exec::{Exec, Tape, R};
+use crate::spmd::{Op, Program};
+use candle_core::Tensor;
+use std::collections::HashMap;
+use std::ops::Range;
+
+fn ce(e: candle_core::Error) -> String {
+    e.to_string()
+}
+
+/// Where each stage's work lies in the program.
+#[derive(Clone, Debug)]
+pub struct Stages {
+    pub axis: String,
+    pub stages: usize,
+    pub microbatches: usize,
+    pub schedule: String,
+    /// Everything before the stack (stage 0 runs it), each stage's layers, and
+    /// everything after (the last stage runs it, with the loss).
+    pub pre: Range<usize>,
+    pub ranges: Vec<Range<usize>>,
+    pub post: Range<usize>,
+    /// The value each stage reads (the stack's input for stage 0), and the value
+    /// the last stage hands to `post`.
+    pub inputs: Vec<usize>,
+    pub output: usize,
+    /// Per parameter: the stage that holds it (`None`: outside the stack, kept by
+    /// every device).
+    pub param_stage: Vec<Option<usize>>,
+}
+
+/// The one value outside `range` (other than inputs and parameters) its nodes read.
+fn reads(prog: &Program, range: &Range<usize>) -> R<Option<usize>> {
+    let mut outside: Vec<usize> = Vec::new();
+    for i in range.clone() {
+        for a in &prog.nodes[i].args {
+            let a = *a as usize;
+            if !range.contains(&a)
+                && !matches!(prog.nodes[a].op, Op::Input(_) | Op::Param(_))
+                && !outside.contains(&a)
+            {
+                outside.push(a);
+            }
+        }
+    }
+    match outside.as_slice() {
+        [] => Ok(None),
+        [one] => Ok(Some(*one)),
+        _ => Err(format!(
+            "a pipeline stage reads {} values from outside it (nodes {:?}); a stage may read only the value entering it",
+            outside.len(),
+            outside
+        )),
+    }
+}
+
+impl Stages {
+    pub fn of(prog: &Program) -> R<Option<Stages>> {
+        let Some(p) = &prog.pipeline else {
+            return Ok(None);
+        };
+        let s = p.stages.max(1);
+        let per = p.blocks.len() / s;
+        if per == 0 || p.blocks.len() % s != 0 {
+            return Err(format!(
+                "{} layers cannot be split into {s} stages",
+                p.blocks.len()
+            ));
+        }
+        let first = p.blocks.first().map_or(0, |b| b.0 as usize);
+        let last = p.blocks.last().map_or(0, |b| b.1 as usize);
+        let ranges: Vec<Range<usize>> = (0..s)
+            .map(|k| p.blocks[k * per].0 as usize..p.blocks[(k + 1) * per - 1].1 as usize)
+            .collect();
+        let mut inputs = Vec::new();
+        for r in &ranges {
+            inputs.push(reads(prog, r)?.unwrap_or(p.input as usize));
+        }
+        let post = last..prog.nodes.len();
+        let output = reads(prog, &post)?
+            .or_else(|| prog.output.map(|o| o as usize))
+            .ok_or("the pipeline's output is not used")?;
+        if inputs.first() != Some(&(p.input as usize)) {
+            return Err("the first stage does not read the stack's input".into());
+        }
+        let mut param_stage = vec![None; prog.params.len()];
+        for (i, n) in prog.nodes.iter().enumerate() {
+            if let Op::Param(k) = n.op {
+                param_stage[k] = ranges.iter().position(|r| r.contains(&i));
+            }
+        }
+        Ok(Some(Stages {
+            param_stage,
+            axis: p.axis.clone(),
+            stages: s,
+            microbatches: p.microbatches.max(1),
+            schedule: p.schedule.clone(),
+            pre: 0..first,
+            ranges,
+            post,
+            inputs,
+            output,
+        }))
+    }
+}
+
+/// One unit of work: the forward or the backward of microbatch `m` on a stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Act {
+    F(usize),
+    B(usize),
+}
+
+/// Each stage's order of work under a schedule.
+pub fn order(schedule: &str, stages: usize, stage: usize, m: usize) -> Vec<Act> {
+    if schedule == "forward" {
+        // Evaluation: forwards only.
+        return (0..m).map(Act::F).collect();
+    }
+    if schedule == "one_f_one_b" {
+        // Warm up with as many forwards as stages after this one, then alternate
+        // one forward and one backward, then drain the backwards.
+        let w = (stages - stage - 1).min(m);
+        let mut v: Vec<Act> = (0..w).map(Act::F).collect();
+        for i in 0..m - w {
+            v.push(Act::F(w + i));
+            v.push(Act::B(i));
+        }
+        v.extend((m - w..m).map(Act::B));
+        v
+    } else {
+        // GPipe: every forward, then every backward.
+        (0..m).map(Act::F).chain((0..m).map(Act::B)).collect()
+    }
+}
+
+/// The lockstep timeline: per tick, what each stage does (`None`: idle). A stage
+/// starts its next unit as soon as what it needs arrived in an earlier tick.
+pub fn timeline(schedule: &str, stages: usize, m: usize) -> Vec<Vec<Option<Act>>> {
+    let orders: Vec<Vec<Act>> = (0..stages).map(|s| order(schedule, stages, s, m)).collect();
+    let mut next = vec![0usize; stages];
+    let mut f_done = vec![vec![usize::MAX; m]; stages];
+    let mut b_done = vec![vec![usize::MAX; m]; stages];
+    let mut ticks = Vec::new();
+    let total: usize = orders.iter().map(Vec::len).sum();
+    let mut done = 0;
+    let mut t = 0usize;
+    while done < total && t < 4 * (m + stages) + 8 {
+        let mut row = vec![None; stages];
+        for s in 0..stages {
+            let Some(&a) = orders[s].get(next[s]) else {
+                continue;
+            };
+            let ready = match a {
+                Act::F(k) => s == 0 || f_done[s - 1][k] < t,
+                Act::B(k) => f_done[s][k] < t && (s + 1 == stages || b_done[s + 1][k] < t),
+            };
+            if ready {
+                row[s] = Some(a);
+            }
+        }
+        for (s, a) in row.iter().enumerate() {
+            match a {
+                Some(Act::F(k)) => f_done[s][*k] = t,
+                Some(Act::B(k)) => b_done[s][*k] = t,
+                None => continue,
+            }
+            next[s] += 1;
+            done += 1;
+        }
+        ticks.push(row);
+        t += 1;
+    }
+    ticks
+}
+
+/// The most microbatches whose activations stage `s` holds at once.
+pub fn in_flight(ticks: &[Vec<Option<Act>>], s: usize) -> usize {
+    let (mut live, mut most) = (0usize, 0usize);
+    for row in ticks {
+        match row.get(s).copied().flatten() {
+            Some(Act::F(_)) => {
+                live += 1;
+                most = most.max(live);
+            }
+            Some(Act::B(_)) => live = live.saturating_sub(1),
+            None => {}
+        }
+    }
+    most
+}
+
+/// Idle share of the timeline.
+pub fn bubble(ticks: &[Vec<Option<Act>>]) -> f64 {
+    let slots: usize = ticks.iter().map(Vec::len).sum();
+    let idle = ticks.iter().flatten().filter(|a| a.is_none()).count();
+    idle as f64 / slots.max(1) as f64
+}
+
+/// The timeline as text: one row per stage, `F3`/`B3` per tick, `··` idle.
+pub fn draw(ticks: &[Vec<Option<Act>>]) -> String {
+    let stages = ticks.first().map_or(0, Vec::len);
+    let mut out = String::new();
+    for s in 0..stages {
+        out.push_str(&format!("  stage {s:<2} "));
+        for row in ticks {
+            out.push_str(&match row[s] {
+                Some(Act::F(k)) => format!("F{k:<2}"),
+                Some(Act::B(k)) => format!("B{k:<2}"),
+                None => "·· ".to_string(),
+            });
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// What a microbatch brings: inputs, labels, dropout seed, lookup drop masks.
+pub struct Micro {
+    pub inputs: Vec<Tensor>,
+    pub labels: Tensor,
+    /// Dropout seed (`None`: evaluation, no dropout).
+    pub seed: Option<u64>,
+    pub keep: HashMap<usize, Vec<f64>>,
+}
+
+/// The result of running one chunk of microbatches through the pipeline.
+pub struct Chunk {
+    /// Summed over the microbatches (this device's stage only; zeros elsewhere).
+    pub grads: Vec<Option<Tensor>>,
+    /// Summed microbatch losses, on every device.
+    pub loss: f64,
+    /// The most bytes of activations this device held at once.
+    pub peak_activations: f64,
+    /// A tape of the last stage's last microbatch (for the NaN report).
+    pub tape: Option<Tape>,
+}
+
+/// Activation bytes a tape holds (inputs and parameters are shared, not counted).
+fn tape_bytes(prog: &Program, t: &Tape) -> f64 {
+    t.vals
+        .iter()
+        .zip(&prog.nodes)
+        .filter(|(_, n)| !matches!(n.op, Op::Input(_) | Op::Param(_)))
+        .map(|(v, _)| (v.elem_count() * v.dtype().size_in_bytes()) as f64)
+        .sum()
+}
+
+/// Run microbatches `0..M` of one chunk through the stages. `loss` turns the
+/// program's output and labels into (loss, cotangent).
+#[allow(clippy::type_complexity)]
+pub fn run_chunk(
+    ex: &Exec,
+    st: &Stages,
+    params: &[Tensor],
+    micro: &dyn Fn(usize) -> R<Micro>,
+    loss: &dyn Fn(&Tensor, &Tensor) -> R<(f64, Tensor)>,
+    microbatches: usize,
+    train: bool,
+) -> R<Chunk> {
+    let topo = ex.comm.topo();
+    let me = topo.coord(ex.rank, &st.axis);
+    let s_last = st.stages - 1;
+    let schedule = if train {
+        st.schedule.as_str()
+    } else {
+        "forward"
+    };
+    let ticks = timeline(schedule, st.stages, microbatches);
+    let mut tapes: HashMap<usize, Tape> = HashMap::new();
+    let mut out_ct: HashMap<usize, Tensor> = HashMap::new();
+    let mut recv_f: HashMap<usize, Tensor> = HashMap::new();
+    let mut recv_b: HashMap<usize, Tensor> = HashMap::new();
+    let mut grads: Vec<Option<Tensor>> = vec![None; params.len()];
+    let mut loss_sum = 0.0;
+    let mut peak = 0.0f64;
+    let mut last_tape = None;
+    // The shape every boundary value has (the repeated layer keeps its type).
+    let act_shape: Vec<usize> = ex
+        .prog
+        .local_shape(&ex.prog.nodes[st.inputs[0]].ty)?
+        .iter()
+        .map(|x| *x as usize)
+        .collect();
+    let zeros = Tensor::zeros(act_shape.as_slice(), ex.dtype, &ex.dev).map_err(ce)?;
+    let id = |k: i64| Tensor::new(&[k as f64], &ex.dev).map_err(ce);
+    for row in &ticks {
+        let mut send_f = (zeros.clone(), -1i64);
+        let mut send_b = (zeros.clone(), -1i64);
+        match row[me] {
+            Some(Act::F(m)) => {
+                let mb = micro(m)?;
+                *ex.keep.borrow_mut() = mb.keep;
+                let mut tape = ex.empty_tape(params, &mb.inputs)?;
+                if me == 0 {
+                    ex.forward_range(&mut tape, st.pre.clone(), mb.seed)?;
+                } else {
+                    tape.vals[st.inputs[me]] = recv_f
+                        .remove(&m)
+                        .ok_or_else(|| format!("stage {me}: microbatch {m} never arrived"))?;
+                }
+                ex.forward_range(&mut tape, st.ranges[me].clone(), mb.seed)?;
+                if me == s_last {
+                    ex.forward_range(&mut tape, st.post.clone(), mb.seed)?;
+                    let out = ex.prog.output.ok_or("no output")? as usize;
+                    let (l, ct) = loss(&tape.vals[out], &mb.labels)?;
+                    loss_sum += l;
+                    if train {
+                        let cts =
+                            ex.backward_range(&tape, &[(out, ct)], st.post.clone(), &mut grads)?;
+                        let g = cts[st.output].clone().unwrap_or_else(|| zeros.clone());
+                        out_ct.insert(m, g);
+                    }
+                } else {
+                    let next_in = st.inputs[me + 1];
+                    send_f = (tape.vals[next_in].clone(), m as i64);
+                }
+                if train {
+                    tapes.insert(m, tape);
+                    peak = peak.max(tapes.values().map(|t| tape_bytes(ex.prog, t)).sum());
+                }
+            }
+            Some(Act::B(m)) => {
+                let mb = micro(m)?;
+                *ex.keep.borrow_mut() = mb.keep;
+                let tape = tapes
+                    .remove(&m)
+                    .ok_or_else(|| format!("stage {me}: no forward of microbatch {m}"))?;
+                let (seed_node, g) = if me == s_last {
+                    (
+                        st.output,
+                        out_ct.remove(&m).ok_or("missing loss cotangent")?,
+                    )
+                } else {
+                    let g = recv_b.remove(&m).ok_or_else(|| {
+                        format!("stage {me}: gradient of microbatch {m} never arrived")
+                    })?;
+                    (st.inputs[me + 1], g)
+                };
+                let cts =
+                    ex.backward_range(&tape, &[(seed_node, g)], st.ranges[me].clone(), &mut grads)?;
+                let g_in = cts[st.inputs[me]].clone().unwrap_or_else(|| zeros.clone());
+                if me == 0 {
+                    ex.backward_range(&tape, &[(st.inputs[0], g_in)], st.pre.clone(), &mut grads)?;
+                } else {
+                    send_b = (g_in, m as i64);
+                }
+                if me == s_last {
+                    last_tape = Some(tape);
+                }
+            }
+            None => {}
+        }
+        // Activations one stage on, gradients one stage back (with their
+        // microbatch, -1 for nothing).
+        let ax = st.axis.as_str();
+        let (fv, fi) = (
+            ex.comm.ppermute(ex.rank, &send_f.0, ax, 1).map_err(ce)?,
+            ex.comm
+                .ppermute(ex.rank, &id(send_f.1)?, ax, 1)
+                .map_err(ce)?,
+        );
+        let (bv, bi) = (
+            ex.comm.ppermute(ex.rank, &send_b.0, ax, -1).map_err(ce)?,
+            ex.comm
+                .ppermute(ex.rank, &id(send_b.1)?, ax, -1)
+                .map_err(ce)?,
+        );
+        let num = |t: &Tensor| -> R<i64> {
+            Ok(t.to_vec1::<f64>()
+                .map_err(ce)?
+                .first()
+                .copied()
+                .unwrap_or(-1.0) as i64)
+        };
+        let (fk, bk) = (num(&fi)?, num(&bi)?);
+        if fk >= 0 && me > 0 {
+            recv_f.insert(fk as usize, fv);
+        }
+        if bk >= 0 && me < s_last {
+            recv_b.insert(bk as usize, bv);
+        }
+    }
+    // Every device reports the losses the last stage computed.
+    let total = Tensor::new(&[loss_sum], &ex.dev).map_err(ce)?;
+    let total = ex
+        .comm
+        .psum(ex.rank, &total, std::slice::from_ref(&st.axis))
+        .and_then(|t| t.to_vec1::<f64>())
+        .map_err(ce)?;
+    Ok(Chunk {
+        grads,
+        loss: total.first().copied().unwrap_or(f64::NAN),
+        peak_activations: peak,
+        tape: last_tape,
+    })
+}
