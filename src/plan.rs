@@ -203,7 +203,7 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
         for (k, (n, b)) in pp.in_flight.iter().zip(&pp.activations).enumerate() {
             s.push_str(&format!("  {:<8} {:>10} {:>14}\n", k, n, human_bytes(*b)));
         }
-        s.push_str("  (parameters and optimizer state are kept on every stage)\n");
+        s.push_str("  (each stage holds its layers' parameters; the layers before and after the stack are on every device)\n");
         s.push_str(&pp.timeline);
     }
     for st in &p.stacks {

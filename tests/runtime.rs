@@ -202,6 +202,26 @@ fn pipeline_matches_one_device_with_both_schedules() {
     }
 }
 
+/// The full seed-004 model (`models/transformer_3d.shard`), both schedules, both
+/// meshes: minutes of compute, so on request:
+/// `cargo test --release --test runtime -- --ignored transformer_3d_full`.
+#[test]
+#[ignore]
+fn transformer_3d_full_matches_one_device_with_both_schedules() {
+    let file = "models/transformer_3d.shard";
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file))
+        .expect("model file")
+        // No checkpoints or eval in a comparison.
+        .replace("  eval: { every: 50, steps: 10 }\n", "")
+        .replace("  checkpoint: { every: 100, keep: 1, dir: \"ckpt\" }\n", "");
+    let one = [("dp", 1), ("pp", 1), ("tp", 1)];
+    for schedule in ["gpipe", "one_f_one_b"] {
+        let t = text.replace("schedule: one_f_one_b", &format!("schedule: {schedule}"));
+        compare_text(file, &t, &[("dp", 2), ("pp", 2), ("tp", 2)], &one, None);
+        compare_text(file, &t, &[("dp", 1), ("pp", 4), ("tp", 2)], &one, None);
+    }
+}
+
 /// With 8 microbatches on 2 stages, 1F1B holds at most 2 microbatches' activations
 /// on the first stage where GPipe holds all 8: the measured peak is lower.
 #[test]
