@@ -840,15 +840,7 @@ impl<'a> Exec<'a> {
                     rows.iter().copied().zip(mask.iter().copied()),
                 );
             }
-            let len = rows.len();
-            let idx = Tensor::from_vec(rows, len, &self.dev).map_err(ce)?;
-            let mask = Tensor::from_vec(mask, (len, 1), &self.dev)
-                .and_then(|t| t.to_dtype(table.dtype()))
-                .map_err(ce)?;
-            let served = table
-                .index_select(&idx, 0)
-                .and_then(|r| r.broadcast_mul(&mask))
-                .map_err(ce)?;
+            let (served, _, _) = self.masked_rows(table, rows, mask)?;
             let recv = self
                 .comm
                 .all_to_all(self.rank, &served, axis, 0, 0)
@@ -935,6 +927,26 @@ impl<'a> Exec<'a> {
             .map_err(ce)
     }
 
+    /// Rows `rows` of `table`, each times its mask (0 or 1), with the index and
+    /// mask tensors.
+    fn masked_rows(
+        &self,
+        table: &Tensor,
+        rows: Vec<u32>,
+        mask: Vec<f64>,
+    ) -> R<(Tensor, Tensor, Tensor)> {
+        let n = rows.len();
+        let idx = Tensor::from_vec(rows, n, &self.dev).map_err(ce)?;
+        let m = Tensor::from_vec(mask, (n, 1), &self.dev)
+            .and_then(|t| t.to_dtype(table.dtype()))
+            .map_err(ce)?;
+        let out = table
+            .index_select(&idx, 0)
+            .and_then(|r| r.broadcast_mul(&m))
+            .map_err(ce)?;
+        Ok((out, idx, m))
+    }
+
     /// Mark local rows of table parameter `pi` as looked up this step.
     fn touch(&self, pi: usize, rows: usize, hits: impl Iterator<Item = (u32, f64)>) {
         let mut t = self.touched.borrow_mut();
@@ -966,15 +978,7 @@ impl<'a> Exec<'a> {
             local.push(if inside { l as u32 } else { 0 });
             mask.push(if inside { 1.0f64 } else { 0.0 });
         }
-        let n = local.len();
-        let li = Tensor::from_vec(local, n, &self.dev).map_err(ce)?;
-        let m = Tensor::from_vec(mask, (n, 1), &self.dev)
-            .and_then(|t| t.to_dtype(w.dtype()))
-            .map_err(ce)?;
-        let rows = w
-            .index_select(&li, 0)
-            .and_then(|r| r.broadcast_mul(&m))
-            .map_err(ce)?;
+        let (rows, li, m) = self.masked_rows(w, local, mask)?;
         let mut shape = ids.dims().to_vec();
         shape.push(w.dims()[1]);
         Ok((rows.reshape(shape).map_err(ce)?, li, m))

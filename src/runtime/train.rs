@@ -797,32 +797,34 @@ pub fn run(
                     // Microbatch j is the j-th contiguous chunk of the step's batch.
                     let mut acc: Option<(Vec<Tensor>, f64)> = None;
                     let mut tape = None;
+                    // Microbatch j: the j-th contiguous chunk of the step's inputs,
+                    // labels and lookup drop masks, and its dropout seed.
+                    let microbatch = |j: usize| -> R<super::pipeline::Micro> {
+                        let chunk = |v: &[f64]| -> Vec<f64> {
+                            let n = v.len() / k;
+                            v[j * n..(j + 1) * n].to_vec()
+                        };
+                        let xs: Vec<Tensor> = inputs
+                            .iter()
+                            .zip(&b.inputs)
+                            .map(|(t, v)| local_piece(topo, rank, t, prog, &chunk(v), cfg.dtype, &dev))
+                            .collect::<R<_>>()?;
+                        let labels_f: Vec<f64> = chunk(&b.labels.iter().map(|x| *x as f64).collect::<Vec<_>>());
+                        Ok(super::pipeline::Micro {
+                            inputs: xs,
+                            labels: local_piece(topo, rank, label_t, prog, &labels_f, cfg.dtype, &dev)?,
+                            seed: Some(cfg.seed ^ ((step * k + j) as u64).wrapping_mul(0xA24B_AED4_963E_E407)),
+                            keep: sparse
+                                .get(step)
+                                .map(|x| x.keep.iter().map(|(n, mk)| (*n, chunk(mk))).collect())
+                                .unwrap_or_default(),
+                        })
+                    };
                     if let Some(st) = stages {
                         // Pipelined: `accumulate` chunks of M microbatches each.
                         let m_count = st.microbatches;
                         for a in 0..k / m_count {
-                            let micro = |m: usize| -> R<super::pipeline::Micro> {
-                                let j = a * m_count + m;
-                                let chunk = |v: &[f64]| -> Vec<f64> {
-                                    let n = v.len() / k;
-                                    v[j * n..(j + 1) * n].to_vec()
-                                };
-                                let xs: Vec<Tensor> = inputs
-                                    .iter()
-                                    .zip(&b.inputs)
-                                    .map(|(t, v)| local_piece(topo, rank, t, prog, &chunk(v), cfg.dtype, &dev))
-                                    .collect::<R<_>>()?;
-                                let labels_f: Vec<f64> = chunk(&b.labels.iter().map(|x| *x as f64).collect::<Vec<_>>());
-                                Ok(super::pipeline::Micro {
-                                    inputs: xs,
-                                    labels: local_piece(topo, rank, label_t, prog, &labels_f, cfg.dtype, &dev)?,
-                                    seed: Some(cfg.seed ^ ((step * k + j) as u64).wrapping_mul(0xA24B_AED4_963E_E407)),
-                                    keep: sparse
-                                        .get(step)
-                                        .map(|x| x.keep.iter().map(|(n, mk)| (*n, chunk(mk))).collect())
-                                        .unwrap_or_default(),
-                                })
-                            };
+                            let micro = |m: usize| microbatch(a * m_count + m);
                             let loss_of = |logits: &Tensor, y: &Tensor| cross_entropy(&ex, logits, out_t, y, rows, Some(st.axis.as_str()));
                             let c = super::pipeline::run_chunk(&ex, st, &params, &micro, &loss_of, m_count, true)?;
                             peak_activations = peak_activations.max(c.peak_activations);
@@ -837,24 +839,10 @@ pub fn run(
                         }
                     }
                     for j in (0..k).filter(|_| stages.is_none()) {
-                        let chunk = |v: &[f64]| -> Vec<f64> {
-                            let n = v.len() / k;
-                            v[j * n..(j + 1) * n].to_vec()
-                        };
-                        let xs: Vec<Tensor> = inputs
-                            .iter()
-                            .zip(&b.inputs)
-                            .map(|(t, v)| local_piece(topo, rank, t, prog, &chunk(v), cfg.dtype, &dev))
-                            .collect::<R<_>>()?;
-                        let labels_f: Vec<f64> = chunk(&b.labels.iter().map(|x| *x as f64).collect::<Vec<_>>());
-                        // This microbatch's part of each lookup's drop mask.
-                        *ex.keep.borrow_mut() = sparse
-                            .get(step)
-                            .map(|x| x.keep.iter().map(|(n, m)| (*n, chunk(m))).collect())
-                            .unwrap_or_default();
-                        let y = local_piece(topo, rank, label_t, prog, &labels_f, cfg.dtype, &dev)?;
-                        let seed = cfg.seed ^ ((step * k + j) as u64).wrapping_mul(0xA24B_AED4_963E_E407);
-                        let t = ex.forward(&params, &xs, Some(seed))?;
+                        let mb = microbatch(j)?;
+                        *ex.keep.borrow_mut() = mb.keep;
+                        let y = mb.labels;
+                        let t = ex.forward(&params, &mb.inputs, mb.seed)?;
                         let (loss, ct) = cross_entropy(&ex, &t.vals[out_id], out_t, &y, rows, None)?;
                         if !loss.is_finite() {
                             // Every device sees the same loss, so all stop here together.
