@@ -58,20 +58,25 @@ fn versus(name: &str, mesh: &str, ours: f64, base: f64) {
 }
 
 fn main() {
-    let ours = bench("models/fsdp_mlp.shard", Some("DPClassifier"), 12);
-    versus(
-        "hand-written candle DP MLP",
-        "data=8",
-        ours,
-        baseline_mlp(12, false),
-    );
-    let ours = bench("models/fsdp_mlp.shard", Some("FSDPClassifier"), 12);
-    versus(
-        "hand-written candle FSDP MLP",
-        "data=8",
-        ours,
-        baseline_mlp(12, true),
-    );
+    // Eight virtual devices share this machine's cores, so single runs vary by
+    // ±15%: alternate shardc and the baseline three times, report each and the median.
+    for (model, fsdp, label) in [
+        ("DPClassifier", false, "hand-written candle DP MLP"),
+        ("FSDPClassifier", true, "hand-written candle FSDP MLP"),
+    ] {
+        let mut ratios = Vec::new();
+        for _ in 0..3 {
+            let ours = bench("models/fsdp_mlp.shard", Some(model), 12);
+            let base = baseline_mlp(12, fsdp);
+            versus(label, "data=8", ours, base);
+            ratios.push(ours / base);
+        }
+        ratios.sort_by(|a, b| a.total_cmp(b));
+        println!(
+            "{:<34} {:<16} median shardc / baseline = {:.2}×",
+            label, "data=8", ratios[1]
+        );
+    }
     let small = Gptj {
         vocab: 64,
         t: 8,
