@@ -301,7 +301,12 @@ fn check(files: &[PathBuf], types: bool, format: Format, opts: &Options, style: 
 /// `checked models/gptj.shard: 0 errors, 2 notes`
 pub fn summary(c: &Compilation, name: &str) -> String {
     let errors = c.errors();
-    let notes = c.diagnostics.len() - errors;
+    let warnings = c
+        .diagnostics
+        .iter()
+        .filter(|d| d.severity == crate::diag::Severity::Warning)
+        .count();
+    let notes = c.diagnostics.len() - errors - warnings;
     let plural = |n: usize, w: &str| {
         if n == 1 {
             format!("1 {w}")
@@ -309,14 +314,16 @@ pub fn summary(c: &Compilation, name: &str) -> String {
             format!("{n} {w}s")
         }
     };
-    if errors == 0 {
-        format!("✓ {name}: clean ({})", plural(notes, "note"))
+    // Warnings are named only when there are some.
+    let rest = if warnings > 0 {
+        format!("{}, {}", plural(warnings, "warning"), plural(notes, "note"))
     } else {
-        format!(
-            "✗ {name}: {}, {}",
-            plural(errors, "error"),
-            plural(notes, "note")
-        )
+        plural(notes, "note")
+    };
+    if errors == 0 {
+        format!("✓ {name}: clean ({rest})")
+    } else {
+        format!("✗ {name}: {}, {rest}", plural(errors, "error"))
     }
 }
 
