@@ -157,92 +157,52 @@ fn tensor_parallel_gptj_matches_one_device() {
 }
 
 /// The full seed-001 model (d_model 3072, about 1 GB of parameters): too big and
-/// slow for CI (16 GiB and ~35 s per step on dp=4 × mp=2 here), so it runs on
+/// slow for CI (about 16 GiB and 35 s per step on dp=4 × mp=2 here), so it runs on
 /// request: `cargo test --release --test runtime -- --ignored gptj_full`. In f32
-/// (f64 would need 32 GiB); one run per mesh gives the gradients at init and the
-/// first 10 losses.
+/// (f64 would need 32 GiB). The gradients at init come from one step under SGD
+/// (the optimizer does not touch them). The first 10 losses use SGD with momentum
+/// (one slot) instead of the file's Adam: with Adam's two slots the 8-device run
+/// was killed at 24 GiB on this machine.
 #[test]
 #[ignore]
 fn gptj_full_size_matches_one_device() {
-    let run = |mesh: &[(&str, i64)]| {
-        let (prog, mut cfg, src) = setup("models/gptj.shard", mesh, None);
-        cfg.steps = 10;
-        let out = train::run(&prog, &cfg, &src, true, &mut |r| {
+    let file = "models/gptj.shard";
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file))
+        .expect("model file");
+    let sgd = text.replace("optimizer: adam(lr: 1e-5)", "optimizer: sgd(lr: 1e-5)");
+    assert_ne!(sgd, text, "the model's optimizer line changed");
+    let run = |text: &str, mesh: &[(&str, i64)], steps: usize, grads: bool| {
+        let (prog, mut cfg, src) = setup_text(file, text, mesh, None);
+        cfg.steps = steps;
+        let out = train::run(&prog, &cfg, &src, grads, &mut |r| {
             eprintln!("{mesh:?} step {} loss {}", r.step + 1, r.loss)
         })
         .expect("run");
-        (out.first_grads.expect("grads"), out.losses)
+        (out.first_grads, out.losses)
     };
-    let (g8, l8) = run(&[("dp", 4), ("mp", 2)]);
-    let (g1, l1) = run(&[("dp", 1), ("mp", 1)]);
+    let one = [("dp", 1), ("mp", 1)];
+    let sharded = [("dp", 4), ("mp", 2)];
+    let (g1, _) = run(&sgd, &one, 1, true);
+    let g1 = g1.expect("grads");
+    let (g8, _) = run(&sgd, &sharded, 1, true);
+    let g8 = g8.expect("grads");
     for ((n8, a), (n1, b)) in g8.iter().zip(&g1) {
         assert_eq!(n8, n1);
         let r = max_rel(a, b);
         eprintln!("gradient of `{n8}`: relative difference {r:e}");
         assert!(r < 1e-5, "gradient of `{n8}` differs by {r:e}");
     }
+    drop((g1, g8));
+    let momentum = text.replace(
+        "optimizer: adam(lr: 1e-5)",
+        "optimizer: sgd(lr: 1e-3, momentum: 0.9)",
+    );
+    let (_, l1) = run(&momentum, &one, 10, false);
+    let (_, l8) = run(&momentum, &sharded, 10, false);
     for (i, (x, y)) in l8.iter().zip(&l1).enumerate() {
         eprintln!("loss {i}: {x} vs {y}");
         assert!(((x - y) / y).abs() < 1e-4, "loss {i}: {x} vs {y}");
     }
-}
-
-/// Seed 004's shape: pipeline stages over pp × Megatron tp × data parallel, with
-/// both schedules, on dp=2 × pp=2 × tp=2 and on pp=4 × tp=2, against one device.
-#[test]
-fn pipeline_matches_one_device_with_both_schedules() {
-    let file = "tests/models/t3d_small.shard";
-    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file))
-        .expect("model file");
-    let one = [("dp", 1), ("pp", 1), ("tp", 1)];
-    for schedule in ["gpipe", "one_f_one_b"] {
-        let t = text.replace("schedule: gpipe", &format!("schedule: {schedule}"));
-        compare_text(file, &t, &[("dp", 2), ("pp", 2), ("tp", 2)], &one, None);
-        compare_text(file, &t, &[("dp", 1), ("pp", 4), ("tp", 2)], &one, None);
-    }
-}
-
-/// The full seed-004 model (`models/transformer_3d.shard`), both schedules, both
-/// meshes: minutes of compute, so on request:
-/// `cargo test --release --test runtime -- --ignored transformer_3d_full`.
-#[test]
-#[ignore]
-fn transformer_3d_full_matches_one_device_with_both_schedules() {
-    let file = "models/transformer_3d.shard";
-    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file))
-        .expect("model file")
-        // No checkpoints or eval in a comparison.
-        .replace("  eval: { every: 50, steps: 10 }\n", "")
-        .replace("  checkpoint: { every: 100, keep: 1, dir: \"ckpt\" }\n", "");
-    let one = [("dp", 1), ("pp", 1), ("tp", 1)];
-    for schedule in ["gpipe", "one_f_one_b"] {
-        let t = text.replace("schedule: one_f_one_b", &format!("schedule: {schedule}"));
-        compare_text(file, &t, &[("dp", 2), ("pp", 2), ("tp", 2)], &one, None);
-        compare_text(file, &t, &[("dp", 1), ("pp", 4), ("tp", 2)], &one, None);
-    }
-}
-
-/// With 8 microbatches on 2 stages, 1F1B holds at most 2 microbatches' activations
-/// on the first stage where GPipe holds all 8: the measured peak is lower.
-#[test]
-fn one_f_one_b_holds_fewer_activations_than_gpipe() {
-    let file = "tests/models/t3d_small.shard";
-    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file))
-        .expect("model file")
-        .replace("microbatches: 4", "microbatches: 8")
-        .replace("accumulate: 2", "accumulate: 1");
-    let peak = |schedule: &str| {
-        let t = text.replace("schedule: gpipe", &format!("schedule: {schedule}"));
-        let (prog, mut cfg, src) = setup_text(file, &t, &[], None);
-        cfg.steps = 1;
-        let out = train::run(&prog, &cfg, &src, false, &mut |_| {}).expect("run");
-        out.memory.expect("measured").activations
-    };
-    let (gpipe, ofob) = (peak("gpipe"), peak("one_f_one_b"));
-    assert!(
-        ofob > 0.0 && ofob * 3.0 < gpipe,
-        "1F1B {ofob} vs GPipe {gpipe} bytes"
-    );
 }
 
 #[test]
