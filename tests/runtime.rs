@@ -205,6 +205,64 @@ fn gptj_full_size_matches_one_device() {
     }
 }
 
+/// Seed 004's shape: pipeline stages over pp × Megatron tp × data parallel, with
+/// both schedules, on dp=2 × pp=2 × tp=2 and on pp=4 × tp=2, against one device.
+#[test]
+fn pipeline_matches_one_device_with_both_schedules() {
+    let file = "tests/models/t3d_small.shard";
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file))
+        .expect("model file");
+    let one = [("dp", 1), ("pp", 1), ("tp", 1)];
+    for schedule in ["gpipe", "one_f_one_b"] {
+        let t = text.replace("schedule: gpipe", &format!("schedule: {schedule}"));
+        compare_text(file, &t, &[("dp", 2), ("pp", 2), ("tp", 2)], &one, None);
+        compare_text(file, &t, &[("dp", 1), ("pp", 4), ("tp", 2)], &one, None);
+    }
+}
+
+/// The full seed-004 model (`models/transformer_3d.shard`), both schedules, both
+/// meshes: minutes of compute, so on request:
+/// `cargo test --release --test runtime -- --ignored transformer_3d_full`.
+#[test]
+#[ignore]
+fn transformer_3d_full_matches_one_device_with_both_schedules() {
+    let file = "models/transformer_3d.shard";
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file))
+        .expect("model file")
+        // No checkpoints or eval in a comparison.
+        .replace("  eval: { every: 50, steps: 10 }\n", "")
+        .replace("  checkpoint: { every: 100, keep: 1, dir: \"ckpt\" }\n", "");
+    let one = [("dp", 1), ("pp", 1), ("tp", 1)];
+    for schedule in ["gpipe", "one_f_one_b"] {
+        let t = text.replace("schedule: one_f_one_b", &format!("schedule: {schedule}"));
+        compare_text(file, &t, &[("dp", 2), ("pp", 2), ("tp", 2)], &one, None);
+        compare_text(file, &t, &[("dp", 1), ("pp", 4), ("tp", 2)], &one, None);
+    }
+}
+
+/// With 8 microbatches on 2 stages, 1F1B holds at most 2 microbatches' activations
+/// on the first stage where GPipe holds all 8: the measured peak is lower.
+#[test]
+fn one_f_one_b_holds_fewer_activations_than_gpipe() {
+    let file = "tests/models/t3d_small.shard";
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file))
+        .expect("model file")
+        .replace("microbatches: 4", "microbatches: 8")
+        .replace("accumulate: 2", "accumulate: 1");
+    let peak = |schedule: &str| {
+        let t = text.replace("schedule: gpipe", &format!("schedule: {schedule}"));
+        let (prog, mut cfg, src) = setup_text(file, &t, &[], None);
+        cfg.steps = 1;
+        let out = train::run(&prog, &cfg, &src, false, &mut |_| {}).expect("run");
+        out.memory.expect("measured").activations
+    };
+    let (gpipe, ofob) = (peak("gpipe"), peak("one_f_one_b"));
+    assert!(
+        ofob > 0.0 && ofob * 3.0 < gpipe,
+        "1F1B {ofob} vs GPipe {gpipe} bytes"
+    );
+}
+
 #[test]
 fn same_seed_same_losses_bit_for_bit() {
     let (_, a) = grads_and_losses(
