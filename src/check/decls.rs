@@ -877,6 +877,7 @@ impl<'p> Checker<'p> {
         // is checked and lowered for one of them.
         let staged = staged_repeat(&decl);
         self.pipeline_microbatches = None;
+        self.stack_acts = None;
         self.pipeline_schedule = staged
             .as_ref()
             .map_or(String::new(), |s| s.schedule.clone());
@@ -979,10 +980,21 @@ impl<'p> Checker<'p> {
                     let ticks = pl::timeline(&st.schedule, stages, m);
                     let in_flight: Vec<usize> =
                         (0..stages).map(|k| pl::in_flight(&ticks, k)).collect();
-                    // Each stage keeps its share of one microbatch's activations per
-                    // microbatch in flight (an estimate: the layers split evenly).
-                    let per = plan.activations / stages as f64;
-                    let activations: Vec<f64> = in_flight.iter().map(|n| per * *n as f64).collect();
+                    // Each stage keeps, per microbatch in flight, its layers' share
+                    // of one microbatch's activations; the first also those before
+                    // the stack, the last those after it.
+                    let (pre, upto) = self.stack_acts.unwrap_or((0.0, plan.activations));
+                    let (stack, post) = (upto - pre, plan.activations - upto);
+                    let activations: Vec<f64> = in_flight
+                        .iter()
+                        .enumerate()
+                        .map(|(k, n)| {
+                            let own = stack
+                                + if k == 0 { pre } else { 0.0 }
+                                + if k + 1 == stages { post } else { 0.0 };
+                            own * *n as f64
+                        })
+                        .collect();
                     plan.activations = activations.first().copied().unwrap_or(plan.activations);
                     plan.pipeline = Some(crate::plan::PipelinePlan {
                         axis: st.axis.clone(),

@@ -152,6 +152,8 @@ pub struct Checker<'p> {
     /// Microbatches and schedule of the pipelined stack of the model being lowered.
     pipeline_microbatches: Option<usize>,
     pipeline_schedule: String,
+    /// Planned activations before the pipelined stack and after one stage's share.
+    stack_acts: Option<(f64, f64)>,
 }
 
 /// The most repetitions of a layer that lowering unrolls.
@@ -200,6 +202,7 @@ impl<'p> Checker<'p> {
             checked_fns: HashSet::new(),
             pipeline_microbatches: None,
             pipeline_schedule: String::new(),
+            stack_acts: None,
         }
     }
 
@@ -1471,7 +1474,10 @@ impl<'p> Checker<'p> {
         if let (Val::T(t), Some(_)) = (&v, &self.plan) {
             // Every computed value (not a name) is an activation kept for backward;
             // elementwise work is one FLOP per element (products add their own).
-            if !matches!(e.kind, ExprKind::Name(_) | ExprKind::Local(..)) {
+            // A layer call's value is its body's last value, already counted.
+            let layer_call = matches!(&e.kind, ExprKind::Call(c, _)
+                if matches!(&c.kind, ExprKind::Name(n) if !ops::is_builtin(n)));
+            if !matches!(e.kind, ExprKind::Name(_) | ExprKind::Local(..)) && !layer_call {
                 if let Some(n) = self.local_numel(&t.clone()) {
                     let m = self.mult as f64;
                     if let Some(p) = self.plan.as_mut() {
@@ -1921,6 +1927,7 @@ impl<'p> Checker<'p> {
                 return Val::Poison;
             }
         }
+        let acts_before = self.plan.as_ref().map(|p| p.activations);
         let out = if self.emit.is_some() && count > 1 {
             // The program gets every repetition, each with its own parameters
             // (`blocks.0`, `blocks.1`, ...); the plan counts the first one, scaled.
@@ -1965,6 +1972,12 @@ impl<'p> Checker<'p> {
             o
         };
         self.mult = saved_mult;
+        if stage_axis.is_some() {
+            // Activations before the stack, and after its share on one stage.
+            if let (Some(b), Some(p)) = (acts_before, self.plan.as_ref()) {
+                self.stack_acts = Some((b, p.activations));
+            }
+        }
         if !first {
             // Same layer, same argument types: its diagnostics were already reported.
             self.diags.truncate(saved);

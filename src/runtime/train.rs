@@ -1285,76 +1285,56 @@ impl OptState {
             let before = (params[i].clone(), self.m[i].clone(), self.v[i].clone());
             let o = &self.opts[i];
             let lr = o.lr.at(step - 1);
-            let g = (&grads[i] * scale).map_err(ce)?;
             let p = &params[i];
-            let d = match (o.kind.as_str(), &self.m[i], &self.v[i]) {
-                ("sgd", Some(m), _) => {
-                    let m = (m.affine(o.momentum, 0.0).map_err(ce)? + &g).map_err(ce)?;
-                    self.m[i] = Some(m.clone());
-                    if o.nesterov {
-                        (&g + m.affine(o.momentum, 0.0).map_err(ce)?).map_err(ce)?
+            // Large tensors are stepped in row blocks, so the optimizer's
+            // temporaries stay small (the results are the same bits).
+            let rows = p.dims().first().copied().unwrap_or(1);
+            let blocks = (p.elem_count() >> 21).clamp(1, rows.max(1));
+            let (np, nm, nv) = if blocks <= 1 {
+                step_one(
+                    o,
+                    lr,
+                    t,
+                    p,
+                    &grads[i],
+                    scale,
+                    self.m[i].as_ref(),
+                    self.v[i].as_ref(),
+                )?
+            } else {
+                let per = rows.div_ceil(blocks);
+                let (mut ps, mut ms, mut vs) = (Vec::new(), Vec::new(), Vec::new());
+                for start in (0..rows).step_by(per) {
+                    let len = per.min(rows - start);
+                    let cut = |x: &Tensor| x.narrow(0, start, len).map_err(ce);
+                    let mc = self.m[i].as_ref().map(cut).transpose()?;
+                    let vc = self.v[i].as_ref().map(cut).transpose()?;
+                    let (a, b, c) = step_one(
+                        o,
+                        lr,
+                        t,
+                        &cut(p)?,
+                        &cut(&grads[i])?,
+                        scale,
+                        mc.as_ref(),
+                        vc.as_ref(),
+                    )?;
+                    ps.push(a);
+                    ms.extend(b);
+                    vs.extend(c);
+                }
+                let cat = |v: Vec<Tensor>| -> R<Option<Tensor>> {
+                    if v.is_empty() {
+                        Ok(None)
                     } else {
-                        m
+                        Tensor::cat(&v, 0).map(Some).map_err(ce)
                     }
-                }
-                ("ftrl", Some(lin), Some(acc)) => {
-                    // FTRL-proximal (TensorFlow's ApplyFtrl): the new weight is
-                    // computed, not stepped; `d` is what reaches it at this lr.
-                    let acc_new = (acc + g.sqr().map_err(ce)?).map_err(ce)?;
-                    let pw = |t: &Tensor| t.powf(-o.lr_power).map_err(ce);
-                    let sigma = ((pw(&acc_new)? - pw(acc)?).map_err(ce)? / lr).map_err(ce)?;
-                    let lin = ((lin + &g).map_err(ce)? - sigma.mul(p).map_err(ce)?).map_err(ce)?;
-                    let quad = (pw(&acc_new)? / lr)
-                        .and_then(|t| t.affine(1.0, 2.0 * o.l2))
-                        .map_err(ce)?;
-                    let shrunk = lin
-                        .sign()
-                        .and_then(|sg| sg.affine(o.l1, 0.0))
-                        .and_then(|t| t - &lin)
-                        .and_then(|t| t.div(&quad))
-                        .map_err(ce)?;
-                    let keep = lin.abs().and_then(|a| a.gt(o.l1)).map_err(ce)?;
-                    let w = keep
-                        .where_cond(&shrunk, &shrunk.zeros_like().map_err(ce)?)
-                        .map_err(ce)?;
-                    self.m[i] = Some(lin);
-                    self.v[i] = Some(acc_new);
-                    // p - lr·d = w
-                    ((p - w).map_err(ce)? / lr).map_err(ce)?
-                }
-                ("adagrad", _, Some(v)) => {
-                    let v = (v + g.sqr().map_err(ce)?).map_err(ce)?;
-                    let d = g
-                        .div(&v.sqrt().and_then(|s| s.affine(1.0, o.eps)).map_err(ce)?)
-                        .map_err(ce)?;
-                    self.v[i] = Some(v);
-                    d
-                }
-                ("adam" | "adamw", Some(m), Some(v)) => {
-                    // As optax: bias-corrected moments, eps outside the square root.
-                    let m = (m.affine(o.b1, 0.0).map_err(ce)?
-                        + g.affine(1.0 - o.b1, 0.0).map_err(ce)?)
-                    .map_err(ce)?;
-                    let v = (v.affine(o.b2, 0.0).map_err(ce)?
-                        + g.sqr()
-                            .and_then(|s| s.affine(1.0 - o.b2, 0.0))
-                            .map_err(ce)?)
-                    .map_err(ce)?;
-                    let mh = m.affine(1.0 / (1.0 - o.b1.powi(t)), 0.0).map_err(ce)?;
-                    let vh = v.affine(1.0 / (1.0 - o.b2.powi(t)), 0.0).map_err(ce)?;
-                    let mut d = mh
-                        .div(&vh.sqrt().and_then(|s| s.affine(1.0, o.eps)).map_err(ce)?)
-                        .map_err(ce)?;
-                    if o.kind == "adamw" {
-                        d = (d + p.affine(o.weight_decay, 0.0).map_err(ce)?).map_err(ce)?;
-                    }
-                    self.m[i] = Some(m);
-                    self.v[i] = Some(v);
-                    d
-                }
-                _ => g,
+                };
+                (cat(ps)?.ok_or("no rows")?, cat(ms)?, cat(vs)?)
             };
-            params[i] = (p - d.affine(lr, 0.0).map_err(ce)?).map_err(ce)?;
+            params[i] = np;
+            self.m[i] = nm;
+            self.v[i] = nv;
             // Rows outside the mask keep their values and optimizer slots.
             if let Some(mask) = masks.get(i).and_then(Option::as_ref) {
                 let on = mask
@@ -1375,4 +1355,89 @@ impl OptState {
         }
         Ok(())
     }
+}
+
+/// One optimizer step on one tensor (or a block of its rows): the new value and
+/// slots. Elementwise, so a tensor stepped in row blocks gets the same bits.
+#[allow(clippy::too_many_arguments)]
+fn step_one(
+    o: &Optimizer,
+    lr: f64,
+    t: i32,
+    p: &Tensor,
+    g: &Tensor,
+    scale: f64,
+    m: Option<&Tensor>,
+    v: Option<&Tensor>,
+) -> R<(Tensor, Option<Tensor>, Option<Tensor>)> {
+    let g = (g * scale).map_err(ce)?;
+    let (mut m_out, mut v_out) = (m.cloned(), v.cloned());
+    let d = match (o.kind.as_str(), m, v) {
+        ("sgd", Some(m), _) => {
+            let m = (m.affine(o.momentum, 0.0).map_err(ce)? + &g).map_err(ce)?;
+            m_out = Some(m.clone());
+            if o.nesterov {
+                (&g + m.affine(o.momentum, 0.0).map_err(ce)?).map_err(ce)?
+            } else {
+                m
+            }
+        }
+        ("ftrl", Some(lin), Some(acc)) => {
+            // FTRL-proximal (TensorFlow's ApplyFtrl): the new weight is
+            // computed, not stepped; `d` is what reaches it at this lr.
+            let acc_new = (acc + g.sqr().map_err(ce)?).map_err(ce)?;
+            let pw = |t: &Tensor| t.powf(-o.lr_power).map_err(ce);
+            let sigma = ((pw(&acc_new)? - pw(acc)?).map_err(ce)? / lr).map_err(ce)?;
+            let lin = ((lin + &g).map_err(ce)? - sigma.mul(p).map_err(ce)?).map_err(ce)?;
+            let quad = (pw(&acc_new)? / lr)
+                .and_then(|t| t.affine(1.0, 2.0 * o.l2))
+                .map_err(ce)?;
+            let shrunk = lin
+                .sign()
+                .and_then(|sg| sg.affine(o.l1, 0.0))
+                .and_then(|t| t - &lin)
+                .and_then(|t| t.div(&quad))
+                .map_err(ce)?;
+            let keep = lin.abs().and_then(|a| a.gt(o.l1)).map_err(ce)?;
+            let w = keep
+                .where_cond(&shrunk, &shrunk.zeros_like().map_err(ce)?)
+                .map_err(ce)?;
+            m_out = Some(lin);
+            v_out = Some(acc_new);
+            // p - lr·d = w
+            ((p - w).map_err(ce)? / lr).map_err(ce)?
+        }
+        ("adagrad", _, Some(v)) => {
+            let v = (v + g.sqr().map_err(ce)?).map_err(ce)?;
+            let d = g
+                .div(&v.sqrt().and_then(|s| s.affine(1.0, o.eps)).map_err(ce)?)
+                .map_err(ce)?;
+            v_out = Some(v);
+            d
+        }
+        ("adam" | "adamw", Some(m), Some(v)) => {
+            // As optax: bias-corrected moments, eps outside the square root.
+            let m = (m.affine(o.b1, 0.0).map_err(ce)? + g.affine(1.0 - o.b1, 0.0).map_err(ce)?)
+                .map_err(ce)?;
+            let v = (v.affine(o.b2, 0.0).map_err(ce)?
+                + g.sqr()
+                    .and_then(|s| s.affine(1.0 - o.b2, 0.0))
+                    .map_err(ce)?)
+            .map_err(ce)?;
+            let mh = m.affine(1.0 / (1.0 - o.b1.powi(t)), 0.0).map_err(ce)?;
+            let vh = v.affine(1.0 / (1.0 - o.b2.powi(t)), 0.0).map_err(ce)?;
+            let mut d = mh
+                .div(&vh.sqrt().and_then(|s| s.affine(1.0, o.eps)).map_err(ce)?)
+                .map_err(ce)?;
+            if o.kind == "adamw" {
+                d = (d + p.affine(o.weight_decay, 0.0).map_err(ce)?).map_err(ce)?;
+            }
+            m_out = Some(m);
+            v_out = Some(v);
+            d
+        }
+        _ => g,
+    };
+    let p_new = (p - d.affine(lr, 0.0).map_err(ce)?).map_err(ce)?;
+    Ok((p_new, m_out, v_out))
 }
