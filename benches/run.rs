@@ -61,14 +61,7 @@ fn versus(name: &str, mesh: &str, ours: f64, base: f64) {
 
 fn main() {
     if std::env::var("SHARDC_BENCH_FULL").as_deref() == Ok("baseline") {
-        let full = Gptj {
-            vocab: 5000,
-            t: 32,
-            layers: 2,
-            heads: 4,
-            d: 3072,
-            batch: 16,
-        };
+        let full = FULL_GPTJ;
         let base = baseline_gptj(&full, 3);
         println!(
             "{:<34} {:<16} step {:>9.2} ms",
@@ -140,14 +133,7 @@ fn main() {
     bench("models/transformer_3d.shard", None, 4);
     if std::env::var_os("SHARDC_BENCH_FULL").is_some() {
         let ours = bench("models/gptj.shard", None, 3);
-        let full = Gptj {
-            vocab: 5000,
-            t: 32,
-            layers: 2,
-            heads: 4,
-            d: 3072,
-            batch: 16,
-        };
+        let full = FULL_GPTJ;
         versus(
             "hand-written candle GPT-J (seed 001)",
             "dp=4,mp=2",
@@ -343,6 +329,16 @@ fn baseline_mlp(steps: usize, fsdp: bool) -> f64 {
     });
     median_steady(times.into_inner().unwrap_or_default())
 }
+
+/// Seed 001's GPT-J (`models/gptj.shard`).
+const FULL_GPTJ: Gptj = Gptj {
+    vocab: 5000,
+    t: 32,
+    layers: 2,
+    heads: 4,
+    d: 3072,
+    batch: 16,
+};
 
 /// GPT-J's shapes (seed 001, or the small test model).
 struct Gptj {

@@ -77,20 +77,13 @@ impl<'a> Exec<'a> {
     /// The axes parameter `p` is replicated over among the devices holding it,
     /// and how many copies that makes.
     pub fn replicas(&self, p: usize) -> (Vec<String>, usize) {
-        let topo = self.comm.topo();
-        let used = self.prog.params[p].stored.all_axes();
         let staged = match &self.stage {
             Some((axis, of)) if of.get(p).copied().flatten().is_some() => Some(axis.as_str()),
             _ => None,
         };
-        let axes: Vec<String> = topo
-            .axes
-            .iter()
-            .filter(|(a, n)| *n > 1 && !used.contains(&a.as_str()) && Some(a.as_str()) != staged)
-            .map(|a| a.0.clone())
-            .collect();
-        let n = axes.iter().map(|a| topo.size(a)).product();
-        (axes, n)
+        self.comm
+            .topo()
+            .replication(&self.prog.params[p].stored, staged)
     }
 
     /// Global number of elements over `dims` of a value of type `t` (a mean's divisor).

@@ -95,6 +95,24 @@ impl Topology {
         }
         (idx, n)
     }
+    /// The mesh axes (size > 1) a value of type `t` is replicated over, leaving out
+    /// `except` (a pipeline's stage axis), and how many copies that makes.
+    pub fn replication(
+        &self,
+        t: &crate::types::TType,
+        except: Option<&str>,
+    ) -> (Vec<String>, usize) {
+        let used = t.all_axes();
+        let axes: Vec<String> = self
+            .axes
+            .iter()
+            .filter(|(a, n)| *n > 1 && !used.contains(&a.as_str()) && Some(a.as_str()) != except)
+            .map(|a| a.0.clone())
+            .collect();
+        let n = axes.iter().map(|a| self.size(a)).product();
+        (axes, n)
+    }
+
     /// The ranks that differ from `rank` only along `axes`, ordered by their index
     /// along those axes.
     pub fn group(&self, rank: usize, axes: &[String]) -> Vec<usize> {

@@ -916,7 +916,7 @@ pub fn run(
                         let rows = params[*pi].dims()[0];
                         let m = touched.get(pi).cloned().unwrap_or_else(|| vec![0.0; rows]);
                         let m = Tensor::from_vec(m, (rows, 1), &dev).map_err(ce)?;
-                        let (rep, _) = replication(topo, &prog.params[*pi].stored);
+                        let (rep, _) = topo.replication(&prog.params[*pi].stored, None);
                         let m = ex.comm.pmax(rank, &m, &rep).and_then(|t| t.to_dtype(cfg.dtype)).map_err(ce)?;
                         masks[*pi] = Some(m);
                     }
@@ -1106,31 +1106,13 @@ fn cross_entropy(
     let loss = total.to_scalar::<f64>().map_err(ce)? / rows as f64;
     // d loss / d logits, held as addends over the axes the logits are replicated on
     // (not a pipeline's stage axis: only the last stage computes them).
-    let (rep_axes, _) = replication(topo, lt);
-    let rep: usize = rep_axes
-        .iter()
-        .filter(|a| Some(a.as_str()) != stage_axis)
-        .map(|a| topo.size(a))
-        .product();
+    let (_, rep) = topo.replication(lt, stage_axis);
     let p = e.broadcast_div(&se).map_err(ce)?;
     let ct = p
         .sub(&oh)
         .and_then(|x| x / (rows * rep) as f64)
         .map_err(ce)?;
     Ok((loss, ct))
-}
-
-/// The mesh axes a value is replicated over (size > 1), and how many copies that makes.
-fn replication(topo: &Topology, t: &TType) -> (Vec<String>, usize) {
-    let used = t.all_axes();
-    let axes: Vec<String> = topo
-        .axes
-        .iter()
-        .filter(|(a, n)| *n > 1 && !used.contains(&a.as_str()))
-        .map(|a| a.0.clone())
-        .collect();
-    let n = axes.iter().map(|a| topo.size(a)).product();
-    (axes, n)
 }
 
 fn all_finite(t: &Tensor) -> bool {
