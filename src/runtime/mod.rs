@@ -4,6 +4,7 @@
 pub mod checkpoint;
 pub mod data;
 pub mod exec;
+pub mod fused;
 pub mod init;
 pub mod mesh;
 pub mod pipeline;
