@@ -1270,7 +1270,12 @@ impl OptState {
             }
             let o = &self.opts[i];
             let lr = o.lr.at(step - 1);
-            if masks.get(i).is_none_or(Option::is_none) {
+            // Under plain SGD and Adagrad a zero gradient leaves the row and its
+            // slot exactly as they are, and a table's rows outside its mask have
+            // a zero gradient: the mask changes nothing there, so the fused
+            // step serves masked tables too.
+            let zero_is_still = o.kind == "adagrad" || (o.kind == "sgd" && o.momentum == 0.0);
+            if zero_is_still || masks.get(i).is_none_or(Option::is_none) {
                 // The parameter is written in place: make sure this state owns it.
                 if self.owned.get(i).copied().flatten() != Some(params[i].id()) {
                     params[i] = params[i].copy().map_err(ce)?;
