@@ -10,6 +10,7 @@ pub mod cli;
 pub mod data;
 pub mod diag;
 pub mod embed;
+pub mod fmt;
 pub mod lsp;
 pub mod parse;
 pub mod plan;

@@ -1,6 +1,7 @@
 //! `shardc lsp`: a language server on stdio (lsp-server). It runs the same
 //! `world::compile` as the CLI on every open or edit, publishes the diagnostics,
-//! and answers hovers with the inferred type of the binding under the cursor.
+//! answers hovers with the inferred type of the binding under the cursor, and
+//! formats documents as `shardc fmt` does.
 
 use crate::check::TypeEntry;
 use crate::diag::Severity;
@@ -9,11 +10,11 @@ use lsp_server::{Connection, Message, Notification, Request, Response};
 use lsp_types::notification::{
     DidChangeTextDocument, DidOpenTextDocument, Notification as _, PublishDiagnostics,
 };
-use lsp_types::request::{HoverRequest, Request as _};
+use lsp_types::request::{Formatting, HoverRequest, Request as _};
 use lsp_types::{
     Diagnostic, DiagnosticSeverity, Hover, HoverContents, HoverProviderCapability, MarkupContent,
-    MarkupKind, NumberOrString, Position, PublishDiagnosticsParams, Range, ServerCapabilities,
-    TextDocumentSyncCapability, TextDocumentSyncKind, Uri,
+    MarkupKind, NumberOrString, OneOf, Position, PublishDiagnosticsParams, Range,
+    ServerCapabilities, TextDocumentSyncCapability, TextDocumentSyncKind, TextEdit, Uri,
 };
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -68,6 +69,8 @@ fn offset(text: &str, p: Position) -> usize {
 struct Doc {
     text: String,
     types: Vec<(usize, usize, TypeEntry)>,
+    /// No syntax error: formatting is offered only then (as `shardc fmt`).
+    parses: bool,
 }
 
 fn check(conn: &Connection, uri: &Uri, text: String, docs: &mut HashMap<String, Doc>) {
@@ -116,7 +119,39 @@ fn check(conn: &Connection, uri: &Uri, text: String, docs: &mut HashMap<String, 
         .filter(|t| t.span.file == root)
         .map(|t| (t.span.start as usize, t.span.end as usize, t.clone()))
         .collect();
-    docs.insert(uri.as_str().to_string(), Doc { text, types });
+    let parses = !c
+        .diagnostics
+        .iter()
+        .any(|d| d.code == crate::diag::Code::E0001);
+    docs.insert(
+        uri.as_str().to_string(),
+        Doc {
+            text,
+            types,
+            parses,
+        },
+    );
+}
+
+/// `textDocument/formatting`: `shardc fmt`'s output as one edit of the whole
+/// document; none when it is formatted or does not parse.
+fn formatting(req: &Request, docs: &HashMap<String, Doc>) -> Option<Vec<TextEdit>> {
+    let p: lsp_types::DocumentFormattingParams = serde_json::from_value(req.params.clone()).ok()?;
+    let doc = docs.get(p.text_document.uri.as_str())?;
+    if !doc.parses {
+        return None;
+    }
+    let new_text = crate::fmt::format(&doc.text);
+    if new_text == doc.text {
+        return Some(vec![]);
+    }
+    Some(vec![TextEdit {
+        range: Range {
+            start: Position::new(0, 0),
+            end: position(&doc.text, doc.text.len()),
+        },
+        new_text,
+    }])
 }
 
 fn hover(req: &Request, docs: &HashMap<String, Doc>) -> Option<Hover> {
@@ -145,6 +180,7 @@ pub fn run() -> ExitCode {
     let caps = ServerCapabilities {
         text_document_sync: Some(TextDocumentSyncCapability::Kind(TextDocumentSyncKind::FULL)),
         hover_provider: Some(HoverProviderCapability::Simple(true)),
+        document_formatting_provider: Some(OneOf::Left(true)),
         ..ServerCapabilities::default()
     };
     let Ok(caps) = serde_json::to_value(caps) else {
@@ -160,15 +196,24 @@ pub fn run() -> ExitCode {
                 if conn.handle_shutdown(&req).unwrap_or(true) {
                     break;
                 }
-                if req.method == HoverRequest::METHOD {
-                    let result =
-                        serde_json::to_value(hover(&req, &docs)).unwrap_or(serde_json::Value::Null);
-                    let _ = conn.sender.send(Message::Response(Response {
-                        id: req.id,
-                        result: Some(result),
-                        error: None,
-                    }));
-                }
+                let result = if req.method == HoverRequest::METHOD {
+                    serde_json::to_value(hover(&req, &docs))
+                } else if req.method == Formatting::METHOD {
+                    serde_json::to_value(formatting(&req, &docs))
+                } else {
+                    // Every request gets an answer, or the client waits for it.
+                    let _ = conn.sender.send(Message::Response(Response::new_err(
+                        req.id,
+                        lsp_server::ErrorCode::MethodNotFound as i32,
+                        format!("shardc lsp does not handle `{}`", req.method),
+                    )));
+                    continue;
+                };
+                let _ = conn.sender.send(Message::Response(Response {
+                    id: req.id,
+                    result: Some(result.unwrap_or(serde_json::Value::Null)),
+                    error: None,
+                }));
             }
             Message::Notification(n) => {
                 if n.method == DidOpenTextDocument::METHOD {

@@ -1,5 +1,5 @@
 //! `shardc lsp` end to end over stdio: open a file with an error, receive its
-//! diagnostics, hover a binding for its type, shut down.
+//! diagnostics, hover a binding for its type, format, shut down.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -44,6 +44,10 @@ fn diagnostics_and_hover() {
     );
     let init = recv(&mut r);
     assert_eq!(init["result"]["capabilities"]["hoverProvider"], true);
+    assert_eq!(
+        init["result"]["capabilities"]["documentFormattingProvider"],
+        true
+    );
     send(
         &mut w,
         serde_json::json!({"jsonrpc": "2.0", "method": "initialized", "params": {}}),
@@ -81,6 +85,29 @@ fn diagnostics_and_hover() {
         .unwrap_or_default()
         .to_string();
     assert!(value.contains("h: f32[B@dp, 4]"), "{hover}");
+    // Formatting: one edit of the whole document, with `shardc fmt`'s output.
+    let messy = fixed.replace("  let h = x @ w", "let h=x @ w");
+    send(
+        &mut w,
+        serde_json::json!({"jsonrpc": "2.0", "method": "textDocument/didChange", "params": {"textDocument": {"uri": uri, "version": 3}, "contentChanges": [{"text": messy}]}}),
+    );
+    let _ = recv(&mut r);
+    send(
+        &mut w,
+        serde_json::json!({"jsonrpc": "2.0", "id": 4, "method": "textDocument/formatting", "params": {"textDocument": {"uri": uri}, "options": {"tabSize": 2, "insertSpaces": true}}}),
+    );
+    let edits = recv(&mut r);
+    assert_eq!(edits["id"], 4, "{edits}");
+    assert_eq!(edits["result"][0]["newText"], fixed.as_str(), "{edits}");
+    assert_eq!(edits["result"][0]["range"]["end"]["line"], 8, "{edits}");
+    // A request the server does not handle gets an error, not silence.
+    send(
+        &mut w,
+        serde_json::json!({"jsonrpc": "2.0", "id": 5, "method": "textDocument/definition", "params": {"textDocument": {"uri": uri}, "position": {"line": 0, "character": 0}}}),
+    );
+    let none = recv(&mut r);
+    assert_eq!(none["id"], 5, "{none}");
+    assert_eq!(none["error"]["code"], -32601, "{none}");
     send(
         &mut w,
         serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "shutdown"}),

@@ -510,6 +510,60 @@ fn all_to_all_and_ppermute_agree_with_their_definitions() {
     assert!(max_rel(&there_and_back, &one) < 1e-12);
 }
 
+/// psum of a large tensor (reduced in chunks, then gathered) has the same bits as
+/// the sum in group order, for groups over one axis and over two, with sizes the
+/// group does not divide.
+#[test]
+fn chunked_psum_equals_the_ordered_sum_bit_for_bit() {
+    use shardc::runtime::mesh::{Collectives, Comm, Topology};
+    let topo = Topology {
+        axes: vec![("a".into(), 2), ("b".into(), 3)],
+    };
+    let comm = Comm::new(topo.clone());
+    let dev = candle_core::Device::Cpu;
+    // 70007 elements: above the chunking threshold, and 3 and 6 do not divide it.
+    let value = |r: usize| -> Vec<f32> {
+        (0..70007)
+            .map(|i| ((i * 7 + r * 13) as f32 * 0.001).sin() * 1e3)
+            .collect()
+    };
+    for axes in [
+        vec!["b".to_string()],
+        vec!["a".to_string(), "b".to_string()],
+    ] {
+        let results: Vec<Vec<f32>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..6)
+                .map(|r| {
+                    let (comm, axes, dev) = (&comm, &axes, &dev);
+                    s.spawn(move || {
+                        let t = candle_core::Tensor::from_vec(value(r), (7, 10001), dev)
+                            .and_then(|t| comm.psum(r, &t, axes))
+                            .and_then(|t| t.flatten_all())
+                            .and_then(|t| t.to_vec1::<f32>());
+                        t.expect("psum")
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("device")).collect()
+        });
+        for (r, got) in results.iter().enumerate() {
+            let group = topo.group(r, &axes);
+            let mut want = value(group[0]);
+            for m in &group[1..] {
+                for (w, x) in want.iter_mut().zip(value(*m)) {
+                    *w += x;
+                }
+            }
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits()),
+                "device {r}, axes {axes:?}: chunked psum differs from the ordered sum"
+            );
+        }
+    }
+}
+
 /// `shardc plan` predicts the per-device memory that a run measures, within 10%.
 #[test]
 fn plan_matches_measured_memory() {

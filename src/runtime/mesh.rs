@@ -234,9 +234,19 @@ impl Comm {
             Err(candle_core::Error::Msg("a device's slot was lost".into()))
         };
         barrier.wait()?;
+        // Everyone has read this device's post: release it (it may be a whole
+        // gradient) instead of holding it until this device's next collective.
+        if let Ok(mut s) = self.slots.lock() {
+            s[rank] = None;
+        }
         out
     }
 }
+
+/// From this many elements up, `psum` reduces in chunks (each member adds its
+/// own slice of every member's tensor, then the slices are gathered): 1/n of the
+/// additions and of the temporaries, for one more exchange.
+const CHUNKED_PSUM_MIN: usize = 1 << 16;
 
 impl Collectives for Comm {
     fn topo(&self) -> &Topology {
@@ -268,6 +278,27 @@ impl Collectives for Comm {
     fn psum(&self, rank: usize, t: &Tensor, axes: &[String]) -> Result<Tensor> {
         if axes.iter().all(|a| self.topo.size(a) == 1) {
             return Ok(t.clone());
+        }
+        let group = self.topo.group(rank, axes);
+        let (n, total) = (group.len(), t.elem_count());
+        if total >= CHUNKED_PSUM_MIN && total >= n {
+            // Every element is still added in group order, so the result has
+            // the same bits as the whole-tensor sum below.
+            let me = group
+                .iter()
+                .position(|r| *r == rank)
+                .ok_or_else(|| candle_core::Error::Msg("device outside its group".into()))?;
+            let (a, b) = (me * total / n, (me + 1) * total / n);
+            let flat = t.flatten_all()?;
+            let mine = self.with_group(rank, &flat, axes, |parts| {
+                let mut acc = parts[0].narrow(0, a, b - a)?;
+                for p in &parts[1..] {
+                    acc = (acc + p.narrow(0, a, b - a)?)?;
+                }
+                Ok(acc)
+            })?;
+            let whole = self.with_group(rank, &mine, axes, |parts| Tensor::cat(parts, 0))?;
+            return whole.reshape(t.shape());
         }
         self.with_group(rank, t, axes, |parts| {
             let mut acc = parts[0].clone();
