@@ -157,7 +157,7 @@ fn tensor_parallel_gptj_matches_one_device() {
 }
 
 /// The full seed-001 model (d_model 3072, about 1 GB of parameters): too big and
-/// slow for CI (16 GiB of tensors and about 35 s per step on dp=4 × mp=2 here),
+/// slow for CI (16 GiB of tensors and about 21 s per step on dp=4 × mp=2 here),
 /// so it runs on request: `cargo test --release --test runtime -- --ignored
 /// gptj_full`. In f32 (f64 would need 32 GiB). The 8-device run goes first, while
 /// the process is fresh: it peaks near this machine's 24 GiB. The gradients at
