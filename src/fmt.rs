@@ -1,7 +1,7 @@
 //! `shardc fmt`: a whitespace-only formatter. It re-indents by nesting (two
 //! spaces a level; a continuation line inside `(` or `[` may stay deeper, as
-//! aligned), puts a space after `,` and around `=` `->` and braces and none
-//! inside `()` `[]` or before `,`, trims trailing space and runs of blank lines,
+//! aligned), puts a space after `,` and `:` (not between a slice's bounds) and
+//! around `=` `->` and braces, and none inside `()` `[]` or before `,`, trims trailing space and runs of blank lines,
 //! and leaves every token, every line break and every comment where it was;
 //! other gaps stay as written, so aligned columns survive. Since only whitespace
 //! inside a line changes, and the grammar reads whitespace inside a line the same
@@ -150,9 +150,11 @@ fn lex_line(line: &str) -> (Vec<Tok<'_>>, bool) {
 /// Spaces between `a` and `b` in the output. Where the style has no rule, the
 /// gap stays as written, so hand-aligned columns (`up   = Dense(...)`,
 /// `b    : f32[D]`) survive.
-fn spaces_between(a: &Tok, b: &Tok) -> usize {
+fn spaces_between(a: &Tok, b: &Tok, innermost: Option<u8>) -> usize {
     match (a.text, b.text) {
         ("{", "}") => 0,
+        // `key: value`, `x: f32[..]`; but a slice's bounds (`x[0:4]`) as written.
+        (":", _) if innermost != Some(b'[') => b.gap.max(1),
         (_, "," | ";") => 0,
         ("(" | "[", _) => 0,
         (_, ")" | "]") => 0,
@@ -166,8 +168,8 @@ pub fn format(src: &str) -> String {
     const INDENT: usize = 2;
     let mut out = String::new();
     // Each unclosed opener remembers the indent level of the line that opened it
-    // and whether it was a brace; the lines inside it sit one level deeper.
-    let mut stack: Vec<(usize, bool)> = Vec::new();
+    // and which bracket it was; the lines inside it sit one level deeper.
+    let mut stack: Vec<(usize, u8)> = Vec::new();
     let mut blank_run = 0usize;
     let mut started = false;
     for line in split(src) {
@@ -195,7 +197,7 @@ pub fn format(src: &str) -> String {
                         .map_or(0, |l| l.0);
                 }
                 let line_start = out.len();
-                let continuation = closers == 0 && stack.last().is_some_and(|l| !l.1);
+                let continuation = closers == 0 && stack.last().is_some_and(|l| l.1 != b'{');
                 let indent = match toks.first() {
                     // Inside `(` or `[` a deeper, aligned continuation stays put.
                     Some(t) if continuation && t.gap > this * INDENT => t.gap,
@@ -203,6 +205,8 @@ pub fn format(src: &str) -> String {
                 };
                 out.extend(std::iter::repeat_n(' ', indent));
                 let mut prev: Option<&Tok> = None;
+                // The brackets open at each token, for the `:` rule.
+                let mut open: Vec<u8> = stack.iter().map(|l| l.1).collect();
                 for t in toks {
                     if let Some(p) = prev {
                         let n = if t.kind == Kind::Comment {
@@ -213,18 +217,25 @@ pub fn format(src: &str) -> String {
                             let old_indent = toks.first().map_or(0, |f| f.gap);
                             (t.col + indent).saturating_sub(old_indent + width).max(1)
                         } else {
-                            spaces_between(p, t)
+                            spaces_between(p, t, open.last().copied())
                         };
                         out.extend(std::iter::repeat_n(' ', n));
                     }
                     out.push_str(t.text);
+                    match t.kind {
+                        Kind::Open => open.push(t.text.bytes().next().unwrap_or(b'(')),
+                        Kind::Close => {
+                            open.pop();
+                        }
+                        _ => {}
+                    }
                     prev = Some(t);
                 }
             }
         }
         for t in toks {
             match t.kind {
-                Kind::Open => stack.push((this, t.text == "{")),
+                Kind::Open => stack.push((this, t.text.bytes().next().unwrap_or(b'('))),
                 Kind::Close => {
                     stack.pop();
                 }

@@ -99,10 +99,10 @@ fn messy_input_comes_out_in_house_style() {
         "",
     ]);
     let want = lines(&[
-        "mesh   m(dp:2)",
+        "mesh   m(dp: 2)",
         "",
         "model M {",
-        "  w:f32[4, 8] init normal(0.02)",
+        "  w: f32[4, 8] init normal(0.02)",
         "  b    : f32[8] init zeros   // aligned by hand: kept",
         "  fn forward(x: f32[B@dp, 4]) -> f32[B@dp, 8] {",
         "    let h = x @ w",
