@@ -10,7 +10,8 @@ use crate::ast::{DType as SDType, Expr, ExprKind, OptValue, Options, TrainDecl};
 use crate::spmd::{Op, Program};
 use crate::types::TType;
 use candle_core::{DType, Device, Tensor};
-use std::sync::mpsc;
+use std::collections::HashMap;
+use std::sync::{mpsc, Arc};
 
 fn ce<E: std::fmt::Display>(e: E) -> String {
     e.to_string()
@@ -721,6 +722,11 @@ pub fn run(
     let sparse = &sparse;
     let (tx, rx) = mpsc::channel::<StepReport>();
     let mut result: R<RunOutput> = Err("no device ran".into());
+    // Replicas of a parameter piece hold the same values: the first device to
+    // need a piece computes it and the others share it (the optimizer copies a
+    // shared tensor before its first in-place step).
+    let pieces: PieceCache = Default::default();
+    let pieces = &pieces;
     std::thread::scope(|scope| {
         let mut handles = Vec::new();
         for rank in 0..topo.devices() {
@@ -752,6 +758,13 @@ pub fn run(
                         params.push(Tensor::zeros(0, cfg.dtype, &dev).map_err(ce)?);
                         continue;
                     }
+                    let key = (pi, p.stored.dims.iter().map(|d| topo.shard_index(rank, &d.axes)).collect::<Vec<_>>());
+                    let cell = match (placements.get(&pi), pieces.lock()) {
+                        // Tables are MOD-placed per device: not shared.
+                        (None, Ok(mut m)) => Some(m.entry(key).or_default().clone()),
+                        _ => None,
+                    };
+                    let make = || -> R<Tensor> {
                     let idx = param_indices(topo, rank, p, placements.get(&pi), prog)?;
                     let v = match cfg.init.get(&p.name) {
                         Some(g) => idx
@@ -771,11 +784,18 @@ pub fn run(
                         .iter()
                         .map(|x| *x as usize)
                         .collect();
-                    params.push(
-                        Tensor::from_vec(v, shape, &dev)
-                            .and_then(|t| t.to_dtype(cfg.dtype))
-                            .map_err(ce)?,
-                    );
+                    Tensor::from_vec(v, shape, &dev)
+                        .and_then(|t| t.to_dtype(cfg.dtype))
+                        .map_err(ce)
+                    };
+                    params.push(match cell {
+                        Some(cell) => {
+                            // The first device here computes; the others wait for it.
+                            let got = cell.get_or_init(|| make().map_err(|e| e.to_string()));
+                            got.clone()?
+                        }
+                        None => make()?,
+                    });
                 }
                 let opts = prog.params.iter().map(|p| cfg.per_param.get(&p.name).unwrap_or(&cfg.optimizer).clone()).collect();
                 let mut state = OptState::new(&params, opts)?;
@@ -1211,6 +1231,12 @@ fn gather_one(ex: &Exec, pi: usize, t: &Tensor) -> R<Option<Vec<f64>>> {
     }
     Ok(Some(full))
 }
+
+/// Initial parameter pieces by (parameter, shard index and count per dimension),
+/// computed once and shared by the replicas that hold the same piece.
+type PieceCache = std::sync::Mutex<
+    HashMap<(usize, Vec<(usize, usize)>), Arc<std::sync::OnceLock<Result<Tensor, String>>>>,
+>;
 
 /// Optimizer state in each parameter's layout; each parameter may have its own
 /// optimizer (an embedding table's, for instance).
