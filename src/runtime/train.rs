@@ -1301,7 +1301,10 @@ impl OptState {
             // a zero gradient: the mask changes nothing there, so the fused
             // step serves masked tables too.
             let zero_is_still = o.kind == "adagrad" || (o.kind == "sgd" && o.momentum == 0.0);
-            if zero_is_still || masks.get(i).is_none_or(Option::is_none) {
+            let unmasked = masks.get(i).is_none_or(Option::is_none);
+            if (zero_is_still || unmasked)
+                && has_kernel(o, &params[i], self.m[i].as_ref(), self.v[i].as_ref())
+            {
                 // The parameter is written in place: make sure this state owns it.
                 if self.owned.get(i).copied().flatten() != Some(params[i].id()) {
                     params[i] = params[i].copy().map_err(ce)?;
@@ -1395,6 +1398,21 @@ impl OptState {
     }
 }
 
+/// Whether `fused_step` can step this parameter: an optimizer with a kernel,
+/// its slots present, and plain contiguous f32/f64 CPU tensors.
+fn has_kernel(o: &Optimizer, p: &Tensor, m: Option<&Tensor>, v: Option<&Tensor>) -> bool {
+    let plain = |t: &Tensor| {
+        t.device().is_cpu() && t.is_contiguous() && matches!(t.dtype(), DType::F32 | DType::F64)
+    };
+    let slots = match o.kind.as_str() {
+        "adam" | "adamw" => m.is_some() && v.is_some(),
+        "sgd" => true,
+        "adagrad" => v.is_some(),
+        _ => false,
+    };
+    slots && plain(p) && m.is_none_or(plain) && v.is_none_or(plain)
+}
+
 /// The optimizers that have a fused kernel, stepped in place; false (nothing
 /// written) for the others, which take the composed path.
 #[allow(clippy::too_many_arguments)]
@@ -1409,10 +1427,7 @@ fn fused_step(
     v: Option<&Tensor>,
 ) -> R<bool> {
     use super::fused::{apply2, apply3, Pass};
-    let plain = |t: &Tensor| {
-        t.device().is_cpu() && t.is_contiguous() && matches!(t.dtype(), DType::F32 | DType::F64)
-    };
-    if !plain(p) || !m.is_none_or(plain) || !v.is_none_or(plain) {
+    if !has_kernel(o, p, m, v) {
         return Ok(false);
     }
     let g = if g.is_contiguous() {
