@@ -1,15 +1,17 @@
 //! `shardc fmt`: a whitespace-only formatter. It re-indents by nesting (two
 //! spaces a level; a continuation line inside `(` or `[` may stay deeper, as
 //! aligned), puts a space after `,` and `:` (not between a slice's bounds) and
-//! around `=` `->` and braces, and none inside `()` `[]` or before `,`, trims trailing space and runs of blank lines,
-//! and leaves every token, every line break and every comment where it was;
-//! other gaps stay as written, so aligned columns survive. Since only whitespace
-//! inside a line changes, and the grammar reads whitespace inside a line the same
-//! way everywhere (a call's `(` only has to be on its callee's line), the program
-//! means what it meant; `tests/fmt.rs` checks that on every `.shard` file here.
+//! around `=` `->` and braces, and none inside `()` `[]` or before `,`, trims
+//! trailing space and runs of blank lines, and leaves every token, every line
+//! break and every comment where it was; other gaps stay as written, so aligned
+//! columns survive. Since only whitespace inside a line changes, and the grammar
+//! reads whitespace inside a line the same way everywhere (a call's `(` only has
+//! to be on its callee's line), the program means what it meant; `tests/fmt.rs`
+//! checks that on every `.shard` file here, and `tests/fuzz.rs` on random input.
 //!
-//! Spacing around `+ - * / @` is kept as written, since `4*D@mp` in a type and
-//! `x @ w` in a body are both idiomatic.
+//! Line endings become `\n`; a source with a carriage return that does not end
+//! a line is left as it is. Spacing around `+ - * / @` is kept as written, since
+//! `4*D@mp` in a type and `x @ w` in a body are both idiomatic.
 
 /// One token of a line.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,7 +19,7 @@ struct Tok<'a> {
     text: &'a str,
     /// Whitespace before it on its line, as written.
     gap: usize,
-    /// Byte column in the source line (to keep trailing comments aligned).
+    /// Column (in characters) in the source line, to keep trailing comments aligned.
     col: usize,
     kind: Kind,
 }
@@ -75,7 +77,7 @@ fn lex_line(line: &str) -> (Vec<Tok<'_>>, bool) {
     let mut gap = 0;
     while i < b.len() {
         let c = b[i];
-        if c == b' ' || c == b'\t' || c == b'\r' {
+        if c == b' ' || c == b'\t' {
             gap += 1;
             i += 1;
             continue;
@@ -139,7 +141,7 @@ fn lex_line(line: &str) -> (Vec<Tok<'_>>, bool) {
         toks.push(Tok {
             text: &line[start..i],
             gap,
-            col: start,
+            col: line[..start].chars().count(),
             kind,
         });
         gap = 0;
@@ -166,6 +168,16 @@ fn spaces_between(a: &Tok, b: &Tok, innermost: Option<u8>) -> usize {
 /// The formatted source (ends with one newline unless it is empty).
 pub fn format(src: &str) -> String {
     const INDENT: usize = 2;
+    // A carriage return that does not end a line (old Mac line endings, or one
+    // inside a string) breaks lines for the grammar but not for `str::lines`:
+    // such a source is returned as it is rather than risk joining its lines.
+    let b = src.as_bytes();
+    if b.iter()
+        .enumerate()
+        .any(|(i, c)| *c == b'\r' && b.get(i + 1) != Some(&b'\n'))
+    {
+        return src.to_string();
+    }
     let mut out = String::new();
     // Each unclosed opener remembers the indent level of the line that opened it
     // and which bracket it was; the lines inside it sit one level deeper.

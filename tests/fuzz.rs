@@ -30,8 +30,17 @@ fn check_robust(path: &Path, text: String) -> Result<(), TestCaseError> {
     let input = text.clone();
     std::thread::spawn(move || {
         let r = std::panic::catch_unwind(|| {
-            let c = world::compile_source(&p, input, &Options::default());
             let mut bad = Vec::new();
+            // The formatter: no panic, whitespace-only, settled in one pass.
+            let once = shardc::fmt::format(&input);
+            let squeeze = |s: &str| s.chars().filter(|c| !c.is_whitespace()).collect::<String>();
+            if squeeze(&once) != squeeze(&input) {
+                bad.push("fmt changed more than whitespace".to_string());
+            }
+            if shardc::fmt::format(&once) != once {
+                bad.push("fmt is not idempotent here".to_string());
+            }
+            let c = world::compile_source(&p, input, &Options::default());
             for d in &c.diagnostics {
                 let f = c.sources.get(d.primary.span.file);
                 let (s, e) = (d.primary.span.start as usize, d.primary.span.end as usize);
