@@ -149,9 +149,10 @@ pub enum Command {
     },
     /// Explain a diagnostic code, e.g. `shardc explain E0203`.
     Explain { code: Option<String> },
-    /// Format files in place: indentation by nesting, spaces around `,` `=` `->`
-    /// and braces, no trailing space, at most one blank line. Only whitespace
-    /// inside lines changes. `-` (or no file) formats stdin to stdout.
+    /// Format files in place: indentation by nesting, a space after `,` and `:`
+    /// and around `=` `->` and braces, no trailing space, at most one blank line;
+    /// hand-aligned gaps stay. Only whitespace inside lines changes. `-` (or no
+    /// file) formats stdin to stdout. A file that does not parse is left alone.
     Fmt {
         files: Vec<PathBuf>,
         /// Write nothing; list the files that are not formatted and exit 1 if any.
@@ -322,7 +323,8 @@ fn syntax_errors(path: &std::path::Path, src: &str) -> Option<String> {
     let rendered: String = c
         .diagnostics
         .iter()
-        .filter(|d| d.code == Code::E0001)
+        // This file's own syntax errors (an import's do not stop formatting it).
+        .filter(|d| d.code == Code::E0001 && d.primary.span.file == c.program.root)
         .map(|d| render::human(d, &c.sources, Style::Plain))
         .collect();
     (!rendered.is_empty()).then_some(rendered)

@@ -122,7 +122,7 @@ fn check(conn: &Connection, uri: &Uri, text: String, docs: &mut HashMap<String, 
     let parses = !c
         .diagnostics
         .iter()
-        .any(|d| d.code == crate::diag::Code::E0001);
+        .any(|d| d.code == crate::diag::Code::E0001 && d.primary.span.file == root);
     docs.insert(
         uri.as_str().to_string(),
         Doc {

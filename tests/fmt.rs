@@ -204,5 +204,15 @@ fn cli_check_rewrite_stdin_and_syntax_errors() {
         broken,
         "left alone"
     );
+    // An import's syntax error is the import's: the importing file is formatted.
+    std::fs::write(dir.join("lib.shard"), broken).expect("write");
+    let main = dir.join("main.shard");
+    std::fs::write(&main, "import \"lib.shard\"\nmesh m(d:2)\n").expect("write");
+    let (code, _, err) = shardc(&["fmt", main.to_str().expect("utf-8")], None);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        std::fs::read_to_string(&main).expect("read"),
+        "import \"lib.shard\"\nmesh m(d: 2)\n"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
