@@ -202,3 +202,31 @@ fn killed_during_a_save_resumes_from_the_last_good_checkpoint() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A run whose plan does not fit in this machine's memory is refused before
+/// anything is allocated, with the plan shown (here GPT-3 175B on 1024 devices).
+#[test]
+fn a_run_that_cannot_fit_is_refused_with_its_plan() {
+    let out = shardc()
+        .args(["run", "examples/gpt3_175b.shard"])
+        .output()
+        .expect("shardc runs");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("1024 devices") && stderr.contains("nothing was allocated"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("params") && stdout.contains("stage 7"),
+        "{stdout}"
+    );
+    // 16 microbatches: the timeline's two-digit labels keep their own cells.
+    assert!(
+        stdout.contains("F15 ") && !stdout.contains("F10B"),
+        "{stdout}"
+    );
+}

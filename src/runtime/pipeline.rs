@@ -206,15 +206,28 @@ pub fn bubble(ticks: &[Vec<Option<Act>>]) -> f64 {
 /// The timeline as text: one row per stage, `F3`/`B3` per tick, `··` idle.
 pub fn draw(ticks: &[Vec<Option<Act>>]) -> String {
     let stages = ticks.first().map_or(0, Vec::len);
+    // Cells as wide as the widest label (`F15`) and one space, so that labels
+    // of 10 microbatches or more do not run together.
+    let most = ticks
+        .iter()
+        .flatten()
+        .flatten()
+        .map(|a| match a {
+            Act::F(k) | Act::B(k) => *k,
+        })
+        .max()
+        .unwrap_or(0);
+    let w = 1 + most.to_string().len();
     let mut out = String::new();
     for s in 0..stages {
         out.push_str(&format!("  stage {s:<2} "));
         for row in ticks {
-            out.push_str(&match row[s] {
-                Some(Act::F(k)) => format!("F{k:<2}"),
-                Some(Act::B(k)) => format!("B{k:<2}"),
-                None => "·· ".to_string(),
-            });
+            let cell = match row.get(s).copied().flatten() {
+                Some(Act::F(k)) => format!("F{k}"),
+                Some(Act::B(k)) => format!("B{k}"),
+                None => "·".repeat(w),
+            };
+            out.push_str(&format!("{cell:<w$} "));
         }
         out.push('\n');
     }
