@@ -316,18 +316,11 @@ fn fmt(files: &[PathBuf], check: bool) -> ExitCode {
     ExitCode::from(code)
 }
 
-/// The rendered syntax errors of a source, if it has any (through the one
-/// compile path, so they read exactly as `shardc check` prints them).
+/// The rendered syntax error of a source, if it has one (stage 1 of the one
+/// compile path, so it reads exactly as `shardc check` prints it).
 fn syntax_errors(path: &std::path::Path, src: &str) -> Option<String> {
-    let c = world::compile_source(path, src.to_string(), &Options::default());
-    let rendered: String = c
-        .diagnostics
-        .iter()
-        // This file's own syntax errors (an import's do not stop formatting it).
-        .filter(|d| d.code == Code::E0001 && d.primary.span.file == c.program.root)
-        .map(|d| render::human(d, &c.sources, Style::Plain))
-        .collect();
-    (!rendered.is_empty()).then_some(rendered)
+    let (sources, d) = world::syntax(path, src.to_string());
+    d.map(|d| render::human(&d, &sources, Style::Plain))
 }
 
 fn check(files: &[PathBuf], types: bool, format: Format, opts: &Options, style: Style) -> ExitCode {

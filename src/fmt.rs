@@ -19,7 +19,8 @@ struct Tok<'a> {
     text: &'a str,
     /// Whitespace before it on its line, as written.
     gap: usize,
-    /// Column (in characters) in the source line, to keep trailing comments aligned.
+    /// A comment's column (in characters) in the source line, to keep trailing
+    /// comments aligned; 0 for other tokens.
     col: usize,
     kind: Kind,
 }
@@ -141,7 +142,12 @@ fn lex_line(line: &str) -> (Vec<Tok<'_>>, bool) {
         toks.push(Tok {
             text: &line[start..i],
             gap,
-            col: line[..start].chars().count(),
+            // Only a comment's column is used; counting is per line, so keep it there.
+            col: if kind == Kind::Comment {
+                line[..start].chars().count()
+            } else {
+                0
+            },
             kind,
         });
         gap = 0;

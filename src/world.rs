@@ -80,6 +80,17 @@ pub fn compile_source(path: &Path, text: String, opts: &Options) -> Compilation 
     }
 }
 
+/// Stage 1 alone on one file (no imports, checks or data): its syntax error as
+/// a diagnostic, with the source map to render it. For `shardc fmt`, which must
+/// not read a model's imports or training data to re-indent it.
+pub fn syntax(path: &Path, text: String) -> (SourceMap, Option<Diagnostic>) {
+    let mut sources = SourceMap::default();
+    let name = display_name(path);
+    let root = sources.add(SourceFile::new(path.to_path_buf(), name, text));
+    let problem = crate::parse::parse(root, &sources.get(root).text).err();
+    (sources, problem.map(|p| p.diagnostic()))
+}
+
 fn display_name(path: &Path) -> String {
     if let Ok(cwd) = std::env::current_dir() {
         if let Ok(rel) = path.strip_prefix(&cwd) {

@@ -5,7 +5,7 @@
 //! slots where they are, one elementwise pass each, and do the arithmetic in f64.
 //! Elementwise, so a sharded tensor gets the same bits as the whole one.
 
-use candle_core::{CpuStorage, InplaceOp2, InplaceOp3, Layout, Result, Tensor};
+use candle_core::{CpuStorage, InplaceOp2, InplaceOp3, Layout, Result};
 
 /// One pass of a fused step; the names say what is written, from what.
 #[derive(Clone, Copy, Debug)]
@@ -163,14 +163,4 @@ impl InplaceOp3 for Pass {
             )),
         }
     }
-}
-
-/// Run a two-operand pass (`dst` is written).
-pub fn apply2(dst: &Tensor, src: &Tensor, pass: Pass) -> Result<()> {
-    dst.inplace_op2(src, &pass)
-}
-
-/// Run a three-operand pass (`dst` is written).
-pub fn apply3(dst: &Tensor, a: &Tensor, b: &Tensor, pass: Pass) -> Result<()> {
-    dst.inplace_op3(a, b, &pass)
 }

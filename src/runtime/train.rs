@@ -1312,7 +1312,7 @@ impl OptState {
                         *o = Some(params[i].id());
                     }
                 }
-                if fused_step(
+                fused_step(
                     o,
                     lr,
                     t,
@@ -1321,9 +1321,8 @@ impl OptState {
                     scale,
                     self.m[i].as_ref(),
                     self.v[i].as_ref(),
-                )? {
-                    continue;
-                }
+                )?;
+                continue;
             }
             let before = (params[i].clone(), self.m[i].clone(), self.v[i].clone());
             let p = &params[i];
@@ -1413,8 +1412,7 @@ fn has_kernel(o: &Optimizer, p: &Tensor, m: Option<&Tensor>, v: Option<&Tensor>)
     slots && plain(p) && m.is_none_or(plain) && v.is_none_or(plain)
 }
 
-/// The optimizers that have a fused kernel, stepped in place; false (nothing
-/// written) for the others, which take the composed path.
+/// One optimizer step in place, for a parameter `has_kernel` accepts.
 #[allow(clippy::too_many_arguments)]
 fn fused_step(
     o: &Optimizer,
@@ -1425,11 +1423,8 @@ fn fused_step(
     scale: f64,
     m: Option<&Tensor>,
     v: Option<&Tensor>,
-) -> R<bool> {
-    use super::fused::{apply2, apply3, Pass};
-    if !has_kernel(o, p, m, v) {
-        return Ok(false);
-    }
+) -> R<()> {
+    use super::fused::Pass;
     let g = if g.is_contiguous() {
         g.clone()
     } else {
@@ -1438,19 +1433,17 @@ fn fused_step(
     let s = scale;
     match (o.kind.as_str(), m, v) {
         ("adam" | "adamw", Some(m), Some(v)) => {
-            apply2(
-                m,
+            m.inplace_op2(
                 &g,
-                Pass::Linear {
+                &Pass::Linear {
                     a: o.b1,
                     b: (1.0 - o.b1) * s,
                 },
             )
             .map_err(ce)?;
-            apply2(
-                v,
+            v.inplace_op2(
                 &g,
-                Pass::Square {
+                &Pass::Square {
                     a: o.b2,
                     b: (1.0 - o.b2) * s * s,
                 },
@@ -1462,11 +1455,10 @@ fn fused_step(
                 0.0
             };
             let (c1, c2) = (1.0 - o.b1.powi(t), 1.0 - o.b2.powi(t));
-            apply3(
-                p,
+            p.inplace_op3(
                 m,
                 v,
-                Pass::Adam {
+                &Pass::Adam {
                     lr,
                     c1,
                     c2,
@@ -1477,20 +1469,18 @@ fn fused_step(
             .map_err(ce)?;
         }
         ("sgd", Some(m), _) => {
-            apply2(
-                m,
+            m.inplace_op2(
                 &g,
-                Pass::Linear {
+                &Pass::Linear {
                     a: o.momentum,
                     b: s,
                 },
             )
             .map_err(ce)?;
-            apply3(
-                p,
+            p.inplace_op3(
                 m,
                 &g,
-                Pass::Momentum {
+                &Pass::Momentum {
                     lr,
                     s,
                     mu: o.momentum,
@@ -1499,14 +1489,17 @@ fn fused_step(
             )
             .map_err(ce)?;
         }
-        ("sgd", None, _) => apply2(p, &g, Pass::Plain { lr, s }).map_err(ce)?,
+        ("sgd", None, _) => p.inplace_op2(&g, &Pass::Plain { lr, s }).map_err(ce)?,
         ("adagrad", _, Some(v)) => {
-            apply2(v, &g, Pass::Square { a: 1.0, b: s * s }).map_err(ce)?;
-            apply3(p, &g, v, Pass::Adagrad { lr, s, eps: o.eps }).map_err(ce)?;
+            v.inplace_op2(&g, &Pass::Square { a: 1.0, b: s * s })
+                .map_err(ce)?;
+            p.inplace_op3(&g, v, &Pass::Adagrad { lr, s, eps: o.eps })
+                .map_err(ce)?;
         }
-        _ => return Ok(false),
+        // `has_kernel` admits only the optimizers above.
+        _ => return Err(format!("no fused step for `{}`", o.kind)),
     }
-    Ok(true)
+    Ok(())
 }
 
 /// One optimizer step on one tensor (or a block of its rows): the new value and
