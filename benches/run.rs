@@ -61,6 +61,9 @@ fn versus(name: &str, mesh: &str, ours: f64, base: f64) {
 }
 
 fn main() {
+    // Every mesh here has 8 devices: give each device thread its share of the
+    // cores, as `shardc run` does (shardc and the baselines alike).
+    shardc::runtime::mesh::share_cores(8);
     match std::env::var("SHARDC_BENCH_FULL").as_deref() {
         Ok("baseline") => {
             println!("{FULL_STEP}{}", baseline_gptj(&FULL_GPTJ, 3));

@@ -90,56 +90,8 @@ pub enum Command {
         #[arg(long, value_parser = parse_mesh)]
         mesh: Option<MeshArg>,
     },
-    /// Train a model on a mesh of virtual devices.
-    Run {
-        file: PathBuf,
-        /// Override mesh axis sizes, e.g. `--mesh dp=2,mp=4` (the checker re-validates).
-        #[arg(long, value_parser = parse_mesh)]
-        mesh: Option<MeshArg>,
-        /// Steps to train (default: the file's `steps`).
-        #[arg(long)]
-        steps: Option<usize>,
-        /// Random seed for initialisation, data and dropout (default: the file's `seed`).
-        #[arg(long)]
-        seed: Option<u64>,
-        /// Which model to train when the file has several `train` declarations.
-        #[arg(long)]
-        model: Option<String>,
-        /// Write the per-step training losses as JSON `{"losses": [...]}`.
-        #[arg(long)]
-        dump_losses: Option<PathBuf>,
-        /// Compute in f64 (for checking numerics).
-        #[arg(long)]
-        f64: bool,
-        /// Print the per-device memory measured on device 0, next to the plan's figures.
-        #[arg(long)]
-        mem: bool,
-        /// Run directory for metrics.jsonl and loss.svg (default: runs/MODEL).
-        #[arg(long)]
-        out: Option<PathBuf>,
-        /// Print only errors and the final summary.
-        #[arg(long)]
-        quiet: bool,
-        /// Print one JSON record per step on stdout instead of progress.
-        #[arg(long)]
-        json: bool,
-        /// Continue from the newest checkpoint in the `checkpoint` directory (also
-        /// onto a different `--mesh`: checkpoints hold global arrays).
-        #[arg(long)]
-        resume: bool,
-        /// Write the initial global parameters (dotted layer paths) to a safetensors
-        /// file, then train as usual.
-        #[arg(long)]
-        dump_init: Option<PathBuf>,
-        /// Start from the parameters in this safetensors file (same names and shapes).
-        #[arg(long)]
-        init: Option<PathBuf>,
-        /// Train on the arrays in this file instead of the `data:` source: `x` and
-        /// `y` shaped [steps, batch, ...] or [batch, ...] (.safetensors, .npz, or a
-        /// directory of .npy files).
-        #[arg(long)]
-        data: Option<PathBuf>,
-    },
+    /// Train a model on a mesh of virtual devices (or one device per MPI process).
+    Run(RunArgs),
     /// Language server on stdio (diagnostics on every edit, types on hover).
     Lsp,
     /// Feedback-directed optimization files of embedding tables.
@@ -217,39 +169,7 @@ pub fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
-        Command::Run {
-            file,
-            mesh,
-            steps,
-            seed,
-            model,
-            dump_losses,
-            f64,
-            mem,
-            out,
-            quiet,
-            json,
-            resume,
-            dump_init,
-            init,
-            data,
-        } => run(RunArgs {
-            file,
-            mesh: mesh.map(|m| m.0).unwrap_or_default(),
-            steps,
-            seed,
-            model,
-            dump: dump_losses,
-            f64,
-            mem,
-            out,
-            quiet,
-            json,
-            resume,
-            dump_init,
-            init,
-            data,
-        }),
+        Command::Run(args) => run(args),
         Command::Lower { file, mesh } => lower(&file, mesh.map(|m| m.0).unwrap_or_default()),
         Command::Plan { file, mesh, json } => {
             plan(&file, mesh.map(|m| m.0).unwrap_or_default(), json)
@@ -471,7 +391,23 @@ fn compile_clean(
     file: &std::path::Path,
     mesh: Vec<(String, i64)>,
     data: Option<PathBuf>,
+    speak: bool,
 ) -> Result<Compilation, ExitCode> {
+    // Every process of a multi-process run compiles the same file; one reports.
+    macro_rules! eprintln {
+        ($($t:tt)*) => {{
+            if speak {
+                std::eprintln!($($t)*);
+            }
+        }};
+    }
+    macro_rules! eprint {
+        ($($t:tt)*) => {{
+            if speak {
+                std::eprint!($($t)*);
+            }
+        }};
+    }
     let opts = Options {
         mesh: mesh.clone(),
         data,
@@ -506,7 +442,7 @@ fn compile_clean(
 }
 
 fn plan(file: &std::path::Path, mesh: Vec<(String, i64)>, json: bool) -> ExitCode {
-    let c = match compile_clean(file, mesh, None) {
+    let c = match compile_clean(file, mesh, None, true) {
         Ok(c) => c,
         Err(code) => return code,
     };
@@ -530,22 +466,128 @@ fn plan(file: &std::path::Path, mesh: Vec<(String, i64)>, json: bool) -> ExitCod
     ExitCode::SUCCESS
 }
 
+#[derive(clap::Args, Debug)]
 pub struct RunArgs {
     file: PathBuf,
-    mesh: Vec<(String, i64)>,
+    /// Override mesh axis sizes, e.g. `--mesh dp=2,mp=4` (the checker re-validates).
+    #[arg(long, value_parser = parse_mesh)]
+    mesh: Option<MeshArg>,
+    /// Steps to train (default: the file's `steps`).
+    #[arg(long)]
     steps: Option<usize>,
+    /// Random seed for initialisation, data and dropout (default: the file's `seed`).
+    #[arg(long)]
     seed: Option<u64>,
+    /// Which model to train when the file has several `train` declarations.
+    #[arg(long)]
     model: Option<String>,
-    dump: Option<PathBuf>,
+    /// Write the per-step training losses as JSON `{"losses": [...]}`.
+    #[arg(long)]
+    dump_losses: Option<PathBuf>,
+    /// Compute in f64 (for checking numerics).
+    #[arg(long)]
     f64: bool,
+    /// Print the per-device memory measured on device 0, next to the plan's figures.
+    #[arg(long)]
     mem: bool,
+    /// Run directory for metrics.jsonl and loss.svg (default: runs/MODEL).
+    #[arg(long)]
     out: Option<PathBuf>,
+    /// Print only errors and the final summary.
+    #[arg(long)]
     quiet: bool,
+    /// Print one JSON record per step on stdout instead of progress.
+    #[arg(long)]
     json: bool,
+    /// Continue from the newest checkpoint in the `checkpoint` directory (also
+    /// onto a different `--mesh`: checkpoints hold global arrays).
+    #[arg(long)]
     resume: bool,
+    /// Write the initial global parameters (dotted layer paths) to a safetensors
+    /// file, then train as usual.
+    #[arg(long)]
     dump_init: Option<PathBuf>,
+    /// Start from the parameters in this safetensors file (same names and shapes).
+    #[arg(long)]
     init: Option<PathBuf>,
+    /// Train on the arrays in this file instead of the `data:` source: `x` and
+    /// `y` shaped [steps, batch, ...] or [batch, ...] (.safetensors, .npz, or a
+    /// directory of .npy files).
+    #[arg(long)]
     data: Option<PathBuf>,
+    /// Where the devices run: `virtual` (threads of this process) or `mpi` (one
+    /// device per process: `mpirun -np N shardc run FILE --backend mpi`; needs a
+    /// shardc built with `--features mpi`).
+    #[arg(long, value_enum, default_value_t = Backend::Virtual)]
+    backend: Backend,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// Every device on a thread of this process.
+    Virtual,
+    /// One device per MPI process, on one machine or several.
+    Mpi,
+}
+
+/// The processes a run is spread over, as the command line sees them.
+enum Procs {
+    /// This process runs every device.
+    Here,
+    #[cfg(feature = "mpi")]
+    Mpi(crate::runtime::mpi::Mpi),
+}
+
+impl Procs {
+    fn start(backend: Backend) -> Result<Procs, String> {
+        match backend {
+            Backend::Virtual => Ok(Procs::Here),
+            #[cfg(feature = "mpi")]
+            Backend::Mpi => {
+                // Before MPI starts any thread: the launcher says how many of
+                // the run's processes share this machine.
+                let local = ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"]
+                    .iter()
+                    .find_map(|v| std::env::var(v).ok()?.parse::<usize>().ok())
+                    .unwrap_or(1);
+                crate::runtime::mesh::share_cores(local);
+                crate::runtime::mpi::Mpi::init().map(Procs::Mpi)
+            }
+            #[cfg(not(feature = "mpi"))]
+            Backend::Mpi => Err("this shardc was built without MPI; build it with `cargo build --release --features mpi` (needs Open MPI and libclang: `apt-get install libopenmpi-dev openmpi-bin libclang-dev`)".into()),
+        }
+    }
+    /// This process's index and the number of processes.
+    fn process(&self) -> (usize, usize) {
+        match self {
+            Procs::Here => (0, 1),
+            #[cfg(feature = "mpi")]
+            Procs::Mpi(m) => (m.rank(), m.size()),
+        }
+    }
+    /// Processes on this machine (they share its memory).
+    fn on_this_machine(&self) -> usize {
+        match self {
+            Procs::Here => 1,
+            #[cfg(feature = "mpi")]
+            Procs::Mpi(m) => m.local_size(),
+        }
+    }
+    fn cluster(&self) -> &dyn crate::runtime::mesh::Cluster {
+        match self {
+            Procs::Here => &crate::runtime::mesh::InProcess,
+            #[cfg(feature = "mpi")]
+            Procs::Mpi(m) => m,
+        }
+    }
+    /// The run failed on this process in a way the others may not have seen:
+    /// stop them (they may be waiting for this one in a collective).
+    fn fail(&self) {
+        #[cfg(feature = "mpi")]
+        if let Procs::Mpi(m) = self {
+            m.abort();
+        }
+    }
 }
 
 fn run(args: RunArgs) -> ExitCode {
@@ -555,7 +597,7 @@ fn run(args: RunArgs) -> ExitCode {
         steps,
         seed,
         model,
-        dump,
+        dump_losses: dump,
         f64,
         mem,
         out: out_dir,
@@ -565,20 +607,47 @@ fn run(args: RunArgs) -> ExitCode {
         dump_init,
         init,
         data,
+        backend,
     } = args;
+    let procs = match Procs::start(backend) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let (process, processes) = procs.process();
+    // Every process compiles and trains; the first one speaks and writes files.
+    let lead = process == 0;
+    let (quiet, json, mem) = (quiet || !lead, json && lead, mem && lead);
     let file = file.as_path();
     use crate::runtime::train;
-    let c = match compile_clean(file, mesh, data) {
+    let c = match compile_clean(file, mesh.map(|m| m.0).unwrap_or_default(), data, lead) {
         Ok(c) => c,
         Err(code) => return code,
     };
     let (prog, train, mut cfg, src) = match train::prepare(&c, model.as_deref()) {
         Ok(x) => x,
         Err(e) => {
-            eprintln!("error: {e}");
+            if lead {
+                eprintln!("error: {e}");
+            }
             return ExitCode::from(2);
         }
     };
+    let devices: i64 = prog.mesh.iter().map(|m| m.1).product();
+    if processes == 1 {
+        crate::runtime::mesh::share_cores(devices as usize);
+    }
+    if processes > 1 && devices as usize != processes {
+        if lead {
+            eprintln!(
+                "error: the mesh of `{}` has {devices} devices, but MPI started {processes} processes; start one process per device (`mpirun -np {devices} ...`)",
+                prog.model
+            );
+        }
+        return ExitCode::from(2);
+    }
     // Say plainly what this version does not execute yet, rather than ignore it.
     if let Some(s) = steps {
         cfg.steps = s;
@@ -593,15 +662,23 @@ fn run(args: RunArgs) -> ExitCode {
     // Virtual devices share this machine's memory: refuse a run that cannot fit.
     let plan = c.checked.plans.iter().find(|p| p.model == prog.model);
     if let (Some(p), Some(avail)) = (plan, available_memory()) {
-        let devices: i64 = prog.mesh.iter().map(|m| m.1).product();
+        // The devices on this machine: all of them, or one per local process.
+        let here = if processes > 1 {
+            procs.on_this_machine()
+        } else {
+            devices as usize
+        };
         let scale = if f64 { 2.0 } else { 1.0 };
-        let need = p.total_memory() * devices as f64 * scale;
+        let need = p.total_memory() * here as f64 * scale;
         if need > avail {
+            if !lead {
+                return ExitCode::from(1);
+            }
             out!("{}", crate::plan::render(p, &c.sources));
             eprintln!(
                 "error: this run needs about {} on this machine ({} devices × {} each), but only {} is available; nothing was allocated",
                 crate::plan::human_bytes(need),
-                devices,
+                here,
                 crate::plan::human_bytes(need / devices as f64),
                 crate::plan::human_bytes(avail)
             );
@@ -614,13 +691,13 @@ fn run(args: RunArgs) -> ExitCode {
             eprintln!(
                 "warning: this run needs about {} ({} per device), and a step's temporaries can add about {:.0}%; only {} is available, so it may run out of memory",
                 crate::plan::human_bytes(need),
-                crate::plan::human_bytes(need / devices as f64),
+                crate::plan::human_bytes(need / here as f64),
                 (TRANSIENT - 1.0) * 100.0,
                 crate::plan::human_bytes(avail)
             );
         }
     }
-    if let Some(path) = &dump_init {
+    if let Some(path) = dump_init.as_ref().filter(|_| lead) {
         match crate::runtime::checkpoint::dump_init(prog, cfg.seed, path) {
             Ok(n) => {
                 if !quiet {
@@ -644,7 +721,11 @@ fn run(args: RunArgs) -> ExitCode {
     }
     if resume {
         match crate::runtime::checkpoint::resume(prog, &mut cfg) {
-            Ok(msg) => eprintln!("{msg}"),
+            Ok(msg) => {
+                if lead {
+                    eprintln!("{msg}")
+                }
+            }
             Err(e) => {
                 eprintln!("error: cannot resume: {e}");
                 return ExitCode::from(2);
@@ -652,8 +733,13 @@ fn run(args: RunArgs) -> ExitCode {
         }
     }
     if !quiet {
+        let over = if processes > 1 {
+            format!(", {processes} MPI processes")
+        } else {
+            String::new()
+        };
         eprintln!(
-            "training {} on {} ({}) for {} steps, batch {}, {} {}",
+            "training {} on {} ({}{over}) for {} steps, batch {}, {} {}",
             prog.model,
             train.mesh.name,
             mesh_txt.join(", "),
@@ -692,7 +778,7 @@ fn run(args: RunArgs) -> ExitCode {
     let start = std::time::Instant::now();
     let mut last = start;
     let mut records: Vec<crate::runtime::report::Record> = Vec::new();
-    let res = train::run(prog, &cfg, &src, false, &mut |r| {
+    let res = train::run_on(procs.cluster(), prog, &cfg, &src, false, &mut |r| {
         let now = std::time::Instant::now();
         let secs = (now - last).as_secs_f64();
         last = now;
@@ -747,6 +833,18 @@ fn run(args: RunArgs) -> ExitCode {
     });
     if let Some(b) = &bar {
         b.finish_and_clear();
+    }
+    if !lead {
+        // The first process reports; the others only say why they stopped.
+        return match res {
+            Ok(_) => ExitCode::SUCCESS,
+            Err(e) if train::stops_every_device(&e) => ExitCode::from(1),
+            Err(e) => {
+                eprintln!("error: the run stopped on MPI process {process}: {e}");
+                procs.fail();
+                ExitCode::from(1)
+            }
+        };
     }
     let wrote = crate::runtime::report::write_metrics(&dir, &records)
         .map_err(|e| e.to_string())
@@ -838,6 +936,9 @@ fn run(args: RunArgs) -> ExitCode {
                 ),
                 (None, None) => eprintln!("error: the run stopped: {e}"),
             }
+            if !train::stops_every_device(&e) {
+                procs.fail();
+            }
             ExitCode::from(1)
         }
     }
@@ -856,7 +957,7 @@ fn available_memory() -> Option<f64> {
 }
 
 fn lower(file: &std::path::Path, mesh: Vec<(String, i64)>) -> ExitCode {
-    let c = match compile_clean(file, mesh, None) {
+    let c = match compile_clean(file, mesh, None, true) {
         Ok(c) => c,
         Err(code) => return code,
     };

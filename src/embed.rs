@@ -494,6 +494,16 @@ impl FdoClient {
 /// The newest file of each process in `dir`, merged by element-wise maximum, per
 /// stack. A directory without FDO files, or an unreadable file, is an error naming it.
 pub fn load(dir: &Path) -> Result<(BTreeMap<String, Stats>, Vec<PathBuf>), String> {
+    load_processes(dir, None)
+}
+
+/// [`load`], taking only the files of processes `0..n` (a run's own processes:
+/// a directory may still hold files that other processes of an earlier run
+/// published, and a run must not inherit their maxima).
+pub fn load_processes(
+    dir: &Path,
+    n: Option<usize>,
+) -> Result<(BTreeMap<String, Stats>, Vec<PathBuf>), String> {
     let rd = std::fs::read_dir(dir).map_err(|e| format!("cannot read `{}`: {e}", dir.display()))?;
     let mut newest: BTreeMap<String, (u128, PathBuf)> = BTreeMap::new();
     for e in rd.filter_map(|e| e.ok()) {
@@ -510,6 +520,9 @@ pub fn load(dir: &Path) -> Result<(BTreeMap<String, Stats>, Vec<PathBuf>), Strin
         let Ok(time) = time.parse::<u128>() else {
             continue;
         };
+        if n.is_some_and(|n| process.parse::<usize>().map_or(true, |p| p >= n)) {
+            continue;
+        }
         let slot = newest
             .entry(process.to_string())
             .or_insert((0, PathBuf::new()));

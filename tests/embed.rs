@@ -210,6 +210,11 @@ fn fdo_publish_load_round_trip_and_max_merge() {
     );
     let shown = embed::render(&merged, &files);
     assert!(shown.contains("stack `words`"), "{shown}");
+    // A one-process run takes only process 0's file: process 1's belongs to
+    // another run (of more processes) that used this directory before.
+    let (merged, files) = embed::load_processes(&dir, Some(1)).expect("load");
+    assert_eq!(files.len(), 1);
+    assert_eq!(merged["words"].max_ids, vec![6, 9]);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -170,6 +170,49 @@ pub trait Collectives: Sync {
     fn abort(&self);
 }
 
+/// candle's CPU kernels split each matmul over `RAYON_NUM_THREADS` threads. The
+/// devices of a mesh already run at once, so each gets its share of the cores
+/// (on 2 cores, 8 devices with 2 threads each ran 2-3× slower than with 1).
+/// A value the user set is kept. Called before this process starts threads.
+pub fn share_cores(devices_here: usize) {
+    if std::env::var_os("RAYON_NUM_THREADS").is_some() {
+        return;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let each = (cores / devices_here.max(1)).max(1);
+    std::env::set_var("RAYON_NUM_THREADS", each.to_string());
+}
+
+/// Where a run's devices live: which of them this process runs, the collectives
+/// they speak, and how the run's processes meet for host-side work (FDO files).
+/// The in-process mesh runs every device here; the MPI backend one per process.
+pub trait Cluster {
+    /// The collectives of a mesh with this topology.
+    fn connect(&self, topo: &Topology) -> std::result::Result<Box<dyn Collectives + '_>, String>;
+    /// The devices (ranks) this process runs.
+    fn local_ranks(&self, topo: &Topology) -> Vec<usize>;
+    /// This process's index among the run's processes, and how many there are.
+    fn process(&self) -> (usize, usize) {
+        (0, 1)
+    }
+    /// Every process of the run arrives before any goes on.
+    fn host_barrier(&self) -> std::result::Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Every device of the mesh on a thread of this process (the default).
+pub struct InProcess;
+
+impl Cluster for InProcess {
+    fn connect(&self, topo: &Topology) -> std::result::Result<Box<dyn Collectives + '_>, String> {
+        Ok(Box::new(Comm::new(topo.clone())))
+    }
+    fn local_ranks(&self, topo: &Topology) -> Vec<usize> {
+        (0..topo.devices()).collect()
+    }
+}
+
 /// Shared state for collectives: a slot per device, and a barrier per group of
 /// devices that communicate, so that groups proceed independently (the stages
 /// of a pipeline run different layers at the same time).

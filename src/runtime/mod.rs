@@ -7,6 +7,8 @@ pub mod exec;
 pub mod fused;
 pub mod init;
 pub mod mesh;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod pipeline;
 pub mod report;
 pub mod sparse;

@@ -57,10 +57,22 @@ pub struct StepSparse {
 /// FDO files, so the limits are what they were when the checkpoint was written.
 /// Lookups of tables in one stack are processed together (feature stacking),
 /// against the stack's limits: the sum of its tables'.
+/// The host side of a run's processes: this process's index (its FDO files are
+/// `fdo_stats_<process>_*.npz`), how many there are (only their files are
+/// loaded), and a barrier across all of them, so that every
+/// process has published before any loads, and has loaded before any publishes
+/// again (as JAX's multi-host FDO does).
+pub struct Host<'a> {
+    pub process: usize,
+    pub processes: usize,
+    pub barrier: &'a dyn Fn() -> Result<(), String>,
+}
+
 pub fn plan_steps(
     cfg: &SparseConfig,
     steps: usize,
     start: usize,
+    host: &Host,
     inputs: &dyn Fn(usize, usize) -> Vec<f64>,
 ) -> Result<Vec<StepSparse>, String> {
     let mut out = vec![StepSparse::default(); steps];
@@ -112,7 +124,10 @@ pub fn plan_steps(
     };
     // Where each stack's current limits come from, for the diagnostic.
     let mut origin: Vec<String> = vec!["as declared".to_string(); stacks.len()];
-    let mut client = cfg.fdo.as_ref().map(|f| FdoClient::new(&f.dir, 0));
+    let mut client = cfg
+        .fdo
+        .as_ref()
+        .map(|f| FdoClient::new(&f.dir, host.process));
     // What was recorded so far, for replayed steps (no files then).
     let mut recorded: BTreeMap<String, embed::Stats> = BTreeMap::new();
     for (s, slot) in out.iter_mut().enumerate() {
@@ -191,7 +206,10 @@ pub fn plan_steps(
         let (merged, published) = match (s >= start, client.as_mut()) {
             (true, Some(c)) => {
                 let path = c.publish()?;
-                let (merged, files) = embed::load(&f.dir)?;
+                (host.barrier)()?;
+                let loaded = embed::load_processes(&f.dir, Some(host.processes));
+                (host.barrier)()?;
+                let (merged, files) = loaded?;
                 (
                     merged,
                     format!(

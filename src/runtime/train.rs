@@ -5,7 +5,7 @@
 use super::data::{Batch, Source};
 use super::exec::{Exec, R};
 use super::init;
-use super::mesh::{Collectives, Comm, Topology};
+use super::mesh::{Cluster, Collectives, InProcess, Topology};
 use crate::ast::{DType as SDType, Expr, ExprKind, OptValue, Options, TrainDecl};
 use crate::spmd::{Op, Program};
 use crate::types::TType;
@@ -621,8 +621,29 @@ fn local_piece_at(
         .map_err(ce)
 }
 
+/// Whether a run error comes from a check that every device makes on the same
+/// values, so that all of them stopped at the same point (a non-finite loss, a
+/// SparseCore limit from the host's statistics): those errors name their step.
+pub fn stops_every_device(e: &str) -> bool {
+    e.starts_with("step ")
+}
+
 /// Train `prog` for `cfg.steps` steps on a virtual mesh; `on_step` sees each step.
 pub fn run(
+    prog: &Program,
+    cfg: &Config,
+    src: &Source,
+    want_grads: bool,
+    on_step: &mut dyn FnMut(&StepReport),
+) -> R<RunOutput> {
+    run_on(&InProcess, prog, cfg, src, want_grads, on_step)
+}
+
+/// Train on the devices `cluster` gives this process. Step reports, the memory
+/// figures and gathered gradients come from device 0: only the process that runs
+/// it sees them.
+pub fn run_on(
+    cluster: &dyn Cluster,
     prog: &Program,
     cfg: &Config,
     src: &Source,
@@ -636,7 +657,9 @@ pub fn run(
             .map(|(a, n)| (a.clone(), *n as usize))
             .collect(),
     };
-    let comm = Comm::new(topo.clone());
+    let comm = cluster.connect(&topo)?;
+    let comm: &dyn Collectives = comm.as_ref();
+    let local_ranks = cluster.local_ranks(&topo);
     let out_id = prog.output.ok_or("the model has no output")? as usize;
     let out_t = prog.nodes[out_id].ty.clone();
     if !out_t.pending.is_empty() {
@@ -712,13 +735,19 @@ pub fn run(
     let placements = super::sparse::placements(prog, &cfg.sparse);
     let placements = &placements;
     // SparseCore input statistics, limits and FDO, ahead of the devices.
-    let sparse = super::sparse::plan_steps(&cfg.sparse, cfg.steps, cfg.start_step, &|st, k| {
-        batches
-            .get(st)
-            .and_then(|b| b.inputs.get(k))
-            .cloned()
-            .unwrap_or_default()
-    })?;
+    let host = super::sparse::Host {
+        process: cluster.process().0,
+        processes: cluster.process().1,
+        barrier: &|| cluster.host_barrier(),
+    };
+    let sparse =
+        super::sparse::plan_steps(&cfg.sparse, cfg.steps, cfg.start_step, &host, &|st, k| {
+            batches
+                .get(st)
+                .and_then(|b| b.inputs.get(k))
+                .cloned()
+                .unwrap_or_default()
+        })?;
     let sparse = &sparse;
     let (tx, rx) = mpsc::channel::<StepReport>();
     let mut result: R<RunOutput> = Err("no device ran".into());
@@ -729,10 +758,10 @@ pub fn run(
     let pieces = &pieces;
     std::thread::scope(|scope| {
         let mut handles = Vec::new();
-        for rank in 0..topo.devices() {
+        for &rank in &local_ranks {
             let tx = tx.clone();
-            let (comm, topo, batches, label_t, inputs, out_t) =
-                (&comm, &topo, &batches, &label_t, &inputs, &out_t);
+            let (topo, batches, label_t, inputs, out_t) =
+                (&topo, &batches, &label_t, &inputs, &out_t);
             let (micro_sizes, int_inputs) = (&micro_sizes, &int_inputs);
             handles.push(scope.spawn(move || {
                 // A device that fails breaks the mesh's barrier, so no other device
@@ -1039,7 +1068,7 @@ pub fn run(
         let mut first = None;
         let mut memory = None;
         let mut errors: Vec<String> = Vec::new();
-        for (rank, h) in handles.into_iter().enumerate() {
+        for (&rank, h) in local_ranks.iter().zip(handles) {
             match h.join() {
                 Ok(Ok((g, m))) => {
                     if rank == 0 {

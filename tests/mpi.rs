@@ -1,0 +1,334 @@
+//! The MPI backend as a user runs it: `mpirun -np N shardc run FILE --backend mpi`,
+//! one device per process. Its losses must equal the virtual mesh's bit for bit
+//! (both add every reduction in rank order), for every kind of parallelism and
+//! collective the seed models use, and a checkpoint written under MPI must resume
+//! on the virtual mesh.
+//!
+//! The backend needs Open MPI and libclang, so it is behind the `mpi` feature.
+//! When `mpirun` is on the PATH, these tests build a shardc with that feature
+//! (in `target/mpi`) and run it; otherwise they say they were skipped, or fail
+//! when `SHARDC_REQUIRE_MPI` is set (CI sets it, after installing Open MPI).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Mutex, OnceLock};
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Why these tests cannot run here, or fail when they must.
+fn unavailable(why: &str) -> Option<PathBuf> {
+    if std::env::var_os("SHARDC_REQUIRE_MPI").is_some() {
+        panic!("SHARDC_REQUIRE_MPI is set, but {why}");
+    }
+    eprintln!("skipped: the MPI backend tests need Open MPI ({why})");
+    None
+}
+
+/// A shardc built with `--features mpi`, once for all tests here.
+fn mpi_shardc() -> Option<PathBuf> {
+    static BUILT: OnceLock<Option<PathBuf>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let version = Command::new("mpirun").arg("--version").output();
+            match version {
+                Ok(o) if String::from_utf8_lossy(&o.stdout).contains("Open MPI") => {}
+                Ok(_) => return unavailable("the `mpirun` on the PATH is not Open MPI's"),
+                Err(_) => return unavailable("there is no `mpirun` on the PATH"),
+            }
+            let target = root().join("target/mpi");
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let out = Command::new(cargo)
+                .current_dir(root())
+                .args([
+                    "build",
+                    "--features",
+                    "mpi",
+                    "--bin",
+                    "shardc",
+                    "--target-dir",
+                ])
+                .arg(&target)
+                .output()
+                .expect("run cargo");
+            if !out.status.success() {
+                return unavailable(&format!(
+                    "`cargo build --features mpi` failed (libclang-dev installed?):\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            Some(target.join("debug/shardc"))
+        })
+        .clone()
+}
+
+/// One test at a time: each `mpirun` starts a process per device on this
+/// machine, and seed 000's runs share the `fdo/` directory.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: Mutex<()> = Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn mpirun(bin: &Path, np: usize, mca_tcp: bool, args: &[&str]) -> Output {
+    let mut c = Command::new("mpirun");
+    c.current_dir(root())
+        // Containers and CI often run as root; Open MPI refuses that unless told.
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        // Several processes share this machine's cores.
+        .env("RAYON_NUM_THREADS", "1")
+        .args(["--oversubscribe", "-np", &np.to_string()]);
+    if mca_tcp {
+        // Over TCP sockets instead of shared memory: the path between machines.
+        c.args(["--mca", "btl", "tcp,self"]);
+    }
+    c.arg(bin)
+        .args(["run", "--backend", "mpi"])
+        .args(args)
+        .output()
+        .expect("spawn mpirun")
+}
+
+fn virtual_run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_shardc"))
+        .current_dir(root())
+        .arg("run")
+        .args(args)
+        .output()
+        .expect("spawn shardc")
+}
+
+fn temp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("shardc-mpi-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+fn loss_bits(path: &Path) -> Vec<u64> {
+    let text = std::fs::read_to_string(path).expect("losses written");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+    v["losses"]
+        .as_array()
+        .expect("losses")
+        .iter()
+        .map(|x| x.as_f64().expect("number").to_bits())
+        .collect()
+}
+
+fn ok(what: &str, o: &Output) {
+    assert!(
+        o.status.success(),
+        "{what} failed:\n{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Train `file` both ways and compare the losses bit for bit.
+fn same_losses(bin: &Path, dir: &Path, file: &str, np: usize, tcp: bool, extra: &[&str]) {
+    let tag = file.replace(['/', '.'], "_") + if tcp { "_tcp" } else { "" };
+    let (v, m) = (
+        dir.join(format!("{tag}.v.json")),
+        dir.join(format!("{tag}.m.json")),
+    );
+    let out = dir.join(&tag);
+    let common = |dump: &Path, out: &str| -> Vec<String> {
+        let mut a: Vec<String> = vec![file.into(), "--quiet".into(), "--dump-losses".into()];
+        a.push(dump.display().to_string());
+        a.extend(["--out".into(), out.into()]);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let va = common(&v, &format!("{}/v", out.display()));
+    let ma = common(&m, &format!("{}/m", out.display()));
+    ok(
+        file,
+        &virtual_run(&va.iter().map(String::as_str).collect::<Vec<_>>()),
+    );
+    let o = mpirun(
+        bin,
+        np,
+        tcp,
+        &ma.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    ok(&format!("mpirun -np {np} {file}"), &o);
+    let (a, b) = (loss_bits(&v), loss_bits(&m));
+    assert!(!a.is_empty(), "{file}: no losses");
+    assert_eq!(a, b, "{file}: MPI losses differ from the virtual mesh's");
+}
+
+#[test]
+fn mpi_runs_equal_the_virtual_mesh_bit_for_bit() {
+    let _one = serial();
+    let Some(bin) = mpi_shardc() else { return };
+    let dir = temp("same");
+    // Seed 000: a MOD-placed table (all-to-all lookups), FDO files at step 15
+    // and 30 published by every process between host barriers.
+    same_losses(
+        &bin,
+        &dir,
+        "models/shakespeare.shard",
+        8,
+        false,
+        &["--steps", "30"],
+    );
+    // Seed 003: data parallel, and FSDP (gather, reduce-scatter).
+    same_losses(
+        &bin,
+        &dir,
+        "models/fsdp_mlp.shard",
+        8,
+        false,
+        &["--steps", "4"],
+    );
+    same_losses(
+        &bin,
+        &dir,
+        "models/fsdp_mlp.shard",
+        8,
+        false,
+        &["--steps", "4", "--model", "FSDPClassifier"],
+    );
+    // Seed 001's structure: dp × mp, psum over mp, vocabulary-parallel loss.
+    same_losses(
+        &bin,
+        &dir,
+        "tests/models/gptj_small.shard",
+        8,
+        false,
+        &["--steps", "4"],
+    );
+    // Seed 004's structure: dp × pp × tp, activations moved by ppermute.
+    same_losses(
+        &bin,
+        &dir,
+        "tests/models/t3d_small.shard",
+        8,
+        false,
+        &["--steps", "2"],
+    );
+    // Over TCP, as between machines.
+    same_losses(
+        &bin,
+        &dir,
+        "tests/models/gptj_small.shard",
+        8,
+        true,
+        &["--steps", "2"],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// 20 steps under MPI with checkpoints, then 20 more resumed on the virtual
+/// mesh: the losses of 40 straight steps, bit for bit.
+#[test]
+fn a_checkpoint_written_under_mpi_resumes_on_the_virtual_mesh() {
+    let _one = serial();
+    let Some(bin) = mpi_shardc() else { return };
+    let dir = temp("ckpt");
+    let model = dir.join("c.shard");
+    let text = |ck: &Path| {
+        format!(
+            "import nn\nmesh m(data: 4)\nmodel C {{\n  a = Dense(6 -> 8)\n  b = Dense(8 -> 3)\n  fn forward(x: f32[B@data, 6]) -> f32[B@data, 3] {{ b(dropout(silu(a(x)), 0.1)) }}\n}}\ntrain C on m {{ data: synthetic(classes: 3), batch: 16, steps: 40, seed: 3, optimizer: adamw(lr: 0.01), checkpoint: {{ every: 10, keep: 2, dir: \"{}\" }} }}\n",
+            ck.display()
+        )
+    };
+    let straight = dir.join("straight.shard");
+    std::fs::write(&straight, text(&dir.join("ck-straight"))).expect("write");
+    std::fs::write(&model, text(&dir.join("ck"))).expect("write");
+    let p = |x: &Path| x.display().to_string();
+    let (s, a, b) = (dir.join("s.json"), dir.join("a.json"), dir.join("b.json"));
+    let out = p(&dir.join("runs"));
+    ok(
+        "straight",
+        &virtual_run(&[
+            &p(&straight),
+            "--quiet",
+            "--out",
+            &out,
+            "--dump-losses",
+            &p(&s),
+        ]),
+    );
+    ok(
+        "mpi, 20 steps",
+        &mpirun(
+            &bin,
+            4,
+            false,
+            &[
+                &p(&model),
+                "--quiet",
+                "--steps",
+                "20",
+                "--out",
+                &out,
+                "--dump-losses",
+                &p(&a),
+            ],
+        ),
+    );
+    ok(
+        "resumed",
+        &virtual_run(&[
+            &p(&model),
+            "--quiet",
+            "--resume",
+            "--out",
+            &out,
+            "--dump-losses",
+            &p(&b),
+        ]),
+    );
+    let joined: Vec<u64> = loss_bits(&a).into_iter().chain(loss_bits(&b)).collect();
+    assert_eq!(joined, loss_bits(&s));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The wrong number of processes is a usage error, said once.
+#[test]
+fn one_process_per_device_or_a_usage_error() {
+    let _one = serial();
+    let Some(bin) = mpi_shardc() else { return };
+    let o = mpirun(&bin, 2, false, &["models/fsdp_mlp.shard", "--quiet"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    let msg = "has 8 devices, but MPI started 2 processes";
+    assert_eq!(err.matches(msg).count(), 1, "{err}");
+    assert!(err.contains("mpirun -np 8"), "{err}");
+}
+
+/// A run that stops at a step stops on every process, and is reported once,
+/// with its source line (seed 000 under the reference's limits, step 22).
+#[test]
+fn a_stopped_run_is_reported_once() {
+    let _one = serial();
+    let Some(bin) = mpi_shardc() else { return };
+    let dir = temp("stop");
+    let out = dir.join("run").display().to_string();
+    let o = mpirun(
+        &bin,
+        8,
+        false,
+        &[
+            "examples/shakespeare_reference_limits.shard",
+            "--quiet",
+            "--out",
+            &out,
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        err.matches("error: the run stopped: step 22").count(),
+        1,
+        "{err}"
+    );
+    assert!(
+        err.contains("shakespeare_reference_limits.shard:15:7"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
