@@ -520,6 +520,11 @@ pub struct RunArgs {
     /// shardc built with `--features mpi`).
     #[arg(long, value_enum, default_value_t = Backend::Virtual)]
     backend: Backend,
+    /// Live reload: on every save of the file (or its imports), recompile, and
+    /// apply an edit that keeps the parameters (the forward, optimizer settings,
+    /// clipping) from the next step on, keeping the parameters and optimizer state.
+    #[arg(long)]
+    watch: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -608,7 +613,14 @@ fn run(args: RunArgs) -> ExitCode {
         init,
         data,
         backend,
+        watch,
     } = args;
+    if watch && backend == Backend::Mpi {
+        eprintln!("error: --watch reloads edits into a run on the virtual mesh; it does not combine with --backend mpi");
+        return ExitCode::from(2);
+    }
+    let data_opt = data.clone();
+    let mesh_opt = mesh.as_ref().map(|m| m.0.clone()).unwrap_or_default();
     let procs = match Procs::start(backend) {
         Ok(p) => p,
         Err(e) => {
@@ -649,15 +661,19 @@ fn run(args: RunArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     // Say plainly what this version does not execute yet, rather than ignore it.
-    if let Some(s) = steps {
-        cfg.steps = s;
-    }
-    if let Some(s) = seed {
-        cfg.seed = s;
-    }
-    if f64 {
-        cfg.dtype = candle_core::DType::F64;
-    }
+    // The command line's overrides, for the file's config and every reloaded one.
+    let adjust = |cfg: &mut train::Config| {
+        if let Some(s) = steps {
+            cfg.steps = s;
+        }
+        if let Some(s) = seed {
+            cfg.seed = s;
+        }
+        if f64 {
+            cfg.dtype = candle_core::DType::F64;
+        }
+    };
+    adjust(&mut cfg);
     let mesh_txt: Vec<String> = prog.mesh.iter().map(|(a, n)| format!("{a}={n}")).collect();
     // Virtual devices share this machine's memory: refuse a run that cannot fit.
     let plan = c.checked.plans.iter().find(|p| p.model == prog.model);
@@ -778,47 +794,90 @@ fn run(args: RunArgs) -> ExitCode {
     let start = std::time::Instant::now();
     let mut last = start;
     let mut records: Vec<crate::runtime::report::Record> = Vec::new();
-    let res = train::run_on(procs.cluster(), prog, &cfg, &src, false, &mut |r| {
-        let now = std::time::Instant::now();
-        let secs = (now - last).as_secs_f64();
-        last = now;
-        let rec = crate::runtime::report::Record {
-            step: r.step + 1,
-            loss: r.loss,
-            lr: r.lr,
-            grad_norm: r.grad_norm,
-            step_ms: secs * 1e3,
-            examples_per_s: cfg.batch as f64 / secs.max(1e-9),
-            eval_loss: r.eval_loss,
-            events: r.notes.clone(),
-        };
-        // Limits and FDO changes are worth a line even when steps are thinned.
-        if !quiet && !json {
-            for n in &rec.events {
-                match &bar {
-                    Some(b) => b.println(format!("step {}: {n}", rec.step)),
-                    None => eprintln!("step {:>5}: {n}", rec.step),
-                }
+    let reloads = crate::runtime::reload::Reloads::default();
+    let compiled: std::sync::Mutex<Vec<crate::source::SourceMap>> = Default::default();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let say = |m: &str| match &bar {
+        Some(b) => b.suspend(|| eprintln!("{m}")),
+        None => eprintln!("{m}"),
+    };
+    let watch_opts = Options {
+        mesh: mesh_opt,
+        data: data_opt,
+        ..Options::default()
+    };
+    let style = if std::io::stderr().is_terminal() {
+        Style::Color
+    } else {
+        Style::Plain
+    };
+    let res = std::thread::scope(|scope| {
+        if watch {
+            let live = crate::watch::Live {
+                file,
+                opts: &watch_opts,
+                model: model.as_deref(),
+                adjust: &adjust,
+                reloads: &reloads,
+                compiled: &compiled,
+                say: &say,
+                stop: &stop,
+                style,
+            };
+            let (read, cfg) = (&c.read, &cfg);
+            scope.spawn(move || crate::watch::feed_reloads(live, read, prog, cfg));
+            if !quiet {
+                say(&format!("watching {} file(s): a saved edit that keeps the parameters applies from the next step", c.read.len()));
             }
         }
-        if json {
-            outln!("{}", serde_json::to_string(&rec).unwrap_or_default());
-        } else if let Some(b) = &bar {
-            b.set_position(rec.step as u64);
-            b.set_message(format!(
-                "loss {:.4}  {:.0} examples/s",
-                rec.loss, rec.examples_per_s
-            ));
-        } else if !quiet
-            && (rec.step == 1
-                || rec.step == cfg.steps
-                || rec.step.is_multiple_of(log_every)
-                || rec.eval_loss.is_some())
-        {
-            let eval = rec
-                .eval_loss
-                .map_or(String::new(), |e| format!("  eval {e:.6}"));
-            eprintln!(
+        let res = train::run_on(
+            procs.cluster(),
+            prog,
+            &cfg,
+            &src,
+            false,
+            watch.then_some(&reloads),
+            &mut |r| {
+                let now = std::time::Instant::now();
+                let secs = (now - last).as_secs_f64();
+                last = now;
+                let rec = crate::runtime::report::Record {
+                    step: r.step + 1,
+                    loss: r.loss,
+                    lr: r.lr,
+                    grad_norm: r.grad_norm,
+                    step_ms: secs * 1e3,
+                    examples_per_s: cfg.batch as f64 / secs.max(1e-9),
+                    eval_loss: r.eval_loss,
+                    events: r.notes.clone(),
+                };
+                // Limits and FDO changes are worth a line even when steps are thinned.
+                if !quiet && !json {
+                    for n in &rec.events {
+                        match &bar {
+                            Some(b) => b.println(format!("step {}: {n}", rec.step)),
+                            None => eprintln!("step {:>5}: {n}", rec.step),
+                        }
+                    }
+                }
+                if json {
+                    outln!("{}", serde_json::to_string(&rec).unwrap_or_default());
+                } else if let Some(b) = &bar {
+                    b.set_position(rec.step as u64);
+                    b.set_message(format!(
+                        "loss {:.4}  {:.0} examples/s",
+                        rec.loss, rec.examples_per_s
+                    ));
+                } else if !quiet
+                    && (rec.step == 1
+                        || rec.step == cfg.steps
+                        || rec.step.is_multiple_of(log_every)
+                        || rec.eval_loss.is_some())
+                {
+                    let eval = rec
+                        .eval_loss
+                        .map_or(String::new(), |e| format!("  eval {e:.6}"));
+                    eprintln!(
                 "step {:>5}/{}  loss {:.6}{eval}  lr {:.3e}  |g| {:.4}  {:.0} ms  {:.0} examples/s",
                 rec.step,
                 cfg.steps,
@@ -828,8 +887,12 @@ fn run(args: RunArgs) -> ExitCode {
                 rec.step_ms,
                 rec.examples_per_s
             );
-        }
-        records.push(rec);
+                }
+                records.push(rec);
+            },
+        );
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        res
     });
     if let Some(b) = &bar {
         b.finish_and_clear();
@@ -911,7 +974,22 @@ fn run(args: RunArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            // Point at the source of the op a runtime error names.
+            // Point at the source of the op a runtime error names, in the
+            // program in force then (the file's, or a reload's).
+            let kept = compiled.lock().ok();
+            let generation = e
+                .split("(reload ")
+                .nth(1)
+                .and_then(|s| s.split(')').next())
+                .and_then(|n| n.parse::<usize>().ok());
+            let update = generation.and_then(|g| reloads.get(g));
+            let (prog, sources) = match (
+                &update,
+                generation.and_then(|g| kept.as_ref()?.get(g.checked_sub(1)?)),
+            ) {
+                (Some(u), Some(sm)) => (&u.prog, sm),
+                _ => (prog, &c.sources),
+            };
             let at = e
                 .split("node %")
                 .nth(1)
@@ -928,7 +1006,7 @@ fn run(args: RunArgs) -> ExitCode {
             match (at, table) {
                 (Some((span, ty)), _) => eprintln!(
                     "error: the run stopped: {e}\n  --> {} (a value of type {ty})",
-                    c.sources.describe(span)
+                    sources.describe(span)
                 ),
                 (None, Some(t)) => eprintln!(
                     "error: the run stopped: {e}\n  --> {} (the table)",

@@ -230,3 +230,66 @@ fn a_run_that_cannot_fit_is_refused_with_its_plan() {
         "{stdout}"
     );
 }
+
+/// `run --watch`: a broken edit saved during the run is reported and the run goes
+/// on; a good one (a new learning rate) applies from a later step, said once.
+#[test]
+fn run_watch_applies_a_saved_edit_in_flight() {
+    use std::io::{BufRead, BufReader};
+    use std::sync::mpsc;
+    let dir = temp("live");
+    let model = dir.join("m.shard");
+    let text = |lr: &str| {
+        format!("{CLS}train C on m {{ data: synthetic(classes: 3), batch: 4, steps: 1000000, log_every: 100, optimizer: sgd(lr: {lr}) }}\n")
+    };
+    std::fs::write(&model, text("0.1")).expect("write");
+    let mut child = shardc()
+        .args(["run", "--watch", "--out"])
+        .arg(dir.join("run"))
+        .arg(&model)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let (tx, rx) = mpsc::channel::<String>();
+    let err = child.stderr.take().expect("stderr");
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    // Lines until one satisfies `want` (a generous deadline: this is no timing test).
+    let mut wait_for = |want: &dyn Fn(&str) -> bool| -> String {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while let Ok(l) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            seen.push(l.clone());
+            if want(&l) {
+                return l;
+            }
+        }
+        panic!("not seen; the output was:\n{}", seen.join("\n"));
+    };
+    wait_for(&|l| l.starts_with("step   100/"));
+    std::fs::write(&model, text("0.1 +")).expect("write");
+    wait_for(&|l| l.contains("edit not applied: the training goes on"));
+    std::fs::write(&model, text("0.001")).expect("write");
+    wait_for(&|l| l.contains("edit accepted as reload 1: lr 1e-1 → 1e-3"));
+    let applied = wait_for(&|l| l.contains(": reload 1: lr 1e-1 → 1e-3"));
+    let at: usize = applied
+        .trim_start_matches("step")
+        .trim()
+        .split(':')
+        .next()
+        .and_then(|n| n.trim().parse().ok())
+        .expect("the step it applied at");
+    // The next plain log line trains at the new rate.
+    let line = wait_for(&|l| l.contains("/1000000  loss"));
+    assert!(line.contains("lr 1.000e-3"), "{line}");
+    assert!(at > 100, "{applied}");
+    child.kill().expect("kill");
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -57,6 +57,25 @@ pub struct Tape {
 }
 
 impl<'a> Exec<'a> {
+    /// The same device running `prog` (a reloaded program); the per-step state
+    /// (kept ids, touched rows) starts empty.
+    pub fn with_program<'b>(&self, prog: &'b Program) -> Exec<'b>
+    where
+        'a: 'b,
+    {
+        Exec {
+            prog,
+            comm: self.comm,
+            rank: self.rank,
+            dtype: self.dtype,
+            dev: self.dev.clone(),
+            keep: Default::default(),
+            placements: self.placements.clone(),
+            touched: Default::default(),
+            stage: self.stage.clone(),
+        }
+    }
+
     fn size(&self, a: &str) -> usize {
         self.comm.topo().size(a)
     }

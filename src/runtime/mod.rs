@@ -10,6 +10,7 @@ pub mod mesh;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod pipeline;
+pub mod reload;
 pub mod report;
 pub mod sparse;
 pub mod train;

@@ -75,10 +75,11 @@ pub fn plan_steps(
     host: &Host,
     inputs: &dyn Fn(usize, usize) -> Vec<f64>,
 ) -> Result<Vec<StepSparse>, String> {
-    let mut out = vec![StepSparse::default(); steps];
     if cfg.lookups.is_empty() {
-        return Ok(out);
+        // Nothing per step (callers look steps up with `get`).
+        return Ok(Vec::new());
     }
+    let mut out = vec![StepSparse::default(); steps];
     // Stacks in table order, each with its tables.
     let mut stacks: Vec<(String, Vec<usize>)> = Vec::new();
     for (i, t) in cfg.tables.iter().enumerate() {

@@ -636,18 +636,20 @@ pub fn run(
     want_grads: bool,
     on_step: &mut dyn FnMut(&StepReport),
 ) -> R<RunOutput> {
-    run_on(&InProcess, prog, cfg, src, want_grads, on_step)
+    run_on(&InProcess, prog, cfg, src, want_grads, None, on_step)
 }
 
 /// Train on the devices `cluster` gives this process. Step reports, the memory
 /// figures and gathered gradients come from device 0: only the process that runs
-/// it sees them.
+/// it sees them. With `reloads`, edits published there replace the program (and
+/// the optimizers' hyperparameters) from the step the devices agree on.
 pub fn run_on(
     cluster: &dyn Cluster,
     prog: &Program,
     cfg: &Config,
     src: &Source,
     want_grads: bool,
+    reloads: Option<&super::reload::Reloads>,
     on_step: &mut dyn FnMut(&StepReport),
 ) -> R<RunOutput> {
     let topo = Topology {
@@ -717,21 +719,22 @@ pub fn run_on(
     let k = cfg.accumulate.max(1) * stages.as_ref().map_or(1, |s| s.microbatches);
     let micro_sizes = input_sizes.clone();
     let input_sizes: Vec<usize> = input_sizes.iter().map(|n| n * k).collect();
-    let batches: Vec<Batch> = (0..cfg.steps)
-        .map(|s| {
-            src.batch(
-                cfg.seed,
-                s,
-                cfg.batch,
-                &input_sizes,
-                &int_inputs,
-                vocab,
-                rows * k,
-                per_position,
-                false,
-            )
-        })
-        .collect();
+    // A step's global batch is a function of the seed and the step: each device
+    // forms it when it gets there, so a long run holds no more than a step's data.
+    let batch_at = |s: usize| -> Batch {
+        src.batch(
+            cfg.seed,
+            s,
+            cfg.batch,
+            &input_sizes,
+            &int_inputs,
+            vocab,
+            rows * k,
+            per_position,
+            false,
+        )
+    };
+    let batch_at = &batch_at;
     let placements = super::sparse::placements(prog, &cfg.sparse);
     let placements = &placements;
     // SparseCore input statistics, limits and FDO, ahead of the devices.
@@ -740,14 +743,19 @@ pub fn run_on(
         processes: cluster.process().1,
         barrier: &|| cluster.host_barrier(),
     };
+    let last: std::cell::RefCell<Option<(usize, Batch)>> = Default::default();
     let sparse =
         super::sparse::plan_steps(&cfg.sparse, cfg.steps, cfg.start_step, &host, &|st, k| {
-            batches
-                .get(st)
-                .and_then(|b| b.inputs.get(k))
+            let mut l = last.borrow_mut();
+            if l.as_ref().map(|x| x.0) != Some(st) {
+                *l = Some((st, batch_at(st)));
+            }
+            l.as_ref()
+                .and_then(|(_, b)| b.inputs.get(k))
                 .cloned()
                 .unwrap_or_default()
         })?;
+    drop(last);
     let sparse = &sparse;
     let (tx, rx) = mpsc::channel::<StepReport>();
     let mut result: R<RunOutput> = Err("no device ran".into());
@@ -760,8 +768,7 @@ pub fn run_on(
         let mut handles = Vec::new();
         for &rank in &local_ranks {
             let tx = tx.clone();
-            let (topo, batches, label_t, inputs, out_t) =
-                (&topo, &batches, &label_t, &inputs, &out_t);
+            let (topo, label_t, inputs, out_t) = (&topo, &label_t, &inputs, &out_t);
             let (micro_sizes, int_inputs) = (&micro_sizes, &int_inputs);
             handles.push(scope.spawn(move || {
                 // A device that fails breaks the mesh's barrier, so no other device
@@ -841,7 +848,36 @@ pub fn run_on(
                 let mut first = None;
                 // A pipeline's activations: the most its microbatches' tapes held at once.
                 let mut peak_activations = 0.0f64;
-                for (step, b) in batches.iter().enumerate().skip(cfg.start_step) {
+                let base = prog;
+                let all_axes: Vec<String> = topo.axes.iter().map(|a| a.0.clone()).collect();
+                // The reload in force (none: the program the run started with).
+                let mut active: Option<std::sync::Arc<super::reload::Update>> = None;
+                let mut active_stages: Option<Option<super::pipeline::Stages>> = None;
+                for step in cfg.start_step..cfg.steps {
+                    let b = &batch_at(step);
+                    let mut reloaded = None;
+                    if let Some(rl) = reloads {
+                        // Every device takes the newest generation any of them has seen.
+                        let seen = Tensor::new(&[rl.visible(step) as f64], &dev).map_err(ce)?;
+                        let agreed = comm.pmax(rank, &seen, &all_axes).and_then(|t| t.to_vec1::<f64>()).map_err(ce)?;
+                        let agreed = agreed.first().copied().unwrap_or(0.0) as usize;
+                        if agreed > active.as_ref().map_or(0, |u| u.generation) {
+                            let u = rl.get(agreed).ok_or("a reload was lost")?;
+                            state.opts = base.params.iter().map(|p| u.cfg.per_param.get(&p.name).unwrap_or(&u.cfg.optimizer).clone()).collect();
+                            reloaded = Some(format!("reload {}: {}", u.generation, u.summary));
+                            active_stages = Some(super::pipeline::Stages::of(&u.prog)?);
+                            active = Some(u);
+                        }
+                    }
+                    let (prog, cfg_now): (&Program, &Config) = match &active {
+                        Some(u) => (&u.prog, &u.cfg),
+                        None => (base, cfg),
+                    };
+                    // Where a runtime error's node lives: the reload's program, if any.
+                    let of_reload = active.as_ref().map_or(String::new(), |u| format!(" (reload {})", u.generation));
+                    let out_id = prog.output.ok_or("the model has no output")? as usize;
+                    let ex = ex.with_program(prog);
+                    let stages: &Option<super::pipeline::Stages> = active_stages.as_ref().unwrap_or(stages);
                     ex.touched.borrow_mut().clear();
                     // Microbatch j is the j-th contiguous chunk of the step's batch.
                     let mut acc: Option<(Vec<Tensor>, f64)> = None;
@@ -897,7 +933,7 @@ pub fn run_on(
                             // Every device sees the same loss, so all stop here together.
                             let first = t.vals.iter().position(|v| !all_finite(v));
                             return Err(match first {
-                                Some(i) => format!("step {}: the loss is {loss}; the first non-finite value is computed at node %{i}", step + 1),
+                                Some(i) => format!("step {}: the loss is {loss}; the first non-finite value is computed at node %{i}{of_reload}", step + 1),
                                 None => format!("step {}: the loss is {loss} (the logits are finite; the labels may be out of range)", step + 1),
                             });
                         }
@@ -926,7 +962,7 @@ pub fn run_on(
                         // Every device sees the same loss, so all stop here together.
                         let first = tape.vals.iter().position(|v| !all_finite(v));
                         return Err(match first {
-                            Some(i) => format!("step {}: the loss is {loss}; the first non-finite value is computed at node %{i}", step + 1),
+                            Some(i) => format!("step {}: the loss is {loss}; the first non-finite value is computed at node %{i}{of_reload}", step + 1),
                             None => format!("step {}: the loss is {loss} (the logits are finite; the labels may be out of range)", step + 1),
                         });
                     }
@@ -953,11 +989,11 @@ pub fn run_on(
                         first = gather_global(&ex, &grads)?;
                     }
                     let norm = global_norm(&ex, &grads)?;
-                    let scale = match cfg.clip {
+                    let scale = match cfg_now.clip {
                         Some(c) if norm > c => c / norm,
                         _ => 1.0,
                     };
-                    let lr = cfg.optimizer.lr.at(step);
+                    let lr = cfg_now.optimizer.lr.at(step);
                     // Tables update only the rows this step looked up (on any replica).
                     let touched = std::mem::take(&mut *ex.touched.borrow_mut());
                     let mut masks: Vec<Option<Tensor>> = vec![None; params.len()];
@@ -1046,7 +1082,8 @@ pub fn run_on(
                         }
                     }
                     if rank == 0 {
-                        let notes = sparse.get(step).map(|x| x.notes.clone()).unwrap_or_default();
+                        let mut notes = sparse.get(step).map(|x| x.notes.clone()).unwrap_or_default();
+                        notes.extend(reloaded.take());
                         let _ = tx.send(StepReport { step, notes, loss, lr, grad_norm: norm, eval_loss });
                     }
                 }
