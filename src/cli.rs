@@ -90,6 +90,19 @@ pub enum Command {
         #[arg(long, value_parser = parse_mesh)]
         mesh: Option<MeshArg>,
     },
+    /// Draw how tensors are laid out over the mesh: each parameter (or the
+    /// named ones, e.g. `w1` or `blocks.0.attn`), the inputs and the output, as a
+    /// grid of the devices holding each piece.
+    Show {
+        file: PathBuf,
+        /// Parameter names or their last parts; `input`, `output`. None: all.
+        names: Vec<String>,
+        #[arg(long, value_parser = parse_mesh)]
+        mesh: Option<MeshArg>,
+        /// Which model, when the file has several `train` declarations.
+        #[arg(long)]
+        model: Option<String>,
+    },
     /// Train a model on a mesh of virtual devices (or one device per MPI process).
     Run(RunArgs),
     /// Language server on stdio (diagnostics on every edit, types on hover).
@@ -170,6 +183,17 @@ pub fn main() -> ExitCode {
             }
         },
         Command::Run(args) => run(args),
+        Command::Show {
+            file,
+            names,
+            mesh,
+            model,
+        } => show(
+            &file,
+            &names,
+            mesh.map(|m| m.0).unwrap_or_default(),
+            model.as_deref(),
+        ),
         Command::Lower { file, mesh } => lower(&file, mesh.map(|m| m.0).unwrap_or_default()),
         Command::Plan { file, mesh, json } => {
             plan(&file, mesh.map(|m| m.0).unwrap_or_default(), json)
@@ -1032,6 +1056,49 @@ fn available_memory() -> Option<f64> {
     let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024.0)
+}
+
+fn show(
+    file: &std::path::Path,
+    names: &[String],
+    mesh: Vec<(String, i64)>,
+    model: Option<&str>,
+) -> ExitCode {
+    let c = match compile_clean(file, mesh, None, true) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let prog = match crate::runtime::train::prepare(&c, model) {
+        Ok((p, ..)) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let text = crate::layout::show(prog, names);
+    if text.is_empty() {
+        let known: Vec<&str> = prog.params.iter().map(|p| p.name.as_str()).collect();
+        eprintln!(
+            "error: `{}` has no parameter named {}; it has {}",
+            prog.model,
+            names
+                .iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(" or "),
+            known.join(", ")
+        );
+        return ExitCode::from(2);
+    }
+    let mesh: Vec<String> = prog.mesh.iter().map(|(a, n)| format!("{a}={n}")).collect();
+    outln!(
+        "{} on {}
+",
+        prog.model,
+        mesh.join(", ")
+    );
+    out!("{text}");
+    ExitCode::SUCCESS
 }
 
 fn lower(file: &std::path::Path, mesh: Vec<(String, i64)>) -> ExitCode {

@@ -11,6 +11,7 @@ pub mod data;
 pub mod diag;
 pub mod embed;
 pub mod fmt;
+pub mod layout;
 pub mod lsp;
 pub mod parse;
 pub mod plan;

@@ -77,6 +77,11 @@ fn slice(a: &Array, step: usize, per_batch: usize) -> Vec<f64> {
 }
 
 impl Source {
+    /// Whether every step's batch is the same (the synthetic source's one batch).
+    pub fn same_every_step(&self) -> bool {
+        matches!(self, Source::Synthetic { .. })
+    }
+
     /// Batch `step`: `input_sizes` are the element counts of each input; `rows` the
     /// number of label rows (batch × positions); `held_out` draws from the eval split.
     #[allow(clippy::too_many_arguments)]

@@ -719,8 +719,8 @@ pub fn run_on(
     let k = cfg.accumulate.max(1) * stages.as_ref().map_or(1, |s| s.microbatches);
     let micro_sizes = input_sizes.clone();
     let input_sizes: Vec<usize> = input_sizes.iter().map(|n| n * k).collect();
-    // A step's global batch is a function of the seed and the step: each device
-    // forms it when it gets there, so a long run holds no more than a step's data.
+    // A step's global batch is a function of the seed and the step, formed when
+    // the devices get there (see `StepBatches`).
     let batch_at = |s: usize| -> Batch {
         src.batch(
             cfg.seed,
@@ -735,6 +735,13 @@ pub fn run_on(
         )
     };
     let batch_at = &batch_at;
+    let step_batches = StepBatches {
+        make: batch_at,
+        takers: local_ranks.len(),
+        same: src.same_every_step(),
+        slots: Default::default(),
+    };
+    let step_batches = &step_batches;
     let placements = super::sparse::placements(prog, &cfg.sparse);
     let placements = &placements;
     // SparseCore input statistics, limits and FDO, ahead of the devices.
@@ -854,7 +861,7 @@ pub fn run_on(
                 let mut active: Option<std::sync::Arc<super::reload::Update>> = None;
                 let mut active_stages: Option<Option<super::pipeline::Stages>> = None;
                 for step in cfg.start_step..cfg.steps {
-                    let b = &batch_at(step);
+                    let b = &*step_batches.get(step)?;
                     let mut reloaded = None;
                     if let Some(rl) = reloads {
                         // Every device takes the newest generation any of them has seen.
@@ -1300,6 +1307,34 @@ fn gather_one(ex: &Exec, pi: usize, t: &Tensor) -> R<Option<Vec<f64>>> {
 
 /// Initial parameter pieces by (parameter, shard index and count per dimension),
 /// computed once and shared by the replicas that hold the same piece.
+/// Each step's global batch, formed once by the first device that reaches the
+/// step and dropped when every device of this process has taken it: the run
+/// holds only the steps in flight, and devices do not repeat the work.
+struct StepBatches<'a> {
+    make: &'a (dyn Fn(usize) -> Batch + Sync),
+    /// Devices of this process that take each batch.
+    takers: usize,
+    /// The source gives one batch for every step: keep it for the run.
+    same: bool,
+    slots: std::sync::Mutex<HashMap<usize, (Arc<Batch>, usize)>>,
+}
+
+impl StepBatches<'_> {
+    fn get(&self, step: usize) -> R<Arc<Batch>> {
+        let key = if self.same { 0 } else { step };
+        let mut m = self.slots.lock().map_err(|_| "a device panicked")?;
+        let slot = m
+            .entry(key)
+            .or_insert_with(|| (Arc::new((self.make)(step)), 0));
+        slot.1 += 1;
+        let b = slot.0.clone();
+        if slot.1 == self.takers && !self.same {
+            m.remove(&key);
+        }
+        Ok(b)
+    }
+}
+
 type PieceCache = std::sync::Mutex<
     HashMap<(usize, Vec<(usize, usize)>), Arc<std::sync::OnceLock<Result<Tensor, String>>>>,
 >;
