@@ -159,13 +159,7 @@ pub fn draw(name: &str, t: &TType, prog: &Program, topo: &Topology, stage: Stage
 /// `blocks.3.w1`), or all of them. Repeated layers' copies with one layout are
 /// drawn once, as `blocks.*.w1`.
 pub fn show(prog: &Program, names: &[String]) -> String {
-    let topo = Topology {
-        axes: prog
-            .mesh
-            .iter()
-            .map(|(a, n)| (a.clone(), *n as usize))
-            .collect(),
-    };
+    let topo = Topology::of(&prog.mesh);
     let wanted = |n: &str| {
         names.is_empty()
             || names

@@ -64,6 +64,12 @@ pub struct Topology {
 }
 
 impl Topology {
+    /// The topology of a program's mesh (`(axis, size)`, major first).
+    pub fn of(mesh: &[(String, i64)]) -> Topology {
+        Topology {
+            axes: mesh.iter().map(|(a, n)| (a.clone(), *n as usize)).collect(),
+        }
+    }
     pub fn devices(&self) -> usize {
         self.axes.iter().map(|a| a.1).product()
     }

@@ -232,11 +232,14 @@ macro_rules! by_dtype {
 fn gather_all<T: Wire>(g: &SimpleCommunicator, t: &Tensor) -> Result<Vec<Tensor>> {
     let mine: Vec<T> = t.flatten_all()?.to_vec1()?;
     let n = g.size() as usize;
+    if mine.is_empty() {
+        // Every member's piece has this (empty) shape too.
+        return Ok(vec![t.clone(); n]);
+    }
     let mut all = vec![T::zero(); mine.len() * n];
     g.all_gather_into(&mine[..], &mut all[..]);
     let dev = t.device();
-    all.chunks(mine.len().max(1))
-        .take(n)
+    all.chunks(mine.len())
         .map(|c| Tensor::from_vec(c.to_vec(), t.shape(), dev))
         .collect()
 }

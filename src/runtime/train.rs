@@ -652,13 +652,7 @@ pub fn run_on(
     reloads: Option<&super::reload::Reloads>,
     on_step: &mut dyn FnMut(&StepReport),
 ) -> R<RunOutput> {
-    let topo = Topology {
-        axes: prog
-            .mesh
-            .iter()
-            .map(|(a, n)| (a.clone(), *n as usize))
-            .collect(),
-    };
+    let topo = Topology::of(&prog.mesh);
     let comm = cluster.connect(&topo)?;
     let comm: &dyn Collectives = comm.as_ref();
     let local_ranks = cluster.local_ranks(&topo);
