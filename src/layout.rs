@@ -81,20 +81,12 @@ fn pieces(
 /// A tensor's layout over `topo`: its type, per-device shape, what is replicated
 /// or still owed, and the grid. `stage`: the pipeline axis and the stage that
 /// holds it, for a staged layer's parameter.
-pub fn draw(name: &str, t: &TType, prog: &Program, topo: &Topology, stage: Stage) -> String {
-    let local = prog
-        .local_shape(t)
-        .map(|s| {
-            format!(
-                "{}[{}]",
-                t.dtype.name(),
-                s.iter()
-                    .map(|x| x.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        })
-        .unwrap_or_else(|e| format!("({e})"));
+pub fn draw(name: &str, t: &TType, topo: &Topology, stage: Stage) -> String {
+    let local = format!(
+        "{}[{}]",
+        t.dtype.name(),
+        t.local_shape(&|a| topo.size(a) as i64).join(", ")
+    );
     let mut out = format!("{name}  {t}   per device {local}\n");
     if let Some((axis, s)) = stage {
         out += &format!("  on pipeline stage {s} (the devices with {axis} = {s})\n");
@@ -252,7 +244,7 @@ pub fn show(prog: &Program, names: &[String]) -> String {
         stage,
     } in items
     {
-        out += &draw(&name, &t, prog, &topo, stage);
+        out += &draw(&name, &t, &topo, stage);
         if let Some(u) = used {
             out +=
                 &format!("  used as {u}: gathered for each use, its gradient reduce-scattered\n");

@@ -85,6 +85,9 @@ fn diagnostics_and_hover() {
         .unwrap_or_default()
         .to_string();
     assert!(value.contains("h: f32[B@dp, 4]"), "{hover}");
+    // ...and where its pieces live: one row per `dp` shard.
+    assert!(value.contains("│  dev 0  │\n  ├"), "{hover}");
+    assert!(value.contains("│  dev 1  │\n  └"), "{hover}");
     // Formatting: one edit of the whole document, with `shardc fmt`'s output.
     let messy = fixed.replace("  let h = x @ w", "let h=x @ w");
     send(

@@ -32,6 +32,9 @@ pub struct TypeEntry {
     pub local: String,
     /// For FSDP weights: the layout used in `forward` after gathering.
     pub used_as: Option<String>,
+    /// The type and the mesh's axes, for drawing the layout (editor hovers).
+    #[serde(skip)]
+    pub layout: Option<(TType, Vec<(String, i64)>)>,
 }
 
 /// What the checker learned, for tools and later stages.
@@ -482,20 +485,24 @@ impl<'p> Checker<'p> {
         self.fsdp = outer_fsdp;
         let mut ws: Vec<(&String, &(TType, TType, Span))> = inst.weights.iter().collect();
         ws.sort_by_key(|(_, w)| w.2);
-        let entries: Vec<TypeEntry> = ws
+        let entries: Vec<(TypeEntry, TType)> = ws
             .into_iter()
-            .map(|(n, (stored, used, span))| TypeEntry {
-                span: *span,
-                scope: label.clone(),
-                name: n.clone(),
-                kind: "weight",
-                ty: stored.to_string(),
-                local: self.local_text(stored),
-                used_as: (stored != used).then(|| used.to_string()),
+            .map(|(n, (stored, used, span))| {
+                let e = TypeEntry {
+                    span: *span,
+                    scope: label.clone(),
+                    name: n.clone(),
+                    kind: "weight",
+                    ty: stored.to_string(),
+                    local: self.local_text(stored),
+                    used_as: (stored != used).then(|| used.to_string()),
+                    layout: None,
+                };
+                (e, stored.clone())
             })
             .collect();
-        for e in entries {
-            self.record(e);
+        for (e, t) in entries {
+            self.record(e, &t);
         }
         self.sites.pop();
         self.stack.pop();
@@ -1108,11 +1115,15 @@ impl<'p> Checker<'p> {
         )
     }
 
-    fn record(&mut self, e: TypeEntry) {
+    fn record(&mut self, mut e: TypeEntry, t: &TType) {
         if self
             .seen_types
             .insert((e.span, e.ty.clone(), e.scope.clone()))
         {
+            e.layout = self.mesh.map(|m| {
+                let axes = m.axes.iter().map(|a| (a.0.clone(), a.1)).collect();
+                (t.clone(), axes)
+            });
             self.out.types.push(e);
         }
     }
@@ -1165,15 +1176,19 @@ impl<'p> Checker<'p> {
             };
             let local = self.local_text(&bound);
             let scope_name = scope.scope_name.clone();
-            self.record(TypeEntry {
-                span: pname.span,
-                scope: scope_name,
-                name: pname.name.clone(),
-                kind: "param",
-                ty: bound.to_string(),
-                local,
-                used_as: None,
-            });
+            self.record(
+                TypeEntry {
+                    span: pname.span,
+                    scope: scope_name,
+                    name: pname.name.clone(),
+                    kind: "param",
+                    ty: bound.to_string(),
+                    local,
+                    used_as: None,
+                    layout: None,
+                },
+                &bound,
+            );
             scope.vars.insert(
                 pname.name.clone(),
                 Binding {
@@ -1407,15 +1422,19 @@ impl<'p> Checker<'p> {
             }
             let local = self.local_text(&t);
             let name = scope.scope_name.clone();
-            self.record(TypeEntry {
-                span: l.name.span,
-                scope: name,
-                name: l.name.name.clone(),
-                kind: "let",
-                ty: t.to_string(),
-                local,
-                used_as: None,
-            });
+            self.record(
+                TypeEntry {
+                    span: l.name.span,
+                    scope: name,
+                    name: l.name.name.clone(),
+                    kind: "let",
+                    ty: t.to_string(),
+                    local,
+                    used_as: None,
+                    layout: None,
+                },
+                &t,
+            );
             local_names.push(l.name.name.clone());
             scope.vars.insert(
                 l.name.name.clone(),
