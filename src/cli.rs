@@ -672,7 +672,8 @@ fn run(args: RunArgs) -> ExitCode {
         }
     };
     let devices: i64 = prog.mesh.iter().map(|m| m.1).product();
-    if processes == 1 {
+    if backend == Backend::Virtual {
+        // (Under MPI this was done before MPI started its threads.)
         crate::runtime::mesh::share_cores(devices as usize);
     }
     if processes > 1 && devices as usize != processes {
@@ -684,7 +685,6 @@ fn run(args: RunArgs) -> ExitCode {
         }
         return ExitCode::from(2);
     }
-    // Say plainly what this version does not execute yet, rather than ignore it.
     // The command line's overrides, for the file's config and every reloaded one.
     let adjust = |cfg: &mut train::Config| {
         if let Some(s) = steps {

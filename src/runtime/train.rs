@@ -1299,8 +1299,6 @@ fn gather_one(ex: &Exec, pi: usize, t: &Tensor) -> R<Option<Vec<f64>>> {
     Ok(Some(full))
 }
 
-/// Initial parameter pieces by (parameter, shard index and count per dimension),
-/// computed once and shared by the replicas that hold the same piece.
 /// Each step's global batch, formed once by the first device that reaches the
 /// step and dropped when every device of this process has taken it: the run
 /// holds only the steps in flight, and devices do not repeat the work.
@@ -1329,6 +1327,8 @@ impl StepBatches<'_> {
     }
 }
 
+/// Initial parameter pieces by (parameter, shard index and count per dimension),
+/// computed once and shared by the replicas that hold the same piece.
 type PieceCache = std::sync::Mutex<
     HashMap<(usize, Vec<(usize, usize)>), Arc<std::sync::OnceLock<Result<Tensor, String>>>>,
 >;
