@@ -20,8 +20,9 @@ struct Item<'a> {
     stage: Stage<'a>,
 }
 
-/// More columns than this are summarised instead of drawn.
+/// Grids with more columns or rows than these are summarised instead of drawn.
 const MAX_COLUMNS: usize = 16;
+const MAX_ROWS: usize = 64;
 
 /// `0-3`, `0,2,4,6`, or `0,2,…,14` for long lists.
 fn ranks_text(r: &[usize]) -> String {
@@ -106,8 +107,8 @@ pub fn draw(name: &str, t: &TType, topo: &Topology, stage: Stage) -> String {
         );
     }
     let (rows, cols, cells) = pieces(t, topo, stage);
-    if cols > MAX_COLUMNS {
-        out += &format!("  {rows} × {cols} pieces: too many columns to draw\n");
+    if cols > MAX_COLUMNS || rows > MAX_ROWS {
+        out += &format!("  {rows} × {cols} pieces: too many to draw\n");
         return out;
     }
     let labels: BTreeMap<(usize, usize), String> = cells
