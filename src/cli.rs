@@ -925,7 +925,7 @@ fn run(args: RunArgs) -> ExitCode {
         // The first process reports; the others only say why they stopped.
         return match res {
             Ok(_) => ExitCode::SUCCESS,
-            Err(e) if train::stops_every_device(&e) => ExitCode::from(1),
+            Err(e) if e.step.is_some() => ExitCode::from(1),
             Err(e) => {
                 eprintln!("error: the run stopped on MPI process {process}: {e}");
                 procs.fail();
@@ -1001,44 +1001,33 @@ fn run(args: RunArgs) -> ExitCode {
             // Point at the source of the op a runtime error names, in the
             // program in force then (the file's, or a reload's).
             let kept = compiled.lock().ok();
-            let generation = e
-                .split("(reload ")
-                .nth(1)
-                .and_then(|s| s.split(')').next())
-                .and_then(|n| n.parse::<usize>().ok());
-            let update = generation.and_then(|g| reloads.get(g));
-            let (prog, sources) = match (
-                &update,
-                generation.and_then(|g| kept.as_ref()?.get(g.checked_sub(1)?)),
-            ) {
-                (Some(u), Some(sm)) => (&u.prog, sm),
-                _ => (prog, &c.sources),
-            };
-            let at = e
-                .split("node %")
-                .nth(1)
-                .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
-                .and_then(|n| n.parse::<usize>().ok())
-                .and_then(|i| prog.nodes.get(i))
-                .map(|n| (n.span, n.ty.to_string()));
+            let at = e.node.and_then(|(i, generation)| {
+                let n = match generation {
+                    0 => prog.nodes.get(i)?.clone(),
+                    g => reloads.get(g)?.prog.nodes.get(i)?.clone(),
+                };
+                let sources = match generation {
+                    0 => &c.sources,
+                    g => kept.as_ref()?.get(g - 1)?,
+                };
+                Some((sources.describe(n.span), n.ty.to_string()))
+            });
             // Or at the table a SparseCore limit belongs to.
             let table = e
-                .split("table `")
-                .nth(1)
-                .and_then(|r| r.split('`').next())
-                .and_then(|n| c.program.tables.iter().find(|t| t.name.name == n));
+                .table
+                .as_ref()
+                .and_then(|n| c.program.tables.iter().find(|t| &t.name.name == n));
             match (at, table) {
-                (Some((span, ty)), _) => eprintln!(
-                    "error: the run stopped: {e}\n  --> {} (a value of type {ty})",
-                    sources.describe(span)
-                ),
+                (Some((place, ty)), _) => {
+                    eprintln!("error: the run stopped: {e}\n  --> {place} (a value of type {ty})")
+                }
                 (None, Some(t)) => eprintln!(
                     "error: the run stopped: {e}\n  --> {} (the table)",
                     c.sources.describe(t.name.span)
                 ),
                 (None, None) => eprintln!("error: the run stopped: {e}"),
             }
-            if !train::stops_every_device(&e) {
+            if e.step.is_none() {
                 procs.fail();
             }
             ExitCode::from(1)

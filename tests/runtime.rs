@@ -611,12 +611,10 @@ fn nan_loss_names_the_step_and_the_op() {
     let err = train::run(&prog, &cfg, &src, false, &mut |_| {})
         .err()
         .expect("the run must stop");
-    assert!(err.contains("step 1") && err.contains("node %"), "{err}");
-    let node: usize = err
-        .split("node %")
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("node id");
+    assert!(err.message.contains("step 1"), "{err}");
+    assert_eq!(err.step, Some(1));
+    let (node, generation) = err.node.expect("the op to blame");
+    assert_eq!(generation, 0);
     assert!(matches!(&prog.nodes[node].op, shardc::spmd::Op::Builtin(n, _) if n == "log"));
 }
 
@@ -992,9 +990,12 @@ fn overflow_policies_drop_grow_and_error() {
     let (err, _) = run("error");
     let err = err.expect_err("error stops");
     assert!(
-        err.contains("table `t`") && err.contains("partition") && err.contains("overflow: grow"),
+        err.message.contains("table `t`")
+            && err.message.contains("partition")
+            && err.message.contains("overflow: grow"),
         "{err}"
     );
+    assert_eq!(err.table.as_deref(), Some("t"));
 }
 
 /// A table's FTRL step against TensorFlow's FTRL-proximal formulas, by hand from
@@ -1082,7 +1083,8 @@ fn seed_000_survives_where_the_reference_dies() {
     };
     let (err, _) = run("error");
     let err = err.expect_err("the reference's settings abort");
-    assert!(err.contains("set by FDO after step 15"), "{err}");
+    assert!(err.message.contains("set by FDO after step 15"), "{err}");
+    assert_eq!(err.step, Some(22));
     let (done, notes) = run("grow");
     assert_eq!(done.expect("grow trains"), 100);
     assert!(

@@ -74,7 +74,7 @@ pub fn plan_steps(
     start: usize,
     host: &Host,
     inputs: &dyn Fn(usize, usize) -> Vec<f64>,
-) -> Result<Vec<StepSparse>, String> {
+) -> Result<Vec<StepSparse>, super::train::RunError> {
     if cfg.lookups.is_empty() {
         // Nothing per step (callers look steps up with `get`).
         return Ok(Vec::new());
@@ -157,8 +157,11 @@ pub fn plan_steps(
                 .collect();
             let layout = cfg.tables[ts[0]].layout;
             let (stats, keep, exceeded) =
-                embed::preprocess_stack(&features, layout, &mut limits[k], policy[k]).map_err(|e| {
-                    format!(
+                embed::preprocess_stack(&features, layout, &mut limits[k], policy[k]).map_err(|e| super::train::RunError {
+                    step: Some(s + 1),
+                    table: Some(cfg.tables[ts[0]].name.clone()),
+                    node: None,
+                    message: format!(
                         "step {}: {}: SparseCore {} of device {} sends {} ids to partition {}, over `{}: {}` ({})",
                         s + 1,
                         label(k),
@@ -172,7 +175,7 @@ pub fn plan_steps(
                     ) + &format!(
                         "\n  help: `overflow: grow` in the table raises the limit when a step needs it (logged) and `overflow: drop` drops the excess ids (counted); `fdo` raises limits from observed statistics; or set `{}: {}`",
                         e.limit_name, e.observed
-                    )
+                    ),
                 })?;
             if policy[k] == Overflow::Grow && !exceeded.is_empty() {
                 origin[k] = format!("grown at step {}", s + 1);

@@ -621,11 +621,56 @@ fn local_piece_at(
         .map_err(ce)
 }
 
-/// Whether a run error comes from a check that every device makes on the same
-/// values, so that all of them stopped at the same point (a non-finite loss, a
-/// SparseCore limit from the host's statistics): those errors name their step.
-pub fn stops_every_device(e: &str) -> bool {
-    e.starts_with("step ")
+/// Why a run stopped, as data; the command line renders it (pointing at the op's
+/// source line, or at the table's declaration).
+#[derive(Clone, Debug, Default)]
+pub struct RunError {
+    pub message: String,
+    /// Every device stopped at this step (1-based) together, from a check they
+    /// all make on the same values (a non-finite loss, a table's limit): no
+    /// device waits for another, and one report says it all.
+    pub step: Option<usize>,
+    /// The node of the first non-finite value, and the reload whose program it
+    /// belongs to (0: the program the run started with).
+    pub node: Option<(usize, usize)>,
+    /// The table whose limit the step exceeded.
+    pub table: Option<String>,
+}
+
+impl From<String> for RunError {
+    fn from(message: String) -> RunError {
+        RunError {
+            message,
+            ..RunError::default()
+        }
+    }
+}
+
+impl From<&str> for RunError {
+    fn from(message: &str) -> RunError {
+        message.to_string().into()
+    }
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// A non-finite loss at `step` (0-based), which every device sees at once: the
+/// first non-finite value of the tape, if any, names the op to blame.
+fn non_finite(step: usize, loss: f64, vals: &[Tensor], generation: usize) -> RunError {
+    let first = vals.iter().position(|v| !all_finite(v));
+    RunError {
+        message: match first {
+            Some(_) => format!("step {}: the loss is {loss}; the first non-finite value is computed by the op below", step + 1),
+            None => format!("step {}: the loss is {loss} (the logits are finite; the labels may be out of range)", step + 1),
+        },
+        step: Some(step + 1),
+        node: first.map(|i| (i, generation)),
+        table: None,
+    }
 }
 
 /// Train `prog` for `cfg.steps` steps on a virtual mesh; `on_step` sees each step.
@@ -635,7 +680,7 @@ pub fn run(
     src: &Source,
     want_grads: bool,
     on_step: &mut dyn FnMut(&StepReport),
-) -> R<RunOutput> {
+) -> Result<RunOutput, RunError> {
     run_on(&InProcess, prog, cfg, src, want_grads, None, on_step)
 }
 
@@ -651,7 +696,7 @@ pub fn run_on(
     want_grads: bool,
     reloads: Option<&super::reload::Reloads>,
     on_step: &mut dyn FnMut(&StepReport),
-) -> R<RunOutput> {
+) -> Result<RunOutput, RunError> {
     let topo = Topology::of(&prog.mesh);
     let comm = cluster.connect(&topo)?;
     let comm: &dyn Collectives = comm.as_ref();
@@ -759,7 +804,7 @@ pub fn run_on(
     drop(last);
     let sparse = &sparse;
     let (tx, rx) = mpsc::channel::<StepReport>();
-    let mut result: R<RunOutput> = Err("no device ran".into());
+    let mut result: Result<RunOutput, RunError> = Err("no device ran".into());
     // Replicas of a parameter piece hold the same values: the first device to
     // need a piece computes it and the others share it (the optimizer copies a
     // shared tensor before its first in-place step).
@@ -774,7 +819,7 @@ pub fn run_on(
             handles.push(scope.spawn(move || {
                 // A device that fails breaks the mesh's barrier, so no other device
                 // waits forever in a collective.
-                let body = || -> R<(Option<Named>, Option<Memory>)> {
+                let body = || -> Result<(Option<Named>, Option<Memory>), RunError> {
                 let dev = Device::Cpu;
                 let ex = Exec {
                     prog,
@@ -874,8 +919,8 @@ pub fn run_on(
                         Some(u) => (&u.prog, &u.cfg),
                         None => (base, cfg),
                     };
-                    // Where a runtime error's node lives: the reload's program, if any.
-                    let of_reload = active.as_ref().map_or(String::new(), |u| format!(" (reload {})", u.generation));
+                    // Which program a runtime error's node belongs to (0: the file's).
+                    let generation = active.as_ref().map_or(0, |u| u.generation);
                     let out_id = prog.output.ok_or("the model has no output")? as usize;
                     let ex = ex.with_program(prog);
                     let stages: &Option<super::pipeline::Stages> = active_stages.as_ref().unwrap_or(stages);
@@ -932,11 +977,7 @@ pub fn run_on(
                         let (loss, ct) = cross_entropy(&ex, &t.vals[out_id], out_t, &y, rows, None)?;
                         if !loss.is_finite() {
                             // Every device sees the same loss, so all stop here together.
-                            let first = t.vals.iter().position(|v| !all_finite(v));
-                            return Err(match first {
-                                Some(i) => format!("step {}: the loss is {loss}; the first non-finite value is computed at node %{i}{of_reload}", step + 1),
-                                None => format!("step {}: the loss is {loss} (the logits are finite; the labels may be out of range)", step + 1),
-                            });
+                            return Err(non_finite(step, loss, &t.vals, generation));
                         }
                         // Local gradients accumulate; they are synchronised once per step.
                         let g: Vec<Tensor> = ex.backward(&t, ct)?.into_iter().zip(&params).map(|(g, p)| g.map_or_else(|| p.zeros_like().map_err(ce), Ok)).collect::<R<_>>()?;
@@ -961,11 +1002,7 @@ pub fn run_on(
                     };
                     if !loss.is_finite() {
                         // Every device sees the same loss, so all stop here together.
-                        let first = tape.vals.iter().position(|v| !all_finite(v));
-                        return Err(match first {
-                            Some(i) => format!("step {}: the loss is {loss}; the first non-finite value is computed at node %{i}{of_reload}", step + 1),
-                            None => format!("step {}: the loss is {loss} (the logits are finite; the labels may be out of range)", step + 1),
-                        });
+                        return Err(non_finite(step, loss, &tape.vals, generation));
                     }
                     if step == 0 && rank == 0 {
                         let mut m = Memory {
@@ -1105,7 +1142,7 @@ pub fn run_on(
         }
         let mut first = None;
         let mut memory = None;
-        let mut errors: Vec<String> = Vec::new();
+        let mut errors: Vec<RunError> = Vec::new();
         for (&rank, h) in local_ranks.iter().zip(handles) {
             match h.join() {
                 Ok(Ok((g, m))) => {
@@ -1116,12 +1153,12 @@ pub fn run_on(
                 }
                 Ok(Err(e)) => {
                     // Report the device that failed, not the ones it stopped.
-                    if !e.contains("another device stopped") || errors.is_empty() {
+                    if !e.message.contains("another device stopped") || errors.is_empty() {
                         errors.insert(0, e);
                     }
                 }
                 Err(_) => {
-                    result = Err(format!("device {rank} panicked"));
+                    result = Err(format!("device {rank} panicked").into());
                     return;
                 }
             }
