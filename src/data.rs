@@ -82,6 +82,8 @@ struct Shapes {
     padded: Vec<bool>,
     labels: Vec<usize>,
     classes: usize,
+    /// `loss: mse`: the labels are targets shaped like the output, any numbers.
+    regression: bool,
     eval: Option<Span>,
 }
 
@@ -150,7 +152,12 @@ impl Shapes {
             inputs[0].0 = "x".into();
         }
         let out = prog.output.and_then(|o| prog.nodes.get(o as usize));
+        let regression = matches!(
+            t.options.expr("loss").map(|e| &e.kind),
+            Some(ExprKind::Name(l)) if l == "mse"
+        );
         let (labels, classes) = match out {
+            Some(o) if regression => (full(&o.ty.dims), 1),
             Some(o) if o.ty.rank() > 0 => (
                 full(&o.ty.dims[..o.ty.rank() - 1]),
                 o.ty.dims.last().map(size).unwrap_or(1),
@@ -163,6 +170,7 @@ impl Shapes {
             padded,
             labels,
             classes,
+            regression,
             eval: t.options.get("eval").map(|v| v.span()),
         }
     }
@@ -192,6 +200,19 @@ impl Cx {
             return;
         };
         let arg = |k: &str| args.iter().find(|a| a.0 == k).map(|a| a.1);
+        if shape.regression && matches!(name, "text" | "shakespeare_words" | "shakespeare_chars") {
+            self.problems.push(Problem::DataMismatch {
+                span: e.span,
+                path: name.to_string(),
+                label: "data named here",
+                message: format!(
+                    "gives token ids as labels, but `loss: mse` needs numeric targets shaped like the output, {}",
+                    dims(&shape.labels)
+                ),
+                help: Some("train with `data: arrays(path: ...)` holding those targets as `y`, or with `loss: softmax_cross_entropy`".into()),
+            });
+            return;
+        }
         let int = |k: &str| {
             arg(k).and_then(|e| match e.kind {
                 ExprKind::Int(v) => Some(v),
@@ -441,13 +462,17 @@ impl Cx {
                 );
                 inputs.push(a);
             }
-            let y = get(
-                cx,
-                &format!("y{suffix}"),
-                &shape.labels,
-                true,
-                Some((shape.classes, "classes", false)),
-            );
+            // Class ids for a classifier; any numbers for a regression.
+            let y = match shape.regression {
+                true => get(cx, &format!("y{suffix}"), &shape.labels, false, None),
+                false => get(
+                    cx,
+                    &format!("y{suffix}"),
+                    &shape.labels,
+                    true,
+                    Some((shape.classes, "classes", false)),
+                ),
+            };
             let inputs: Option<Vec<Array>> = inputs.into_iter().collect();
             Some((inputs?, y?))
         };

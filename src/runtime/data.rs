@@ -49,15 +49,17 @@ pub fn shakespeare_chars() -> Vec<u32> {
         .collect()
 }
 
-/// One global batch: the model's inputs (flattened, row-major) and the labels.
+/// One global batch: the model's inputs (flattened, row-major) and the labels:
+/// class ids for a classifier, target values for a regression (`loss: mse`).
 pub struct Batch {
     pub inputs: Vec<Vec<f64>>,
-    pub labels: Vec<i64>,
+    pub labels: Vec<f64>,
 }
 
 pub enum Source {
-    /// Normal inputs, uniform labels in [0, classes): one fixed batch.
-    Synthetic { classes: usize },
+    /// Normal inputs, uniform labels in [0, classes) (or, for a regression, normal
+    /// targets): one fixed batch.
+    Synthetic { classes: usize, regression: bool },
     /// Token windows: inputs `seq` ids, labels the next `seq` ids.
     Tokens { ids: Vec<u32>, seq: usize },
     /// Batches from an array file, checked by the data stage: inputs, labels and
@@ -83,7 +85,8 @@ impl Source {
     }
 
     /// Batch `step`: `input_sizes` are the element counts of each input; `rows` the
-    /// number of label rows (batch × positions); `held_out` draws from the eval split.
+    /// number of labels (batch × positions, or every output element for a
+    /// regression); `held_out` draws from the eval split.
     #[allow(clippy::too_many_arguments)]
     pub fn batch(
         &self,
@@ -98,7 +101,10 @@ impl Source {
         held_out: bool,
     ) -> Batch {
         match self {
-            Source::Synthetic { classes } => {
+            Source::Synthetic {
+                classes,
+                regression,
+            } => {
                 // One batch reused every step, as seeds 000 and 003 do.
                 let _ = step;
                 let s = seed ^ super::init::hash_str(if held_out { "held-out" } else { "data" });
@@ -118,8 +124,12 @@ impl Source {
                 }
                 let c = (*classes).max(1);
                 let labels = (0..rows as u64)
-                    .map(|i| {
-                        (super::init::uniform(s ^ 0x1234_5678, i) * c as f64) as i64 % c as i64
+                    .map(|i| match regression {
+                        true => super::init::normal(s ^ 0x1234_5678, i),
+                        false => {
+                            ((super::init::uniform(s ^ 0x1234_5678, i) * c as f64) as i64
+                                % c as i64) as f64
+                        }
                     })
                     .collect();
                 Batch { inputs, labels }
@@ -136,7 +146,7 @@ impl Source {
                         .zip(input_sizes)
                         .map(|(a, n)| slice(a, step, *n))
                         .collect(),
-                    labels: slice(y, step, rows).iter().map(|v| *v as i64).collect(),
+                    labels: slice(y, step, rows),
                 }
             }
             Source::Tokens { ids, seq } => {
@@ -157,11 +167,11 @@ impl Source {
                     for t in 0..*seq {
                         x.push(id(start + t) as f64);
                         if per_position {
-                            y.push(id(start + t + 1) as i64);
+                            y.push(id(start + t + 1) as f64);
                         }
                     }
                     if !per_position {
-                        y.push(id(start + seq) as i64);
+                        y.push(id(start + seq) as f64);
                     }
                 }
                 Batch {

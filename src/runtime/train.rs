@@ -71,9 +71,20 @@ pub struct Optimizer {
     pub l2: f64,
 }
 
+/// What the model's output is trained against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Loss {
+    /// Class ids against logits (the last dimension, possibly split over devices).
+    #[default]
+    SoftmaxCrossEntropy,
+    /// Targets shaped like the output: the mean over every element of (out − y)².
+    Mse,
+}
+
 #[derive(Clone, Debug)]
 pub struct Config {
     pub steps: usize,
+    pub loss: Loss,
     pub seed: u64,
     pub batch: usize,
     pub optimizer: Optimizer,
@@ -200,8 +211,13 @@ pub fn config(
         .options
         .expr("optimizer")
         .map_or_else(default_optimizer, optimizer_of);
+    let loss = match t.options.expr("loss").map(|e| &e.kind) {
+        Some(ExprKind::Name(l)) if l == "mse" => Loss::Mse,
+        _ => Loss::SoftmaxCrossEntropy,
+    };
     Config {
         steps: int("steps").unwrap_or(10).max(0) as usize,
+        loss,
         seed: int("seed").unwrap_or(0) as u64,
         batch: int("batch").unwrap_or(1).max(1) as usize,
         optimizer: opt,
@@ -246,6 +262,7 @@ pub fn source(
     t: &TrainDecl,
     consts: &std::collections::HashMap<String, (i64, crate::source::Span)>,
     classes: usize,
+    regression: bool,
     loaded: Option<&crate::data::Loaded>,
 ) -> Source {
     match loaded {
@@ -279,7 +296,10 @@ pub fn source(
                 .and_then(|x| int(x.1))
                 .unwrap_or(64),
         },
-        _ => Source::Synthetic { classes },
+        _ => Source::Synthetic {
+            classes,
+            regression,
+        },
     }
 }
 
@@ -305,12 +325,6 @@ pub fn prepare<'c>(
         .iter()
         .find(|p| p.model == t.model.name)
         .ok_or_else(|| format!("`{}` could not be lowered", t.model.name))?;
-    // Refuse what is declared but not executed yet, rather than train on something else.
-    if let Some(ExprKind::Name(l)) = t.options.expr("loss").map(|e| &e.kind) {
-        if l != "softmax_cross_entropy" {
-            return Err(format!("the loss `{l}` is checked but not executed yet; `shardc run` trains with `softmax_cross_entropy`"));
-        }
-    }
     let mut cfg = config(t, &c.program.consts);
     for table in &c.program.tables {
         if let Some(OptValue::Expr(e)) = table.options.get("optimizer") {
@@ -338,7 +352,21 @@ pub fn prepare<'c>(
             return Err(format!("the `{name}` data could not be loaded"));
         }
     }
-    let src = source(t, &c.program.consts, classes, loaded.map(|d| &d.data));
+    let regression = cfg.loss == Loss::Mse;
+    let src = source(
+        t,
+        &c.program.consts,
+        classes,
+        regression,
+        loaded.map(|d| &d.data),
+    );
+    if regression && matches!(src, Source::Tokens { .. }) {
+        // The data stage reports this (E0305); never train on ids as targets.
+        return Err(
+            "`loss: mse` needs float targets shaped like the output; a text source gives token ids"
+                .into(),
+        );
+    }
     Ok((prog, t, cfg, src))
 }
 
@@ -734,10 +762,15 @@ pub fn run_on(
         .last()
         .and_then(|d| d.size.as_const())
         .unwrap_or(1) as usize;
-    let label_t = TType {
-        dtype: SDType::I64,
-        dims: out_t.dims[..out_t.rank() - 1].to_vec(),
-        pending: Default::default(),
+    // Class ids shaped like the output without its class dimension, or, for a
+    // regression, targets shaped like the output.
+    let label_t = match cfg.loss {
+        Loss::SoftmaxCrossEntropy => TType {
+            dtype: SDType::I64,
+            dims: out_t.dims[..out_t.rank() - 1].to_vec(),
+            pending: Default::default(),
+        },
+        Loss::Mse => out_t.clone(),
     };
     let rows: usize = label_t
         .dims
@@ -940,7 +973,7 @@ pub fn run_on(
                             .zip(&b.inputs)
                             .map(|(t, v)| local_piece(topo, rank, t, prog, &chunk(v), cfg.dtype, &dev))
                             .collect::<R<_>>()?;
-                        let labels_f: Vec<f64> = chunk(&b.labels.iter().map(|x| *x as f64).collect::<Vec<_>>());
+                        let labels_f: Vec<f64> = chunk(&b.labels);
                         Ok(super::pipeline::Micro {
                             inputs: xs,
                             labels: local_piece(topo, rank, label_t, prog, &labels_f, cfg.dtype, &dev)?,
@@ -956,7 +989,7 @@ pub fn run_on(
                         let m_count = st.microbatches;
                         for a in 0..k / m_count {
                             let micro = |m: usize| microbatch(a * m_count + m);
-                            let loss_of = |logits: &Tensor, y: &Tensor| cross_entropy(&ex, logits, out_t, y, rows, Some(st.axis.as_str()));
+                            let loss_of = |logits: &Tensor, y: &Tensor| loss_fn(cfg.loss, &ex, logits, out_t, y, rows, Some(st.axis.as_str()));
                             let c = super::pipeline::run_chunk(&ex, st, &params, &micro, &loss_of, m_count, true)?;
                             peak_activations = peak_activations.max(c.peak_activations);
                             let g: Vec<Tensor> = c.grads.into_iter().zip(&params).map(|(g, p)| g.map_or_else(|| p.zeros_like().map_err(ce), Ok)).collect::<R<_>>()?;
@@ -974,7 +1007,7 @@ pub fn run_on(
                         *ex.keep.borrow_mut() = mb.keep;
                         let y = mb.labels;
                         let t = ex.forward(&params, &mb.inputs, mb.seed)?;
-                        let (loss, ct) = cross_entropy(&ex, &t.vals[out_id], out_t, &y, rows, None)?;
+                        let (loss, ct) = loss_fn(cfg.loss, &ex, &t.vals[out_id], out_t, &y, rows, None)?;
                         if !loss.is_finite() {
                             // Every device sees the same loss, so all stop here together.
                             return Err(non_finite(step, loss, &t.vals, generation));
@@ -1071,7 +1104,7 @@ pub fn run_on(
                                     data_position: (step + 1) * cfg.batch,
                                     mesh: prog.mesh.clone(),
                                     dtype: if cfg.dtype == DType::F64 { "f64".into() } else { "f32".into() },
-                                    optimizer: cfg.optimizer.kind.clone(),
+                                    optimizer: cfg_now.optimizer.kind.clone(),
                                     tensors: arrays
                                         .iter()
                                         .map(|(n, s, _)| {
@@ -1097,8 +1130,7 @@ pub fn run_on(
                             for e in 0..esteps {
                                 let b = src.batch(cfg.seed, e, cfg.batch / k, micro_sizes, int_inputs, vocab, rows, per_position, true);
                                 let xs: Vec<Tensor> = inputs.iter().zip(&b.inputs).map(|(t, v)| local_piece(topo, rank, t, prog, v, cfg.dtype, &dev)).collect::<R<_>>()?;
-                                let labels_f: Vec<f64> = b.labels.iter().map(|x| *x as f64).collect();
-                                let y = local_piece(topo, rank, label_t, prog, &labels_f, cfg.dtype, &dev)?;
+                                let y = local_piece(topo, rank, label_t, prog, &b.labels, cfg.dtype, &dev)?;
                                 total += match stages {
                                     // Through the stages, forward only.
                                     Some(st) => {
@@ -1107,12 +1139,12 @@ pub fn run_on(
                                             let (inputs, labels) = mb.borrow_mut().take().ok_or("one held-out batch")?;
                                             Ok(super::pipeline::Micro { inputs, labels, seed: None, keep: Default::default() })
                                         };
-                                        let loss_of = |logits: &Tensor, y: &Tensor| cross_entropy(&ex, logits, out_t, y, rows, Some(st.axis.as_str()));
+                                        let loss_of = |logits: &Tensor, y: &Tensor| loss_fn(cfg.loss, &ex, logits, out_t, y, rows, Some(st.axis.as_str()));
                                         super::pipeline::run_chunk(&ex, st, &params, &micro, &loss_of, 1, false)?.loss
                                     }
                                     None => {
                                         let t = ex.forward(&params, &xs, None)?;
-                                        cross_entropy(&ex, &t.vals[out_id], out_t, &y, rows, None)?.0
+                                        loss_fn(cfg.loss, &ex, &t.vals[out_id], out_t, &y, rows, None)?.0
                                     }
                                 };
                             }
@@ -1174,6 +1206,48 @@ pub fn run_on(
         });
     });
     result
+}
+
+/// The training loss of `out` against `labels` (see [`Loss`]) and its cotangent.
+fn loss_fn(
+    kind: Loss,
+    ex: &Exec,
+    out: &Tensor,
+    ot: &TType,
+    labels: &Tensor,
+    rows: usize,
+    stage_axis: Option<&str>,
+) -> R<(f64, Tensor)> {
+    match kind {
+        Loss::SoftmaxCrossEntropy => cross_entropy(ex, out, ot, labels, rows, stage_axis),
+        Loss::Mse => mse(ex, out, ot, labels, rows, stage_axis),
+    }
+}
+
+/// Mean squared error over all `n` elements of the (global) output; only the
+/// sum of squares crosses devices. The cotangent, 2(out − y)/n, is held as
+/// addends over the axes the output is replicated on, like cross-entropy's.
+fn mse(
+    ex: &Exec,
+    out: &Tensor,
+    ot: &TType,
+    y: &Tensor,
+    n: usize,
+    stage_axis: Option<&str>,
+) -> R<(f64, Tensor)> {
+    let topo = ex.comm.topo();
+    let diff = out.sub(y).map_err(ce)?;
+    let local = diff
+        .sqr()
+        .and_then(|x| x.sum_all())
+        .and_then(|x| x.to_dtype(DType::F64))
+        .map_err(ce)?;
+    let split: Vec<String> = ot.dims.iter().flat_map(|d| d.axes.clone()).collect();
+    let total = ex.comm.psum(ex.rank, &local, &split).map_err(ce)?;
+    let loss = total.to_scalar::<f64>().map_err(ce)? / n.max(1) as f64;
+    let (_, rep) = topo.replication(ot, stage_axis);
+    let ct = (diff * (2.0 / (n.max(1) * rep) as f64)).map_err(ce)?;
+    Ok((loss, ct))
 }
 
 /// Mean softmax cross-entropy over all label rows, with logits possibly split over

@@ -56,3 +56,7 @@ open("short.txt", "w").write("Too short.\n")
 
 # A bag-of-ids model's data: ragged samples padded with -1 (not looked up).
 npz("bag.npz", {"x": ((4, 3), "i4", [1, 5, -1, 7, -1, -1, 2, 3, 4, 0, -1, -1]), "y": ((4,), "i8", [0, 1, 1, 0])})
+
+# A regression (`loss: mse`): x f32[4, 6] -> targets f32[4, 2], any numbers.
+npz("reg.npz", {"x": ((4, 6), "f4", xs(24)), "y": ((4, 2), "f4", xs(8, 0.5))})
+npz("reg_steps.npz", {"x": ((3, 4, 6), "f8", xs(72)), "y": ((3, 4, 2), "f8", xs(24, 0.1))})
