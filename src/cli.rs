@@ -90,9 +90,11 @@ pub enum Command {
         #[arg(long, value_parser = parse_mesh)]
         mesh: Option<MeshArg>,
     },
-    /// Draw how tensors are laid out over the mesh: each parameter (or the
-    /// named ones, e.g. `w1` or `blocks.0.attn`), the inputs and the output, as a
-    /// grid of the devices holding each piece.
+    /// Draw how tensors lie on the mesh, as grids of the devices holding each piece
+    ///
+    /// Every parameter (or the named ones, e.g. `w1` or `blocks.0.attn`), the
+    /// inputs and the output: what is split, what is replicated, FSDP's gathered
+    /// layout and pipeline stages.
     Show {
         file: PathBuf,
         /// Parameter names or their last parts; `input`, `output`. None: all.
