@@ -13,23 +13,13 @@ fn shardc() -> Command {
     c
 }
 
+mod common;
+
 fn temp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("shardc-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
+    common::temp("cli", name)
 }
 
-fn losses(path: &Path) -> Vec<f64> {
-    let text = std::fs::read_to_string(path).expect("losses written");
-    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
-    v["losses"]
-        .as_array()
-        .expect("losses")
-        .iter()
-        .map(|x| x.as_f64().expect("number"))
-        .collect()
-}
+use common::losses;
 
 /// `--data` replaces the file's source: the run trains on the array file, and the
 /// same arrays through `data: arrays(...)` give the same losses.

@@ -99,22 +99,14 @@ fn virtual_run(args: &[&str]) -> Output {
         .expect("spawn shardc")
 }
 
+mod common;
+
 fn temp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("shardc-mpi-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
+    common::temp("mpi", name)
 }
 
 fn loss_bits(path: &Path) -> Vec<u64> {
-    let text = std::fs::read_to_string(path).expect("losses written");
-    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
-    v["losses"]
-        .as_array()
-        .expect("losses")
-        .iter()
-        .map(|x| x.as_f64().expect("number").to_bits())
-        .collect()
+    common::losses(path).iter().map(|x| x.to_bits()).collect()
 }
 
 fn ok(what: &str, o: &Output) {
