@@ -225,9 +225,15 @@ pub fn compare(
     for p in &old.params {
         let (a, b) = (opt(old_cfg, &p.name), opt(new_cfg, &p.name));
         if slots(&a) != slots(&b) {
+            let name = |o: &Optimizer| match o.kind.as_str() {
+                "sgd" if o.momentum > 0.0 => "sgd with momentum".to_string(),
+                k => k.to_string(),
+            };
             why.push(format!(
                 "the optimizer of `{}` changed from {} to {}, which keeps other state",
-                p.name, a.kind, b.kind
+                p.name,
+                name(&a),
+                name(&b)
             ));
         }
     }
