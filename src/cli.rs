@@ -714,6 +714,13 @@ fn run(args: RunArgs) -> ExitCode {
         let need = p.total_memory() * here as f64 * scale;
         if need > avail {
             if !lead {
+                // Machines differ: this one may be the only one short of memory.
+                eprintln!(
+                    "error: MPI process {process} needs about {} on its machine ({here} device(s) × {} each), but only {} is available; nothing was allocated",
+                    crate::plan::human_bytes(need),
+                    crate::plan::human_bytes(need / here as f64),
+                    crate::plan::human_bytes(avail)
+                );
                 return ExitCode::from(1);
             }
             out!("{}", crate::plan::render(p, &c.sources));
