@@ -12,6 +12,9 @@ use std::rc::Rc;
 /// Stdlib modules ship inside the binary.
 pub const STDLIB: &[(&str, &str)] = &[("nn", include_str!("../stdlib/nn.shard"))];
 
+/// The most SparseCores a device may declare (real chips have 2 or 4).
+pub const MAX_SPARSECORES: i64 = 1 << 16;
+
 #[derive(Clone, Debug)]
 pub struct Mesh {
     pub name: String,
@@ -486,12 +489,19 @@ fn eval_mesh(
                     );
                     ok = false;
                 }
-                ("sparsecores", Some(ast::ExprKind::Int(n))) if *n >= 1 => sparsecores = *n,
+                // Bounded so that devices × SparseCores partitions stay countable.
+                ("sparsecores", Some(ast::ExprKind::Int(n)))
+                    if (1..=MAX_SPARSECORES).contains(n) =>
+                {
+                    sparsecores = *n
+                }
                 ("sparsecores", _) => {
                     diags.push(
                         Problem::BadMesh {
                             span: v.span(),
-                            message: "`sparsecores` must be a positive integer".into(),
+                            message: format!(
+                                "`sparsecores` must be an integer from 1 to {MAX_SPARSECORES}"
+                            ),
                             help: Some(
                                 "the number of SparseCores per device, e.g. `sparsecores: 4`"
                                     .into(),

@@ -540,9 +540,9 @@ impl<'p> Checker<'p> {
             } else {
                 mesh.size(&axis).max(1) as usize
             };
-            for st in crate::embed::stack(&infos, devices * sc, sc, None) {
+            for st in crate::embed::stack(&infos, devices.saturating_mul(sc), sc, None) {
                 plan.stacks.push(crate::plan::StackPlan {
-                    bytes_per_device: (st.rows_per_shard() * sc * st.dim * 4) as f64,
+                    bytes_per_device: st.rows_per_shard() as f64 * (sc * st.dim * 4) as f64,
                     name: st.name.clone(),
                     dim: st.dim,
                     partitions: st.partitions,
