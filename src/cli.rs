@@ -797,6 +797,24 @@ fn run(args: RunArgs) -> ExitCode {
             cfg.optimizer.kind,
             if f64 { "f64" } else { "f32" }
         );
+        // A mesh declared for other hardware runs here as a simulation: say so.
+        let kind = c
+            .program
+            .meshes
+            .iter()
+            .find(|m| m.name == train.mesh.name)
+            .map_or("virtual", |m| m.kind.as_str());
+        match (kind, backend) {
+            ("cuda", _) => eprintln!(
+                "note: `{}` is declared `kind: cuda`; this shardc has no CUDA backend, so its devices are simulated on the CPU",
+                train.mesh.name
+            ),
+            ("mpi", Backend::Virtual) => eprintln!(
+                "note: `{}` is declared `kind: mpi`; this run simulates its devices in one process (`mpirun -np {devices} shardc run ... --backend mpi` spreads them over processes)",
+                train.mesh.name
+            ),
+            _ => {}
+        }
     }
     let dir = out_dir.unwrap_or_else(|| PathBuf::from("runs").join(&prog.model));
     if let Err(e) = std::fs::create_dir_all(&dir) {
