@@ -1084,7 +1084,7 @@ fn show(
         Ok(c) => c,
         Err(code) => return code,
     };
-    let prog = match crate::runtime::train::prepare(&c, model) {
+    let prog = match crate::runtime::train::settings(&c, model) {
         Ok((p, ..)) => p,
         Err(e) => {
             eprintln!("error: {e}");
@@ -1107,12 +1107,7 @@ fn show(
         return ExitCode::from(2);
     }
     let mesh: Vec<String> = prog.mesh.iter().map(|(a, n)| format!("{a}={n}")).collect();
-    outln!(
-        "{} on {}
-",
-        prog.model,
-        mesh.join(", ")
-    );
+    outln!("{} on {}\n", prog.model, mesh.join(", "));
     out!("{text}");
     ExitCode::SUCCESS
 }

@@ -152,10 +152,7 @@ impl Shapes {
             inputs[0].0 = "x".into();
         }
         let out = prog.output.and_then(|o| prog.nodes.get(o as usize));
-        let regression = matches!(
-            t.options.expr("loss").map(|e| &e.kind),
-            Some(ExprKind::Name(l)) if l == "mse"
-        );
+        let regression = crate::runtime::train::Loss::of(t) == crate::runtime::train::Loss::Mse;
         let (labels, classes) = match out {
             Some(o) if regression => (full(&o.ty.dims), 1),
             Some(o) if o.ty.rank() > 0 => (

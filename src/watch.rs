@@ -233,7 +233,8 @@ pub fn feed_reloads(live: Live, read: &[PathBuf], prog: &Program, cfg: &Config) 
             (live.say)(&text);
             continue;
         }
-        let prepared = train::prepare(&c, live.model).map(|(p, _, mut cfg, _)| {
+        // The program and settings only: the data stays what the run started with.
+        let prepared = train::settings(&c, live.model).map(|(p, _, mut cfg)| {
             (live.adjust)(&mut cfg);
             (p.clone(), cfg)
         });

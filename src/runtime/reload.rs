@@ -10,7 +10,7 @@
 //! that checkpoint with the edited file would (`tests/runtime.rs` checks this).
 
 use super::pipeline::Stages;
-use super::train::{Config, Optimizer, Schedule};
+use super::train::{Config, Optimizer};
 use crate::spmd::{Op, Program};
 use std::sync::{Arc, Mutex};
 
@@ -84,24 +84,11 @@ fn output(p: &Program) -> Option<String> {
         .map(|n| n.ty.to_string())
 }
 
-fn lr_text(s: &Schedule) -> String {
-    match s {
-        Schedule::Constant(v) => format!("{v:e}"),
-        Schedule::WarmupCosine {
-            init,
-            peak,
-            warmup,
-            decay,
-            end,
-        } => format!("warmup_cosine({init:e} → {peak:e} in {warmup}, → {end:e} by {decay})"),
-    }
-}
-
 /// The hyperparameters that differ, as `name old → new`.
 fn optimizer_changes(a: &Optimizer, b: &Optimizer) -> Vec<String> {
     let mut out = Vec::new();
     if a.lr != b.lr {
-        out.push(format!("lr {} → {}", lr_text(&a.lr), lr_text(&b.lr)));
+        out.push(format!("lr {} → {}", a.lr, b.lr));
     }
     for (name, x, y) in [
         ("b1", a.b1, b.b1),
@@ -121,18 +108,6 @@ fn optimizer_changes(a: &Optimizer, b: &Optimizer) -> Vec<String> {
         out.push(format!("nesterov {} → {}", a.nesterov, b.nesterov));
     }
     out
-}
-
-/// The optimizer state slots an optimizer keeps (see `OptState::new`): a kind
-/// change that keeps them (adam ↔ adamw) carries the state over.
-fn slots(o: &Optimizer) -> (bool, bool) {
-    match o.kind.as_str() {
-        "adam" | "adamw" => (true, true),
-        "adagrad" => (false, true),
-        "ftrl" => (true, true),
-        "sgd" if o.momentum > 0.0 => (true, false),
-        _ => (false, false),
-    }
 }
 
 /// Whether `new` (with `new_cfg`) can replace `old` in a running training. On
@@ -219,12 +194,12 @@ pub fn compare(
     if format!("{:?}", old_cfg.sparse) != format!("{:?}", new_cfg.sparse) {
         why.push("the tables' settings changed".into());
     }
-    let opt = |c: &Config, name: &str| -> Optimizer {
-        c.per_param.get(name).unwrap_or(&c.optimizer).clone()
-    };
     for p in &old.params {
-        let (a, b) = (opt(old_cfg, &p.name), opt(new_cfg, &p.name));
-        if slots(&a) != slots(&b) {
+        let (a, b) = (
+            old_cfg.optimizer_for(&p.name),
+            new_cfg.optimizer_for(&p.name),
+        );
+        if a.slots() != b.slots() {
             let name = |o: &Optimizer| match o.kind.as_str() {
                 "sgd" if o.momentum > 0.0 => "sgd with momentum".to_string(),
                 k => k.to_string(),
@@ -232,8 +207,8 @@ pub fn compare(
             why.push(format!(
                 "the optimizer of `{}` changed from {} to {}, which keeps other state",
                 p.name,
-                name(&a),
-                name(&b)
+                name(a),
+                name(b)
             ));
         }
     }

@@ -30,6 +30,24 @@ pub enum Schedule {
     },
 }
 
+impl std::fmt::Display for Schedule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Schedule::Constant(v) => write!(f, "{v:e}"),
+            Schedule::WarmupCosine {
+                init,
+                peak,
+                warmup,
+                decay,
+                end,
+            } => write!(
+                f,
+                "warmup_cosine({init:e} → {peak:e} in {warmup}, → {end:e} by {decay})"
+            ),
+        }
+    }
+}
+
 impl Schedule {
     pub fn at(&self, step: usize) -> f64 {
         match *self {
@@ -79,6 +97,16 @@ pub enum Loss {
     SoftmaxCrossEntropy,
     /// Targets shaped like the output: the mean over every element of (out − y)².
     Mse,
+}
+
+impl Loss {
+    /// The (checked) `loss:` of a `train` declaration.
+    pub fn of(t: &TrainDecl) -> Loss {
+        match t.options.expr("loss").map(|e| &e.kind) {
+            Some(ExprKind::Name(l)) if l == "mse" => Loss::Mse,
+            _ => Loss::SoftmaxCrossEntropy,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -195,6 +223,29 @@ pub fn optimizer_of(e: &Expr) -> Optimizer {
     opt
 }
 
+impl Optimizer {
+    /// The state it keeps per parameter, in the parameter's layout: (a first
+    /// slot `m`, a second slot `v`). Adam/AdamW two, momentum SGD and Adagrad one.
+    pub fn slots(&self) -> (bool, bool) {
+        match self.kind.as_str() {
+            "adam" | "adamw" => (true, true),
+            "adagrad" => (false, true),
+            // FTRL: the linear term and the squared-gradient accumulator.
+            "ftrl" => (true, true),
+            "sgd" if self.momentum > 0.0 => (true, false),
+            _ => (false, false),
+        }
+    }
+}
+
+impl Config {
+    /// The optimizer of the parameter `name`: its own (an embedding table's) or
+    /// the run's.
+    pub fn optimizer_for(&self, name: &str) -> &Optimizer {
+        self.per_param.get(name).unwrap_or(&self.optimizer)
+    }
+}
+
 /// Read the (already checked) `train` options.
 pub fn config(
     t: &TrainDecl,
@@ -211,13 +262,9 @@ pub fn config(
         .options
         .expr("optimizer")
         .map_or_else(default_optimizer, optimizer_of);
-    let loss = match t.options.expr("loss").map(|e| &e.kind) {
-        Some(ExprKind::Name(l)) if l == "mse" => Loss::Mse,
-        _ => Loss::SoftmaxCrossEntropy,
-    };
     Config {
         steps: int("steps").unwrap_or(10).max(0) as usize,
-        loss,
+        loss: Loss::of(t),
         seed: int("seed").unwrap_or(0) as u64,
         batch: int("batch").unwrap_or(1).max(1) as usize,
         optimizer: opt,
@@ -309,29 +356,7 @@ pub fn prepare<'c>(
     c: &'c crate::world::Compilation,
     model: Option<&str>,
 ) -> Result<(&'c Program, &'c TrainDecl, Config, Source), String> {
-    let t = match model {
-        Some(m) => c.program.trains.iter().find(|t| t.model.name == m),
-        None => c.program.trains.first(),
-    }
-    .ok_or_else(|| {
-        format!(
-            "no `train` declaration{}",
-            model.map_or(String::new(), |m| format!(" for `{m}`"))
-        )
-    })?;
-    let prog = c
-        .checked
-        .programs
-        .iter()
-        .find(|p| p.model == t.model.name)
-        .ok_or_else(|| format!("`{}` could not be lowered", t.model.name))?;
-    let mut cfg = config(t, &c.program.consts);
-    for table in &c.program.tables {
-        if let Some(OptValue::Expr(e)) = table.options.get("optimizer") {
-            cfg.per_param
-                .insert(format!("tables.{}", table.name.name), optimizer_of(e));
-        }
-    }
+    let (prog, t, cfg) = settings(c, model)?;
     let classes = prog
         .output
         .and_then(|o| {
@@ -342,7 +367,6 @@ pub fn prepare<'c>(
                 .and_then(|d| d.size.as_const())
         })
         .unwrap_or(1) as usize;
-    cfg.sparse = sparse_config(c, prog, t);
     let loaded = c.data.iter().find(|d| d.model == t.model.name);
     if loaded.is_none() {
         // A file source that did not load has a diagnostic; never fall back silently.
@@ -368,6 +392,39 @@ pub fn prepare<'c>(
         );
     }
     Ok((prog, t, cfg, src))
+}
+
+/// The lowered program of the chosen `train` and its settings, without its data
+/// (what `shardc show` and a live reload need).
+pub fn settings<'c>(
+    c: &'c crate::world::Compilation,
+    model: Option<&str>,
+) -> Result<(&'c Program, &'c TrainDecl, Config), String> {
+    let t = match model {
+        Some(m) => c.program.trains.iter().find(|t| t.model.name == m),
+        None => c.program.trains.first(),
+    }
+    .ok_or_else(|| {
+        format!(
+            "no `train` declaration{}",
+            model.map_or(String::new(), |m| format!(" for `{m}`"))
+        )
+    })?;
+    let prog = c
+        .checked
+        .programs
+        .iter()
+        .find(|p| p.model == t.model.name)
+        .ok_or_else(|| format!("`{}` could not be lowered", t.model.name))?;
+    let mut cfg = config(t, &c.program.consts);
+    for table in &c.program.tables {
+        if let Some(OptValue::Expr(e)) = table.options.get("optimizer") {
+            cfg.per_param
+                .insert(format!("tables.{}", table.name.name), optimizer_of(e));
+        }
+    }
+    cfg.sparse = sparse_config(c, prog, t);
+    Ok((prog, t, cfg))
 }
 
 /// The tables a program looks up, with their SparseCore placement, limits and
@@ -912,7 +969,7 @@ pub fn run_on(
                         None => make()?,
                     });
                 }
-                let opts = prog.params.iter().map(|p| cfg.per_param.get(&p.name).unwrap_or(&cfg.optimizer).clone()).collect();
+                let opts = prog.params.iter().map(|p| cfg.optimizer_for(&p.name).clone()).collect();
                 let mut state = OptState::new(&params, opts)?;
                 // Resuming: optimizer slots from their global arrays.
                 for (i, p) in prog.params.iter().enumerate() {
@@ -942,7 +999,7 @@ pub fn run_on(
                         let agreed = agreed.first().copied().unwrap_or(0.0) as usize;
                         if agreed > active.as_ref().map_or(0, |u| u.generation) {
                             let u = rl.get(agreed).ok_or("a reload was lost")?;
-                            state.opts = base.params.iter().map(|p| u.cfg.per_param.get(&p.name).unwrap_or(&u.cfg.optimizer).clone()).collect();
+                            state.opts = base.params.iter().map(|p| u.cfg.optimizer_for(&p.name).clone()).collect();
                             reloaded = Some(format!("reload {}: {}", u.generation, u.summary));
                             active_stages = Some(super::pipeline::Stages::of(&u.prog)?);
                             active = Some(u);
@@ -1467,13 +1524,13 @@ impl OptState {
                     .and_then(|t| t.affine(o.initial_accumulator, 0.0))
                     .map_err(ce)
             };
-            let (a, b) = match o.kind.as_str() {
-                "adam" | "adamw" => (Some(z()?), Some(z()?)),
-                "adagrad" => (None, Some(acc()?)),
-                // FTRL: the linear term and the squared-gradient accumulator.
-                "ftrl" => (Some(z()?), Some(acc()?)),
-                "sgd" if o.momentum > 0.0 => (Some(z()?), None),
-                _ => (None, None),
+            // Adagrad's and FTRL's accumulator starts at `initial_accumulator`.
+            let (has_m, has_v) = o.slots();
+            let a = if has_m { Some(z()?) } else { None };
+            let b = match (has_v, o.kind.as_str()) {
+                (false, _) => None,
+                (true, "adagrad" | "ftrl") => Some(acc()?),
+                (true, _) => Some(z()?),
             };
             m.push(a);
             v.push(b);
