@@ -222,7 +222,8 @@ fn adam(
 /// reduce-scattered.
 fn baseline_mlp(steps: usize, fsdp: bool) -> f64 {
     use candle_core::{DType, Device, Tensor, Var, D};
-    use shardc::runtime::mesh::{Collectives, Comm, Topology};
+    use shardc::mesh::{Collectives, Topology};
+    use shardc::runtime::mesh::Comm;
     let topo = Topology {
         axes: vec![("data".into(), 8)],
     };
@@ -422,7 +423,7 @@ impl candle_core::CustomOp1 for AllReduceGrad {
         _res: &candle_core::Tensor,
         grad: &candle_core::Tensor,
     ) -> candle_core::Result<Option<candle_core::Tensor>> {
-        use shardc::runtime::mesh::Collectives;
+        use shardc::mesh::Collectives;
         self.comm
             .psum(self.rank, grad, &["mp".to_string()])
             .map(Some)
@@ -436,7 +437,8 @@ impl candle_core::CustomOp1 for AllReduceGrad {
 /// fused ops, the same virtual mesh and collectives as shardc.
 fn baseline_gptj(c: &Gptj, steps: usize) -> f64 {
     use candle_core::{DType, Device, Tensor, Var, D};
-    use shardc::runtime::mesh::{Collectives, Comm, Topology};
+    use shardc::mesh::{Collectives, Topology};
+    use shardc::runtime::mesh::Comm;
     let comm = std::sync::Arc::new(Comm::new(Topology {
         axes: vec![("dp".into(), 4), ("mp".into(), 2)],
     }));

@@ -790,28 +790,22 @@ fn run(args: RunArgs) -> ExitCode {
         eprintln!(
             "training {} on {} ({}{over}) for {} steps, batch {}, {} {}",
             prog.model,
-            train.mesh.name,
+            train.mesh,
             mesh_txt.join(", "),
             cfg.steps,
             cfg.batch,
-            cfg.optimizer.kind,
+            cfg.optimizer.name(),
             if f64 { "f64" } else { "f32" }
         );
         // A mesh declared for other hardware runs here as a simulation: say so.
-        let kind = c
-            .program
-            .meshes
-            .iter()
-            .find(|m| m.name == train.mesh.name)
-            .map_or("virtual", |m| m.kind.as_str());
-        match (kind, backend) {
+        match (train.mesh_kind.as_str(), backend) {
             ("cuda", _) => eprintln!(
                 "note: `{}` is declared `kind: cuda`; this shardc has no CUDA backend, so its devices are simulated on the CPU",
-                train.mesh.name
+                train.mesh
             ),
             ("mpi", Backend::Virtual) => eprintln!(
                 "note: `{}` is declared `kind: mpi`; this run simulates its devices in one process (`mpirun -np {devices} shardc run ... --backend mpi` spreads them over processes)",
-                train.mesh.name
+                train.mesh
             ),
             _ => {}
         }
@@ -835,13 +829,7 @@ fn run(args: RunArgs) -> ExitCode {
         b
     });
     // `log_every: N` thins the plain per-step lines (metrics.jsonl keeps every step).
-    let log_every = match train.options.get("log_every") {
-        Some(crate::ast::OptValue::Expr(crate::ast::Expr {
-            kind: crate::ast::ExprKind::Int(n),
-            ..
-        })) => (*n).max(1) as usize,
-        _ => 1,
-    };
+    let log_every = train.log_every.max(1);
     let start = std::time::Instant::now();
     let mut last = start;
     let mut records: Vec<crate::runtime::report::Record> = Vec::new();

@@ -6,13 +6,57 @@
 //! stage loaded.
 
 use crate::arrays::Array;
-use crate::ast::{Expr, ExprKind, TrainDecl};
-use crate::check::Checked;
 use crate::diag::{Diagnostic, Problem};
-use crate::resolve::Program;
-use crate::source::{SourceMap, Span};
+use crate::source::Span;
+use crate::spec::{self, Spec};
 use crate::spmd::{self, Op};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+
+/// The built-in corpus (public domain), shipped inside the binary.
+pub const SHAKESPEARE: &str = include_str!("../data/tinyshakespeare.txt");
+
+/// Word-level tokens as seed 000's loader forms them: lowercase, split on
+/// non-letters; vocabulary = the V−1 most frequent words (ties alphabetical) plus
+/// id 0 for everything else.
+pub fn shakespeare_words(vocab: usize) -> Vec<u32> {
+    words(SHAKESPEARE, vocab)
+}
+
+/// Word ids of any text, formed as [`shakespeare_words`] forms them.
+pub fn words(text: &str, vocab: usize) -> Vec<u32> {
+    let text = text.to_lowercase();
+    let words: Vec<&str> = text
+        .split(|c: char| !c.is_ascii_alphabetic())
+        .filter(|w| !w.is_empty())
+        .collect();
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for w in &words {
+        *counts.entry(w).or_default() += 1;
+    }
+    let mut by_freq: Vec<(&str, usize)> = counts.into_iter().collect();
+    by_freq.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let ids: HashMap<&str, u32> = by_freq
+        .iter()
+        .take(vocab.saturating_sub(1))
+        .enumerate()
+        .map(|(i, (w, _))| (*w, i as u32 + 1))
+        .collect();
+    words
+        .iter()
+        .map(|w| ids.get(w).copied().unwrap_or(0))
+        .collect()
+}
+
+/// Character ids: the index of each character among the corpus's distinct
+/// characters in code-point order (65 of them, as in nanoGPT's character model).
+pub fn shakespeare_chars() -> Vec<u32> {
+    let vocab = char_vocab(SHAKESPEARE);
+    SHAKESPEARE
+        .chars()
+        .map(|c| vocab.binary_search(&c).map_or(0, |i| i as u32))
+        .collect()
+}
 
 /// Distinct characters of the built-in corpus: the vocabulary of `shakespeare_chars`.
 pub fn char_vocab(text: &str) -> Vec<char> {
@@ -50,9 +94,8 @@ pub struct TrainData {
 /// Check every `train`'s data; `flag` is `--data PATH`, which replaces the files'
 /// `data:` sources. Returns the diagnostics, what was loaded, and the files read.
 pub fn check(
-    program: &Program,
-    checked: &Checked,
-    sources: &SourceMap,
+    spec: &Spec,
+    programs: &[spmd::Program],
     flag: Option<&Path>,
 ) -> (Vec<Diagnostic>, Vec<TrainData>, Vec<PathBuf>) {
     let mut cx = Cx {
@@ -60,13 +103,13 @@ pub fn check(
         loaded: vec![],
         read: vec![],
     };
-    for t in &program.trains {
+    for t in &spec.trains {
         // Without a lowered program (the file has errors) there is nothing to fit.
-        let Some(prog) = checked.programs.iter().find(|p| p.model == t.model.name) else {
+        let Some(prog) = programs.iter().find(|p| p.model == t.model) else {
             continue;
         };
-        let shape = Shapes::of(program, t, prog);
-        cx.train(t, &shape, sources, flag);
+        let shape = Shapes::of(t, prog);
+        cx.train(t, &shape, flag);
     }
     let diags = cx.problems.into_iter().map(|p| p.diagnostic()).collect();
     (diags, cx.loaded, cx.read)
@@ -88,15 +131,8 @@ struct Shapes {
 }
 
 impl Shapes {
-    fn of(program: &Program, t: &TrainDecl, prog: &spmd::Program) -> Shapes {
-        let batch = t
-            .options
-            .expr("batch")
-            .and_then(|e| match e.kind {
-                ExprKind::Int(v) => Some(v.max(1) as usize),
-                _ => None,
-            })
-            .unwrap_or(1);
+    fn of(t: &spec::Train, prog: &spmd::Program) -> Shapes {
+        let batch = t.batch.unwrap_or(1).max(1);
         let size = |d: &crate::types::Dim| {
             d.size
                 .substitute(&prog.bound)
@@ -110,49 +146,41 @@ impl Shapes {
                 .map(|(i, d)| if i == 0 { batch } else { size(d) })
                 .collect()
         };
-        let names: Vec<String> = program
-            .layers
-            .get(&t.model.name)
-            .and_then(|l| {
-                l.members.iter().find_map(|m| match m {
-                    crate::ast::Member::Fn(f) if f.name.name == "forward" => {
-                        Some(f.params.iter().map(|p| p.0.name.clone()).collect())
-                    }
-                    _ => None,
-                })
-            })
-            .unwrap_or_default();
         let mut inputs = Vec::new();
         let mut input_vocab = Vec::new();
         let mut padded = Vec::new();
         for (id, n) in prog.nodes.iter().enumerate() {
             let Op::Input(i) = n.op else { continue };
             // One input is `x`, as in seeds 000 and 003; several go by their names.
-            let name = names.get(i).cloned().unwrap_or_else(|| format!("x{i}"));
+            let name = prog
+                .input_names
+                .get(i)
+                .cloned()
+                .unwrap_or_else(|| format!("x{i}"));
             inputs.push((name, full(&n.ty.dims), !n.ty.dtype.is_float()));
-            let vocab = prog.nodes.iter().find_map(|m| match &m.op {
-                Op::Builtin(b, _)
-                    if (b == "embed" || b == "lookup") && m.args.get(1) == Some(&(id as u32)) =>
-                {
-                    m.args
-                        .first()
-                        .and_then(|w| prog.nodes.get(*w as usize))
-                        .and_then(|w| w.ty.dims.first())
-                        .map(size)
-                }
-                _ => None,
-            });
-            input_vocab.push(vocab);
-            padded.push(prog.nodes.iter().any(|m| {
-                matches!(&m.op, Op::Builtin(b, _) if b == "lookup")
-                    && m.args.get(1) == Some(&(id as u32))
+            // The rows of the embedding or table that reads this input as ids.
+            let reader = prog
+                .nodes
+                .iter()
+                .find(|m| m.op.reads_ids() && m.args.get(1) == Some(&(id as u32)));
+            input_vocab.push(reader.and_then(|m| {
+                m.args
+                    .first()
+                    .and_then(|w| prog.nodes.get(*w as usize))
+                    .and_then(|w| w.ty.dims.first())
+                    .map(size)
             }));
+            padded.push(
+                prog.nodes
+                    .iter()
+                    .any(|m| m.op.lookup_table().is_some() && m.args.get(1) == Some(&(id as u32))),
+            );
         }
         if inputs.len() == 1 {
             inputs[0].0 = "x".into();
         }
         let out = prog.output.and_then(|o| prog.nodes.get(o as usize));
-        let regression = crate::runtime::train::Loss::of(t) == crate::runtime::train::Loss::Mse;
+        let regression = t.loss == spec::Loss::Mse;
         let (labels, classes) = match out {
             Some(o) if regression => (full(&o.ty.dims), 1),
             Some(o) if o.ty.rank() > 0 => (
@@ -168,7 +196,7 @@ impl Shapes {
             labels,
             classes,
             regression,
-            eval: t.options.get("eval").map(|v| v.span()),
+            eval: t.eval_span,
         }
     }
 }
@@ -180,27 +208,23 @@ struct Cx {
 }
 
 impl Cx {
-    fn train(&mut self, t: &TrainDecl, shape: &Shapes, sources: &SourceMap, flag: Option<&Path>) {
-        let model = t.model.name.clone();
+    fn train(&mut self, t: &spec::Train, shape: &Shapes, flag: Option<&Path>) {
+        let model = t.model.clone();
+        let span = t.data_span.unwrap_or(t.model_span);
         if let Some(path) = flag {
-            let span = t.options.get("data").map_or(t.model.span, |v| v.span());
             let shown = format!("--data {}", path.display());
             if let Some(data) = self.arrays(path, &shown, span, shape) {
                 self.loaded.push(TrainData { model, data });
             }
             return;
         }
-        let Some(e) = t.options.expr("data") else {
+        let Some(data) = &t.data else {
             return;
         };
-        let Some((name, args)) = e.as_call() else {
-            return;
-        };
-        let arg = |k: &str| args.iter().find(|a| a.0 == k).map(|a| a.1);
-        if shape.regression && matches!(name, "text" | "shakespeare_words" | "shakespeare_chars") {
+        if shape.regression && data.is_tokens() {
             self.problems.push(Problem::DataMismatch {
-                span: e.span,
-                path: name.to_string(),
+                span,
+                path: data.name().to_string(),
                 label: "data named here",
                 message: format!(
                     "gives token ids as labels, but `loss: mse` needs numeric targets shaped like the output, {}",
@@ -210,39 +234,31 @@ impl Cx {
             });
             return;
         }
-        let int = |k: &str| {
-            arg(k).and_then(|e| match e.kind {
-                ExprKind::Int(v) => Some(v),
-                _ => None,
-            })
-        };
-        let dir = sources
-            .get(t.span.file)
-            .path
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_default();
-        match name {
-            "arrays" => {
-                let Some((written, span)) = self.path_arg(arg("path"), e.span) else {
-                    return;
-                };
-                if let Some(data) = self.arrays(&dir.join(&written), &written, span, shape) {
+        match data {
+            spec::Data::Arrays {
+                path,
+                written,
+                path_span,
+            } => {
+                if let Some(data) = self.arrays(path, written, *path_span, shape) {
                     self.loaded.push(TrainData { model, data });
                 }
             }
-            "text" => {
-                let Some((written, span)) = self.path_arg(arg("path"), e.span) else {
-                    return;
-                };
-                let full = dir.join(&written);
-                self.read.push(full.clone());
-                let text = match std::fs::read_to_string(&full) {
+            spec::Data::Text {
+                path,
+                written,
+                path_span,
+                seq,
+                vocab,
+                vocab_span,
+            } => {
+                self.read.push(path.clone());
+                let text = match std::fs::read_to_string(path) {
                     Ok(t) => t,
                     Err(err) => {
                         self.problems.push(Problem::DataUnreadable {
-                            span,
-                            path: written,
+                            span: *path_span,
+                            path: written.clone(),
                             reason: match err.kind() {
                                 std::io::ErrorKind::NotFound => "no such file".into(),
                                 std::io::ErrorKind::InvalidData => "not UTF-8 text".into(),
@@ -252,18 +268,17 @@ impl Cx {
                         return;
                     }
                 };
-                let vocab = int("vocab").unwrap_or(shape.classes as i64).max(1) as usize;
-                let seq = int("seq").unwrap_or(16).max(1) as usize;
-                let vspan = arg("vocab").map_or(e.span, |v| v.span);
-                if !self.vocab_fits(vocab, vspan, shape, true) {
+                let vocab = vocab.unwrap_or(shape.classes).max(1);
+                let seq = (*seq).max(1);
+                if !self.vocab_fits(vocab, vocab_span.unwrap_or(span), shape, true) {
                     return;
                 }
-                let ids = crate::runtime::data::words(&text, vocab);
+                let ids = words(&text, vocab);
                 // Training windows come from the first 90%: it must hold one.
                 if ids.len() * 9 / 10 < seq + 2 {
                     self.problems.push(Problem::DataMismatch {
-                        span,
-                        path: written,
+                        span: *path_span,
+                        path: written.clone(),
                         label: "data named here",
                         message: format!(
                             "holds {} words, too few for windows of {seq} (the first 90% must hold {} words)",
@@ -279,43 +294,44 @@ impl Cx {
                     data: Loaded::Text { ids, seq },
                 });
             }
-            "shakespeare_words" | "synthetic" => {
+            spec::Data::ShakespeareWords {
+                vocab: Some(v),
+                vocab_span,
+                ..
+            } => {
+                self.vocab_fits(*v, vocab_span.unwrap_or(span), shape, true);
+            }
+            spec::Data::Synthetic {
+                classes,
+                classes_span,
+                vocab,
+                vocab_span,
+            } => {
                 // Synthetic ids are inputs only; its labels are below `classes`.
-                if let (Some(v), Some(x)) = (int("vocab"), arg("vocab")) {
-                    self.vocab_fits(v.max(1) as usize, x.span, shape, name != "synthetic");
+                if let Some(v) = vocab {
+                    self.vocab_fits(*v, vocab_span.unwrap_or(span), shape, false);
+                }
+                if let Some(c) = classes.filter(|c| *c > shape.classes && !shape.regression) {
+                    self.problems.push(Problem::DataOutOfRange {
+                        span: classes_span.unwrap_or(span),
+                        message: format!(
+                            "this source gives labels up to {}, but the model has {} output classes",
+                            c - 1,
+                            shape.classes
+                        ),
+                        label: format!("{c} classes"),
+                        help: format!(
+                            "use `classes: {}` or fewer, or widen the model's output",
+                            shape.classes
+                        ),
+                    });
                 }
             }
-            "shakespeare_chars" => {
-                let n = char_vocab(crate::runtime::data::SHAKESPEARE).len();
-                self.vocab_fits(n, e.span, shape, true);
+            spec::Data::ShakespeareChars { .. } => {
+                let n = char_vocab(SHAKESPEARE).len();
+                self.vocab_fits(n, span, shape, true);
             }
-            _ => {}
-        }
-    }
-
-    /// The `path:` argument, which must be a string.
-    fn path_arg(&mut self, e: Option<&Expr>, call: Span) -> Option<(String, Span)> {
-        match e {
-            Some(Expr {
-                kind: ExprKind::Str(s),
-                span,
-            }) => Some((s.clone(), *span)),
-            Some(other) => {
-                self.problems.push(Problem::BadValue {
-                    span: other.span,
-                    message: "`path` must be a string".into(),
-                    help: Some("write `path: \"data/train.npz\"` (relative to this file)".into()),
-                });
-                None
-            }
-            None => {
-                self.problems.push(Problem::BadValue {
-                    span: call,
-                    message: "this data source needs `path`".into(),
-                    help: Some("write `path: \"data/train.npz\"` (relative to this file)".into()),
-                });
-                None
-            }
+            spec::Data::ShakespeareWords { vocab: None, .. } => {}
         }
     }
 

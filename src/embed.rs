@@ -46,6 +46,91 @@ impl Overflow {
     }
 }
 
+/// How a feature row's looked-up rows are combined (TensorFlow's combiners),
+/// over its valid ids with weights w: `sum` Σ w·row, `mean` Σ w·row / Σ w,
+/// `sqrtn` Σ w·row / √Σ w².
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Combiner {
+    #[default]
+    Sum,
+    Mean,
+    Sqrtn,
+}
+
+impl Combiner {
+    pub fn parse(s: &str) -> Option<Combiner> {
+        match s {
+            "sum" => Some(Combiner::Sum),
+            "mean" => Some(Combiner::Mean),
+            "sqrtn" => Some(Combiner::Sqrtn),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Combiner::Sum => "sum",
+            Combiner::Mean => "mean",
+            Combiner::Sqrtn => "sqrtn",
+        }
+    }
+    /// Each id's factor, given its sample's effective weights (0 when the sample
+    /// has none).
+    pub fn factor(self, eff: &[f64]) -> f64 {
+        let c = match self {
+            Combiner::Mean => 1.0 / eff.iter().sum::<f64>(),
+            Combiner::Sqrtn => 1.0 / eff.iter().map(|x| x * x).sum::<f64>().sqrt(),
+            Combiner::Sum => 1.0,
+        };
+        if c.is_finite() {
+            c
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Where a table's rows live: MOD over `devices × sparsecores` partitions when
+/// the (global) vocabulary divides evenly, else contiguous blocks per device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    pub vocab: usize,
+    /// Devices along the table's axis.
+    pub devices: usize,
+    pub sparsecores: usize,
+    pub part: Partitioner,
+    pub mod_rows: bool,
+}
+
+impl Placement {
+    pub fn rows_per_device(&self) -> usize {
+        self.vocab / self.devices.max(1)
+    }
+    /// (owning device's index along the axis, row in its shard) of an id.
+    pub fn locate(&self, id: u64) -> (usize, usize) {
+        if !self.mod_rows {
+            let r = self.rows_per_device().max(1);
+            return (id as usize / r, id as usize % r);
+        }
+        let p = self.part.partition(id);
+        let rpp = self.vocab / self.part.n.max(1);
+        let sc = self.sparsecores.max(1);
+        (p / sc, (p % sc) * rpp + self.part.local_row(id))
+    }
+    /// The id stored at `row` of device `owner`'s shard (the inverse of `locate`).
+    pub fn id_at(&self, owner: usize, row: usize) -> u64 {
+        if !self.mod_rows {
+            return (owner * self.rows_per_device() + row) as u64;
+        }
+        let n = self.part.n.max(1);
+        let rpp = self.vocab / n;
+        let sc = self.sparsecores.max(1);
+        let (k, j) = (row / rpp.max(1), row % rpp.max(1));
+        let p = owner * sc + k;
+        let q = (p as i64 - self.part.shift as i64).rem_euclid(n as i64) as u64;
+        j as u64 * n as u64 + q
+    }
+}
+
 /// Per-stack input statistics of one step (or the maximum over several).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {

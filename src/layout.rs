@@ -3,7 +3,7 @@
 //! dimension, columns the pieces of the others; each cell lists the devices that
 //! hold that piece.
 
-use crate::runtime::mesh::Topology;
+use crate::mesh::Topology;
 use crate::spmd::{Op, Program};
 use crate::types::TType;
 use std::collections::BTreeMap;

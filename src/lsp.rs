@@ -168,7 +168,7 @@ fn hover(req: &Request, docs: &HashMap<String, Doc>) -> Option<Hover> {
     }
     if let Some((ty, mesh)) = &t.layout {
         // Where the pieces live, as `shardc show` draws it.
-        let topo = crate::runtime::mesh::Topology::of(mesh);
+        let topo = crate::mesh::Topology::of(mesh);
         let grid = crate::layout::draw(&t.name, ty, &topo, None);
         let grid: String = grid.lines().skip(1).map(|l| format!("{l}\n")).collect();
         value.push_str(&format!("\n\n```text\n{grid}```"));

@@ -37,6 +37,26 @@ pub enum Op {
     Reshard,
 }
 
+impl Op {
+    /// The table a `lookup` reads.
+    pub fn lookup_table(&self) -> Option<&str> {
+        match self {
+            Op::Builtin(b, attrs) if b == "lookup" => {
+                attrs.iter().find(|a| a.0 == "table").map(|a| a.1.as_str())
+            }
+            _ => None,
+        }
+    }
+    /// An op that reads integer ids as rows of its first operand (`embed`, `lookup`).
+    pub fn reads_ids(&self) -> bool {
+        matches!(self, Op::Builtin(b, _) if b == "embed" || b == "lookup")
+    }
+    /// A layout change the checker inserted.
+    pub fn is_reshard(&self) -> bool {
+        matches!(self, Op::Reshard)
+    }
+}
+
 pub mod ast_op {
     pub use crate::ast::BinOp as Bin;
 }
@@ -57,8 +77,8 @@ pub struct Param {
     pub stored: TType,
     /// Layout used by the forward pass.
     pub used: TType,
-    /// Initializer as written, e.g. `normal(0.02)`.
-    pub init: String,
+    /// Its initializer.
+    pub init: crate::init::Init,
     pub span: Span,
 }
 
@@ -67,6 +87,8 @@ pub struct Program {
     pub model: String,
     pub mesh: Vec<(String, i64)>,
     pub params: Vec<Param>,
+    /// The model's inputs (the forward's parameter names), in order.
+    pub input_names: Vec<String>,
     pub nodes: Vec<Node>,
     pub output: Option<Nid>,
     /// Values of the symbolic sizes (the batch).

@@ -21,6 +21,8 @@ pub struct Compilation {
     pub sources: SourceMap,
     pub diagnostics: Vec<Diagnostic>,
     pub program: Program,
+    /// The typed `train` and table declarations.
+    pub spec: crate::spec::Spec,
     pub checked: Checked,
     /// Real files the compile read (the root, its imports, its data files): what
     /// `watch` watches.
@@ -62,10 +64,12 @@ pub fn compile_source(path: &Path, text: String, opts: &Options) -> Compilation 
             }
         }
     }
-    let (diags, checked) = Checker::new(&program, &sources, opts.strict).run();
+    let (spec, diags) = crate::spec::build(&program, &sources);
+    diagnostics.extend(diags);
+    let (diags, checked) = Checker::new(&program, &spec, &sources, opts.strict).run();
     diagnostics.extend(diags);
     let (diags, data, mut data_read) =
-        crate::data::check(&program, &checked, &sources, opts.data.as_deref());
+        crate::data::check(&spec, &checked.programs, opts.data.as_deref());
     diagnostics.extend(diags);
     read.append(&mut data_read);
     // Stable order: by file, then position, errors before notes at the same place.
@@ -74,6 +78,7 @@ pub fn compile_source(path: &Path, text: String, opts: &Options) -> Compilation 
         sources,
         diagnostics,
         program,
+        spec,
         checked,
         read,
         data,

@@ -283,3 +283,29 @@ fn run_watch_applies_a_saved_edit_in_flight() {
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `log_every` and `batch` may name constants: the run prints steps 1, 2, 4 of
+/// 4 with `log_every: LOG` (LOG = 2), and trains on the whole batch.
+#[test]
+fn constant_batch_and_log_every() {
+    let dir = temp("consts");
+    let model = dir.join("c.shard");
+    std::fs::write(&model, format!("{CLS}const BATCH = 8\nconst LOG = 2\ntrain C on m {{ data: synthetic(classes: 3), batch: BATCH, steps: 4, log_every: LOG, optimizer: sgd(lr: 0.3) }}\n")).expect("write");
+    let out = shardc()
+        .arg("run")
+        .arg(&model)
+        .arg("--out")
+        .arg(dir.join("run"))
+        .output()
+        .expect("spawn");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("batch 8"), "{err}");
+    let steps: Vec<&str> = err
+        .lines()
+        .filter_map(|l| l.strip_prefix("step "))
+        .filter_map(|l| l.split('/').next())
+        .map(str::trim)
+        .collect();
+    assert_eq!(steps, ["1", "2", "4"], "{err}");
+}

@@ -321,14 +321,12 @@ fn global_params(prog: &Program, cfg: &Config) -> Named {
                 .map(|d| d.size.as_const().unwrap_or(0) as usize)
                 .product();
             let idx: Vec<u64> = (0..n as u64).collect();
-            let v = shardc::runtime::init::init_values(
-                &p.init,
+            let v = p.init.values(
                 &p.stored,
-                cfg.seed ^ shardc::runtime::init::hash_str(&p.name),
+                cfg.seed ^ shardc::init::hash_str(&p.name),
                 &idx,
                 &prog.bound,
-            )
-            .expect("init");
+            );
             (p.name.clone(), v)
         })
         .collect()
@@ -515,7 +513,8 @@ fn all_to_all_and_ppermute_agree_with_their_definitions() {
 /// group does not divide.
 #[test]
 fn chunked_psum_equals_the_ordered_sum_bit_for_bit() {
-    use shardc::runtime::mesh::{Collectives, Comm, Topology};
+    use shardc::mesh::{Collectives, Topology};
+    use shardc::runtime::mesh::Comm;
     let topo = Topology {
         axes: vec![("a".into(), 2), ("b".into(), 3)],
     };
@@ -659,7 +658,7 @@ fn accumulated_gradient_equals_full_batch_gradient() {
 /// optax.warmup_cosine_decay_schedule(init, peak, warmup, decay_steps, end).
 #[test]
 fn warmup_cosine_matches_optax() {
-    use train::Schedule;
+    use shardc::spec::Schedule;
     let s = Schedule::WarmupCosine {
         init: 1e-7,
         peak: 3e-4,

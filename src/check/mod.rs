@@ -117,6 +117,7 @@ struct Scope {
 
 pub struct Checker<'p> {
     prog: &'p Program,
+    spec: &'p crate::spec::Spec,
     sources: &'p crate::source::SourceMap,
     pub diags: Vec<Diagnostic>,
     mesh: Option<&'p Mesh>,
@@ -162,26 +163,17 @@ pub struct Checker<'p> {
 /// The most repetitions of a layer that lowering unrolls.
 const MAX_UNROLL: i64 = 4096;
 
-const INITIALIZERS: &[&str] = &[
-    "normal",
-    "truncated_normal",
-    "uniform",
-    "zeros",
-    "ones",
-    "xavier",
-    "lecun",
-    "constant",
-];
-
 impl<'p> Checker<'p> {
     pub fn new(
         prog: &'p Program,
+        spec: &'p crate::spec::Spec,
         sources: &'p crate::source::SourceMap,
         strict_flag: bool,
     ) -> Self {
         let strict = prog.strict.or(strict_flag.then(Span::default));
         Checker {
             prog,
+            spec,
             sources,
             diags: vec![],
             mesh: None,
@@ -210,10 +202,15 @@ impl<'p> Checker<'p> {
     }
 
     pub fn run(mut self) -> (Vec<Diagnostic>, Checked) {
-        self.check_tables_and_features();
-        let mut trained = HashSet::new();
-        for t in &self.prog.trains {
-            trained.insert(t.model.name.clone());
+        self.check_features();
+        let trained: HashSet<String> = self
+            .prog
+            .trains
+            .iter()
+            .map(|t| t.model.name.clone())
+            .collect();
+        let spec = self.spec;
+        for t in &spec.trains {
             self.check_train(t);
         }
         // Models without a train declaration are checked on the file's first mesh.
@@ -349,6 +346,9 @@ impl<'p> Checker<'p> {
             let ty = self.apply_bound(ty);
             self.validate_type(&ty, te, &format!("of `{}`", name.name));
             let nid = self.emit_node(crate::spmd::Op::Input(i), vec![], &ty, name.span);
+            if let Some(p) = self.emit.as_mut() {
+                p.input_names.push(name.name.clone());
+            }
             args.push((Val::T(ty), name.span, nid));
         }
         self.sites.push((decl.name.span, decl.name.name.clone()));
@@ -456,8 +456,8 @@ impl<'p> Checker<'p> {
                         inst.weights
                             .insert(name.name.clone(), (t.clone(), t, name.span));
                     }
-                    if let Some(init) = init {
-                        self.check_initializer(init);
+                    if let Some(Err(p)) = init.as_ref().map(crate::init::Init::parse) {
+                        self.report(*p);
                     }
                 }
                 Member::Sub { name, value, .. } => {
@@ -509,37 +509,6 @@ impl<'p> Checker<'p> {
         let rc = Rc::new(inst);
         self.insts.insert(key, rc.clone());
         Some(rc)
-    }
-
-    fn check_initializer(&mut self, init: &Expr) {
-        let (name, span) = match &init.kind {
-            ExprKind::Name(n) => (n, init.span),
-            ExprKind::Call(c, _) => match &c.kind {
-                ExprKind::Name(n) => (n, c.span),
-                _ => {
-                    return self.report(Problem::WrongKind {
-                        span: init.span,
-                        expected: "an initializer like `normal(0.02)`".into(),
-                        found: "an expression".into(),
-                    })
-                }
-            },
-            _ => {
-                return self.report(Problem::WrongKind {
-                    span: init.span,
-                    expected: "an initializer like `normal(0.02)`".into(),
-                    found: "an expression".into(),
-                })
-            }
-        };
-        if !INITIALIZERS.contains(&name.as_str()) {
-            self.report(Problem::UnknownChoice {
-                span,
-                kind: "initializer",
-                name: name.clone(),
-                known: INITIALIZERS.to_vec(),
-            });
-        }
     }
 
     fn shard_params_directive(&mut self, args: &[Arg], span: Span) -> Option<(String, i64)> {
@@ -1547,10 +1516,10 @@ impl<'p> Checker<'p> {
                     name: w,
                     init: Some(i),
                     ..
-                } if w.name == n => Some(self.sources.get(i.span.file).snippet(i.span).to_string()),
+                } if w.name == n => crate::init::Init::parse(i).ok(),
                 _ => None,
             })
-            .unwrap_or_else(|| "zeros".into());
+            .unwrap_or(crate::init::Init::Zeros);
         self.emit_parameter(full.join("."), stored, used, init, span);
     }
 
@@ -1561,7 +1530,7 @@ impl<'p> Checker<'p> {
         name: String,
         stored: &TType,
         used: &TType,
-        init: String,
+        init: crate::init::Init,
         span: Span,
     ) -> Option<crate::spmd::Nid> {
         if let Some(id) = self.param_nodes.get(&name) {

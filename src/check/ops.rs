@@ -1015,31 +1015,22 @@ impl<'p> Checker<'p> {
                 }
             }
             if name == "lookup" {
-                // The runtime needs the table's combiner.
-                let feature = raw.first().and_then(|a| match a {
-                    Arg::Pos(Expr {
-                        kind: ExprKind::Name(n),
-                        ..
-                    }) => Some(n.clone()),
-                    _ => None,
-                });
-                let combiner = feature
-                    .and_then(|f| self.prog.features.iter().find(|x| x.name.name == f))
-                    .and_then(|f| {
-                        self.prog
-                            .tables
-                            .iter()
-                            .find(|t| t.name.name == f.table.name)
-                    })
-                    .and_then(|t| match t.options.get("combiner") {
-                        Some(ast::OptValue::Expr(Expr {
-                            kind: ExprKind::Name(c),
+                // The runtime needs the table and its combiner.
+                let table = raw
+                    .first()
+                    .and_then(|a| match a {
+                        Arg::Pos(Expr {
+                            kind: ExprKind::Name(n),
                             ..
-                        })) => Some(c.clone()),
+                        }) => Some(n.clone()),
                         _ => None,
                     })
-                    .unwrap_or_else(|| "sum".into());
-                attrs.push(("combiner".into(), combiner));
+                    .and_then(|f| self.prog.features.iter().find(|x| x.name.name == f))
+                    .and_then(|f| self.spec.table(&f.table.name));
+                if let Some(t) = table {
+                    attrs.push(("combiner".into(), t.combiner.name().into()));
+                    attrs.push(("table".into(), t.name.clone()));
+                }
             }
             let collective = COLLECTIVES.contains(&name);
             let op = if collective {
@@ -2220,17 +2211,12 @@ impl<'p> Checker<'p> {
                 return Val::Poison;
             }
         }
-        let Some(table) = self
-            .prog
-            .tables
-            .iter()
-            .find(|t| t.name.name == feat.table.name)
-            .cloned()
-        else {
+        let Some(table) = self.spec.table(&feat.table.name).cloned() else {
             return Val::Poison;
         };
-        let dim = decls_int(self, &table, "dim");
-        let Some(dim) = dim else { return Val::Poison };
+        let Some(dim) = table.dim else {
+            return Val::Poison;
+        };
         // The feature's declared input: [samples, valency]; ids must hold exactly that many.
         let mut fscope = Scope {
             tyvars: scope.tyvars.clone(),
@@ -2258,7 +2244,7 @@ impl<'p> Checker<'p> {
             self.emit_table(&table, dim);
             // Ids to the owners and rows back, forward and backward.
             if let (Some(n), Some(ax)) =
-                (have.as_ref().and_then(|h| h.as_const()), table_axis(&table))
+                (have.as_ref().and_then(|h| h.as_const()), table.axis.clone())
             {
                 let devices = self.axes_product(&axes).max(1);
                 let bytes = (n / devices) as f64 * (dim as f64 * 4.0 + 8.0) * 2.0;
@@ -2286,25 +2272,14 @@ impl<'p> Checker<'p> {
     /// and their SparseCores by the runtime) and used in place: the lookup fetches
     /// the rows it needs from their owners. Its node goes first among the lookup's
     /// operands.
-    fn emit_table(&mut self, table: &ast::TableDecl, dim: i64) {
-        let Some(vocab) = decls_int(self, table, "vocab") else {
+    fn emit_table(&mut self, table: &crate::spec::Table, dim: i64) {
+        let Some(vocab) = table.vocab else {
             return;
         };
-        let name = format!("tables.{}", table.name.name);
-        let axis = match table.options.get("shard") {
-            Some(ast::OptValue::Expr(Expr {
-                kind: ExprKind::Call(_, a),
-                ..
-            })) => match a.first() {
-                Some(Arg::Pos(Expr {
-                    kind: ExprKind::Name(n),
-                    ..
-                })) => Some(n.clone()),
-                _ => None,
-            },
-            _ => None,
-        };
-        let rows_axes: Vec<String> = axis
+        let name = format!("tables.{}", table.name);
+        let rows_axes: Vec<String> = table
+            .axis
+            .clone()
             .into_iter()
             .filter(|a| vocab % self.axis_size(a).max(1) == 0)
             .collect();
@@ -2320,41 +2295,8 @@ impl<'p> Checker<'p> {
         // The lookup reads rows from their owners (an all-to-all of ids and rows),
         // so the table is used as stored, never gathered whole.
         let used = stored.clone();
-        let init = match table.options.get("init") {
-            Some(v) => self
-                .sources
-                .get(v.span().file)
-                .snippet(v.span())
-                .to_string(),
-            None => "normal(1.0)".into(),
-        };
-        let id = self.emit_parameter(name, &stored, &used, init, table.name.span);
+        let id = self.emit_parameter(name, &stored, &used, table.init, table.span);
         self.arg_ids.insert(0, id);
-    }
-}
-
-/// The axis of a table's `shard: rows(axis)`.
-fn table_axis(table: &ast::TableDecl) -> Option<String> {
-    match table.options.expr("shard").map(|e| &e.kind) {
-        Some(ExprKind::Call(_, a)) => match a.first() {
-            Some(Arg::Pos(Expr {
-                kind: ExprKind::Name(n),
-                ..
-            })) => Some(n.clone()),
-            _ => None,
-        },
-        _ => None,
-    }
-}
-
-fn decls_int(c: &mut Checker, table: &ast::TableDecl, key: &str) -> Option<i64> {
-    match table.options.get(key) {
-        Some(ast::OptValue::Expr(x)) => match &x.kind {
-            ExprKind::Int(v) => Some(*v),
-            ExprKind::Name(n) => c.prog.consts.get(n).map(|v| v.0),
-            _ => None,
-        },
-        _ => None,
     }
 }
 

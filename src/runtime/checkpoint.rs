@@ -188,11 +188,12 @@ pub fn load(path: &Path) -> Result<(Manifest, Arrays), String> {
 /// Load the newest checkpoint into `cfg`: parameters, optimizer slots, step.
 pub fn resume(
     prog: &crate::spmd::Program,
-    cfg: &mut crate::runtime::train::Config,
+    cfg: &mut super::config::Config,
 ) -> Result<String, String> {
-    let (_, _, dir) = cfg
+    let dir = cfg
         .checkpoint
-        .clone()
+        .as_ref()
+        .map(|c| c.dir.clone())
         .ok_or("the `train` declaration has no `checkpoint` block")?;
     let mut all = list(&dir);
     all.sort();
@@ -252,13 +253,12 @@ pub fn dump_init(prog: &crate::spmd::Program, seed: u64, path: &Path) -> Result<
         let shape: Vec<usize> = p.stored.known_shape();
         let n: usize = shape.iter().product();
         let idx: Vec<u64> = (0..n as u64).collect();
-        let v = super::init::init_values(
-            &p.init,
+        let v = p.init.values(
             &p.stored,
-            seed ^ super::init::hash_str(&p.name),
+            seed ^ crate::init::hash_str(&p.name),
             &idx,
             &prog.bound,
-        )?;
+        );
         arrays.push((p.name.clone(), shape, v));
     }
     let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = arrays

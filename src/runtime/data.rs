@@ -2,52 +2,6 @@
 //! the step); each device takes its piece according to the input's layout.
 
 use crate::arrays::Array;
-use std::collections::HashMap;
-
-/// The built-in corpus (public domain), shipped inside the binary.
-pub const SHAKESPEARE: &str = include_str!("../../data/tinyshakespeare.txt");
-
-/// Word-level tokens as seed 000's loader forms them: lowercase, split on
-/// non-letters; vocabulary = the V−1 most frequent words (ties alphabetical) plus
-/// id 0 for everything else.
-pub fn shakespeare_words(vocab: usize) -> Vec<u32> {
-    words(SHAKESPEARE, vocab)
-}
-
-/// Word ids of any text, formed as [`shakespeare_words`] forms them.
-pub fn words(text: &str, vocab: usize) -> Vec<u32> {
-    let text = text.to_lowercase();
-    let words: Vec<&str> = text
-        .split(|c: char| !c.is_ascii_alphabetic())
-        .filter(|w| !w.is_empty())
-        .collect();
-    let mut counts: HashMap<&str, usize> = HashMap::new();
-    for w in &words {
-        *counts.entry(w).or_default() += 1;
-    }
-    let mut by_freq: Vec<(&str, usize)> = counts.into_iter().collect();
-    by_freq.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-    let ids: HashMap<&str, u32> = by_freq
-        .iter()
-        .take(vocab.saturating_sub(1))
-        .enumerate()
-        .map(|(i, (w, _))| (*w, i as u32 + 1))
-        .collect();
-    words
-        .iter()
-        .map(|w| ids.get(w).copied().unwrap_or(0))
-        .collect()
-}
-
-/// Character ids: the index of each character among the corpus's distinct
-/// characters in code-point order (65 of them, as in nanoGPT's character model).
-pub fn shakespeare_chars() -> Vec<u32> {
-    let vocab = crate::data::char_vocab(SHAKESPEARE);
-    SHAKESPEARE
-        .chars()
-        .map(|c| vocab.binary_search(&c).map_or(0, |i| i as u32))
-        .collect()
-}
 
 /// One global batch: the model's inputs (flattened, row-major) and the labels:
 /// class ids for a classifier, target values for a regression (`loss: mse`).
@@ -57,9 +11,14 @@ pub struct Batch {
 }
 
 pub enum Source {
-    /// Normal inputs, uniform labels in [0, classes) (or, for a regression, normal
-    /// targets): one fixed batch.
-    Synthetic { classes: usize, regression: bool },
+    /// Normal inputs (integer inputs uniform below `vocab`, by default the
+    /// model's classes), uniform labels in [0, classes) (or, for a regression,
+    /// normal targets): one fixed batch.
+    Synthetic {
+        classes: usize,
+        vocab: Option<usize>,
+        regression: bool,
+    },
     /// Token windows: inputs `seq` ids, labels the next `seq` ids.
     Tokens { ids: Vec<u32>, seq: usize },
     /// Batches from an array file, checked by the data stage: inputs, labels and
@@ -103,11 +62,13 @@ impl Source {
         match self {
             Source::Synthetic {
                 classes,
+                vocab: ids_below,
                 regression,
             } => {
+                let vocab = ids_below.unwrap_or(vocab);
                 // One batch reused every step, as seeds 000 and 003 do.
                 let _ = step;
-                let s = seed ^ super::init::hash_str(if held_out { "held-out" } else { "data" });
+                let s = seed ^ crate::init::hash_str(if held_out { "held-out" } else { "data" });
                 let mut inputs = Vec::new();
                 for (k, n) in input_sizes.iter().enumerate() {
                     let sk = s ^ (k as u64 + 1).wrapping_mul(0x9E37_79B9);
@@ -115,19 +76,19 @@ impl Source {
                     if int_inputs.get(k) == Some(&true) {
                         inputs.push(
                             (0..*n as u64)
-                                .map(|i| (super::init::uniform(sk, i) * vocab as f64).floor())
+                                .map(|i| (crate::init::uniform(sk, i) * vocab as f64).floor())
                                 .collect(),
                         );
                     } else {
-                        inputs.push((0..*n as u64).map(|i| super::init::normal(sk, i)).collect());
+                        inputs.push((0..*n as u64).map(|i| crate::init::normal(sk, i)).collect());
                     }
                 }
                 let c = (*classes).max(1);
                 let labels = (0..rows as u64)
                     .map(|i| match regression {
-                        true => super::init::normal(s ^ 0x1234_5678, i),
+                        true => crate::init::normal(s ^ 0x1234_5678, i),
                         false => {
-                            ((super::init::uniform(s ^ 0x1234_5678, i) * c as f64) as i64
+                            ((crate::init::uniform(s ^ 0x1234_5678, i) * c as f64) as i64
                                 % c as i64) as f64
                         }
                     })

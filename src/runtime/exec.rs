@@ -8,8 +8,8 @@
 //! all_gather ↔ psum_scatter, a local slice ↔ zero padding. Parameter gradients are
 //! then summed over the axes their parameter is replicated over.
 
-use super::mesh::Collectives;
 use crate::ast::BinOp;
+use crate::mesh::Collectives;
 use crate::spmd::{Op, Program};
 use crate::types::TType;
 use candle_core::{DType, Device, Tensor, D};
@@ -1028,7 +1028,7 @@ impl<'a> Exec<'a> {
         let v: Vec<f64> = idx
             .iter()
             .map(|g| {
-                if super::init::uniform(seed, *g) < rate {
+                if crate::init::uniform(seed, *g) < rate {
                     0.0
                 } else {
                     keep
@@ -1044,7 +1044,7 @@ impl<'a> Exec<'a> {
 
     /// Global row-major index of each local element of a value of type `t`.
     pub fn global_indices(&self, t: &TType) -> R<Vec<u64>> {
-        super::init::global_indices(self.comm.topo(), self.rank, t, &self.prog.bound)
+        crate::init::global_indices(self.comm.topo(), self.rank, t, &self.prog.bound)
     }
 
     /// Reverse pass. `ct_out` is the output's cotangent; returns each parameter's

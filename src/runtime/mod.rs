@@ -1,14 +1,17 @@
-//! Stage 5: running the SPMD program on a mesh of virtual devices (candle tensors on
-//! `std::thread`s), with exact gradients and our own optimizers.
+//! Stage 8: running the SPMD program on a mesh of virtual devices (candle tensors on
+//! `std::thread`s), or one device per MPI process, with exact gradients and our
+//! own optimizers. It takes the lowered program, the typed training
+//! specification ([`crate::spec`]) and the data the data stage loaded.
 
 pub mod checkpoint;
+pub mod config;
 pub mod data;
 pub mod exec;
-pub mod fused;
-pub mod init;
+pub mod loss;
 pub mod mesh;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod optim;
 pub mod pipeline;
 pub mod reload;
 pub mod report;

@@ -6,7 +6,8 @@
 //! virtual mesh's. Open MPI picks the transport (shared memory, TCP,
 //! InfiniBand); nothing here speaks to a network itself.
 
-use super::mesh::{Cluster, Collectives, Topology};
+use super::mesh::Cluster;
+use crate::mesh::{Collectives, Topology};
 use candle_core::{DType, Result, Tensor, WithDType};
 use mpi::datatype::{Partition, PartitionMut};
 use mpi::environment::Universe;

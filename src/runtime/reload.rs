@@ -9,8 +9,9 @@
 //! A reload at step k trains exactly as stopping after step k and resuming from
 //! that checkpoint with the edited file would (`tests/runtime.rs` checks this).
 
+use super::config::Config;
 use super::pipeline::Stages;
-use super::train::{Config, Optimizer};
+use crate::spec::Optimizer;
 use crate::spmd::{Op, Program};
 use std::sync::{Arc, Mutex};
 
@@ -86,28 +87,7 @@ fn output(p: &Program) -> Option<String> {
 
 /// The hyperparameters that differ, as `name old → new`.
 fn optimizer_changes(a: &Optimizer, b: &Optimizer) -> Vec<String> {
-    let mut out = Vec::new();
-    if a.lr != b.lr {
-        out.push(format!("lr {} → {}", a.lr, b.lr));
-    }
-    for (name, x, y) in [
-        ("b1", a.b1, b.b1),
-        ("b2", a.b2, b.b2),
-        ("eps", a.eps, b.eps),
-        ("weight_decay", a.weight_decay, b.weight_decay),
-        ("momentum", a.momentum, b.momentum),
-        ("l1", a.l1, b.l1),
-        ("l2", a.l2, b.l2),
-        ("lr_power", a.lr_power, b.lr_power),
-    ] {
-        if x != y {
-            out.push(format!("{name} {x} → {y}"));
-        }
-    }
-    if a.nesterov != b.nesterov {
-        out.push(format!("nesterov {} → {}", a.nesterov, b.nesterov));
-    }
-    out
+    b.changes_from(a)
 }
 
 /// Whether `new` (with `new_cfg`) can replace `old` in a running training. On
@@ -200,15 +180,11 @@ pub fn compare(
             new_cfg.optimizer_for(&p.name),
         );
         if a.slots() != b.slots() {
-            let name = |o: &Optimizer| match o.kind.as_str() {
-                "sgd" if o.momentum > 0.0 => "sgd with momentum".to_string(),
-                k => k.to_string(),
-            };
             why.push(format!(
                 "the optimizer of `{}` changed from {} to {}, which keeps other state",
                 p.name,
-                name(a),
-                name(b)
+                a.describe(),
+                b.describe()
             ));
         }
     }
@@ -226,10 +202,11 @@ pub fn compare(
     if !forward_same {
         changes.push(format!("a changed forward ({ops_old} → {ops_new} ops)"));
     }
-    if old_cfg.optimizer.kind != new_cfg.optimizer.kind {
+    if old_cfg.optimizer.name() != new_cfg.optimizer.name() {
         changes.push(format!(
             "optimizer {} → {}",
-            old_cfg.optimizer.kind, new_cfg.optimizer.kind
+            old_cfg.optimizer.name(),
+            new_cfg.optimizer.name()
         ));
     }
     changes.extend(optimizer_changes(&old_cfg.optimizer, &new_cfg.optimizer));

@@ -4,6 +4,7 @@
 //! from what was loaded. Batches are known before training starts, so this runs
 //! ahead of the devices; its messages are shown at the steps they belong to.
 
+pub use crate::embed::Placement;
 use crate::embed::{self, FdoClient, Layout, Limits, Overflow, Partitioner};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -249,48 +250,6 @@ pub fn plan_steps(
         }
     }
     Ok(out)
-}
-
-/// Where a table's rows live: MOD over `devices × sparsecores` partitions when
-/// the (global) vocabulary divides evenly, else contiguous blocks per device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Placement {
-    pub vocab: usize,
-    /// Devices along the table's axis.
-    pub devices: usize,
-    pub sparsecores: usize,
-    pub part: Partitioner,
-    pub mod_rows: bool,
-}
-
-impl Placement {
-    pub fn rows_per_device(&self) -> usize {
-        self.vocab / self.devices.max(1)
-    }
-    /// (owning device's index along the axis, row in its shard) of an id.
-    pub fn locate(&self, id: u64) -> (usize, usize) {
-        if !self.mod_rows {
-            let r = self.rows_per_device().max(1);
-            return (id as usize / r, id as usize % r);
-        }
-        let p = self.part.partition(id);
-        let rpp = self.vocab / self.part.n.max(1);
-        let sc = self.sparsecores.max(1);
-        (p / sc, (p % sc) * rpp + self.part.local_row(id))
-    }
-    /// The id stored at `row` of device `owner`'s shard (the inverse of `locate`).
-    pub fn id_at(&self, owner: usize, row: usize) -> u64 {
-        if !self.mod_rows {
-            return (owner * self.rows_per_device() + row) as u64;
-        }
-        let n = self.part.n.max(1);
-        let rpp = self.vocab / n;
-        let sc = self.sparsecores.max(1);
-        let (k, j) = (row / rpp.max(1), row % rpp.max(1));
-        let p = owner * sc + k;
-        let q = (p as i64 - self.part.shift as i64).rem_euclid(n as i64) as u64;
-        j as u64 * n as u64 + q
-    }
 }
 
 /// Each table parameter's placement (`tables.NAME`), by parameter index.

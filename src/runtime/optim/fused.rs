@@ -1,4 +1,4 @@
-//! Fused, in-place optimizer steps. The composed version (`train::step_one`)
+//! Fused, in-place optimizer steps. The composed version (each kind's `composed`)
 //! allocates a dozen temporaries per tensor and writes new parameters and slots;
 //! at GPT-J's size that is several gigabytes of fresh pages per step, which is
 //! most of the step's time on a CPU. These kernels update the parameter and its

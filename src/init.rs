@@ -1,0 +1,258 @@
+//! Deterministic, layout-independent randomness and the weight initializers.
+//!
+//! Every element's value is a hash of (seed, its global index), so a parameter
+//! initialised on 8 devices is bit-identical to the same parameter on 1, and a
+//! dropout mask or a synthetic batch does not depend on the mesh either. An
+//! initializer is a typed value ([`Init`]), read once from the source by the
+//! checker.
+
+use crate::ast::{Arg, Expr, ExprKind};
+use crate::diag::Problem;
+use crate::mesh::Topology;
+use crate::types::{Poly, TType};
+use std::collections::BTreeMap;
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Uniform in [0, 1).
+pub fn uniform(seed: u64, i: u64) -> f64 {
+    (splitmix(seed ^ splitmix(i)) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Standard normal (Box–Muller on two hashed uniforms).
+pub fn normal(seed: u64, i: u64) -> f64 {
+    let u1 = uniform(seed, i.wrapping_mul(2)).max(1e-300);
+    let u2 = uniform(seed, i.wrapping_mul(2).wrapping_add(1));
+    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+}
+
+pub fn hash_str(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Global row-major index of each of this device's elements of a value of type `t`.
+pub fn global_indices(
+    topo: &Topology,
+    rank: usize,
+    t: &TType,
+    bound: &BTreeMap<String, Poly>,
+) -> Result<Vec<u64>, String> {
+    let mut global = Vec::new();
+    let mut local = Vec::new();
+    let mut offset = Vec::new();
+    for d in &t.dims {
+        let g = d
+            .size
+            .substitute(bound)
+            .and_then(|p| p.as_const())
+            .ok_or("symbolic size")? as usize;
+        let (idx, n) = topo.shard_index(rank, &d.axes);
+        let l = g / n.max(1);
+        global.push(g);
+        local.push(l);
+        offset.push(idx * l);
+    }
+    let total: usize = local.iter().product();
+    let mut out = Vec::with_capacity(total);
+    let mut pos = vec![0usize; local.len()];
+    for _ in 0..total {
+        let mut gi = 0u64;
+        for k in 0..local.len() {
+            gi = gi * global[k] as u64 + (offset[k] + pos[k]) as u64;
+        }
+        out.push(gi);
+        for k in (0..local.len()).rev() {
+            pos[k] += 1;
+            if pos[k] < local[k] {
+                break;
+            }
+            pos[k] = 0;
+        }
+    }
+    Ok(out)
+}
+
+/// A weight's initializer, as written (`normal(0.02)`, `lecun`, `zeros`, ...).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Init {
+    Zeros,
+    Ones,
+    Constant(f64),
+    /// Standard deviation.
+    Normal(f64),
+    /// Standard deviation before truncation at ±2σ (as Haiku and Flax).
+    TruncatedNormal(f64),
+    /// Uniform in [-a, a).
+    Uniform(f64),
+    /// Flax's lecun_normal: truncated normal, variance 1/fan_in.
+    Lecun,
+    /// Glorot uniform.
+    Xavier,
+}
+
+/// The initializers' names, for messages and editors.
+pub const NAMES: &[&str] = &[
+    "normal",
+    "truncated_normal",
+    "uniform",
+    "zeros",
+    "ones",
+    "xavier",
+    "lecun",
+    "constant",
+];
+
+impl std::fmt::Display for Init {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Init::Zeros => write!(f, "zeros"),
+            Init::Ones => write!(f, "ones"),
+            Init::Constant(v) => write!(f, "constant({v:?})"),
+            Init::Normal(v) => write!(f, "normal({v:?})"),
+            Init::TruncatedNormal(v) => write!(f, "truncated_normal({v:?})"),
+            Init::Uniform(v) => write!(f, "uniform({v:?})"),
+            Init::Lecun => write!(f, "lecun"),
+            Init::Xavier => write!(f, "xavier"),
+        }
+    }
+}
+
+fn number(e: &Expr) -> Option<f64> {
+    match &e.kind {
+        ExprKind::Float(v) => Some(*v),
+        ExprKind::Int(v) => Some(*v as f64),
+        ExprKind::Neg(x) => number(x).map(|v| -v),
+        _ => None,
+    }
+}
+
+impl Init {
+    /// Read an initializer expression: a name, or a name with one number.
+    pub fn parse(e: &Expr) -> Result<Init, Box<Problem>> {
+        let not_init = || {
+            Box::new(Problem::WrongKind {
+                span: e.span,
+                expected: "an initializer like `normal(0.02)`".into(),
+                found: "an expression".into(),
+            })
+        };
+        let (name, nspan, args): (&str, _, &[Arg]) = match &e.kind {
+            ExprKind::Name(n) => (n, e.span, &[]),
+            ExprKind::Call(c, args) => match &c.kind {
+                ExprKind::Name(n) => (n, c.span, args),
+                _ => return Err(not_init()),
+            },
+            _ => return Err(not_init()),
+        };
+        if !NAMES.contains(&name) {
+            return Err(Box::new(Problem::UnknownChoice {
+                span: nspan,
+                kind: "initializer",
+                name: name.to_string(),
+                known: NAMES.to_vec(),
+            }));
+        }
+        let takes_number = matches!(name, "normal" | "truncated_normal" | "uniform" | "constant");
+        let value = match (args, takes_number) {
+            ([], _) => None,
+            ([Arg::Pos(x)], true) => match number(x) {
+                Some(v) => Some(v),
+                None => {
+                    return Err(Box::new(Problem::WrongKind {
+                        span: x.span,
+                        expected: format!("a number (the scale of `{name}`)"),
+                        found: "an expression".into(),
+                    }))
+                }
+            },
+            _ => {
+                return Err(Box::new(Problem::Arity {
+                    span: e.span,
+                    callee: name.to_string(),
+                    expected: if takes_number {
+                        "at most 1 number".into()
+                    } else {
+                        "no arguments".into()
+                    },
+                    found: args.len(),
+                    decl: None,
+                }))
+            }
+        };
+        let scale = value.unwrap_or(1.0);
+        Ok(match name {
+            "zeros" => Init::Zeros,
+            "ones" => Init::Ones,
+            "constant" => Init::Constant(value.unwrap_or(0.0)),
+            "normal" => Init::Normal(scale),
+            "truncated_normal" => Init::TruncatedNormal(scale),
+            "uniform" => Init::Uniform(scale),
+            "lecun" => Init::Lecun,
+            _ => Init::Xavier,
+        })
+    }
+
+    /// Values at the given global indices of a value of type `t`.
+    pub fn values(
+        &self,
+        t: &TType,
+        seed: u64,
+        idx: &[u64],
+        bound: &BTreeMap<String, Poly>,
+    ) -> Vec<f64> {
+        let dims: Vec<f64> = t
+            .dims
+            .iter()
+            .map(|d| {
+                d.size
+                    .substitute(bound)
+                    .and_then(|p| p.as_const())
+                    .unwrap_or(1) as f64
+            })
+            .collect();
+        let fan_out = dims.last().copied().unwrap_or(1.0);
+        let fan_in = if dims.len() > 1 {
+            dims[..dims.len() - 1].iter().product()
+        } else {
+            1.0
+        };
+        // Truncated normal at ±2σ, as Haiku/Flax: redraw with the next counter.
+        let trunc = |i: u64| -> f64 {
+            for k in 0..16u64 {
+                let z = normal(seed.wrapping_add(k.wrapping_mul(0x5851_F42D_4C95_7F2D)), i);
+                if z.abs() <= 2.0 {
+                    return z;
+                }
+            }
+            0.0
+        };
+        match *self {
+            Init::Zeros => vec![0.0; idx.len()],
+            Init::Ones => vec![1.0; idx.len()],
+            Init::Constant(v) => vec![v; idx.len()],
+            Init::Normal(s) => idx.iter().map(|i| s * normal(seed, *i)).collect(),
+            Init::TruncatedNormal(s) => idx.iter().map(|i| s * trunc(*i)).collect(),
+            Init::Uniform(a) => idx
+                .iter()
+                .map(|i| a * (2.0 * uniform(seed, *i) - 1.0))
+                .collect(),
+            Init::Lecun => {
+                let s = (1.0 / fan_in).sqrt() / 0.879_625_661_034_239_8;
+                idx.iter().map(|i| s * trunc(*i)).collect()
+            }
+            Init::Xavier => {
+                let a = (6.0 / (fan_in + fan_out)).sqrt();
+                idx.iter()
+                    .map(|i| a * (2.0 * uniform(seed, *i) - 1.0))
+                    .collect()
+            }
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! A run's configuration: the typed training specification of the chosen
+//! `train`, with what the command line and a resumed checkpoint add (steps,
+//! seed, dtype, initial values), the embedding tables' SparseCore settings, and
+//! the data source. Built from the lowered program and the spec alone: the
+//! runtime never reads the syntax tree.
+
+use super::data::Source;
+use super::sparse::{Fdo, LookupRun, SparseConfig, TableRun};
+use crate::embed::{Layout, Limits, Partitioner, TableInfo};
+use crate::spec::{self, Loss, Optimizer, Spec};
+use crate::spmd::{Op, Program};
+use candle_core::DType;
+use std::collections::HashMap;
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub steps: usize,
+    pub loss: Loss,
+    pub seed: u64,
+    /// Global examples per step.
+    pub batch: usize,
+    pub optimizer: Optimizer,
+    pub clip: Option<f64>,
+    /// Microbatches per step; gradients are averaged over them (`batch` is the total).
+    pub accumulate: usize,
+    pub dtype: DType,
+    /// Initial values for some parameters (global arrays), instead of their initializers.
+    pub init: HashMap<String, Vec<f64>>,
+    /// Optimizers of particular parameters (embedding tables have their own).
+    pub per_param: HashMap<String, Optimizer>,
+    pub eval: Option<spec::Eval>,
+    pub checkpoint: Option<spec::Checkpoint>,
+    /// Steps already done (a resumed run starts after them).
+    pub start_step: usize,
+    /// Optimizer slots to start from (`opt_m/NAME`, `opt_v/NAME`, global arrays).
+    pub init_opt: HashMap<String, Vec<f64>>,
+    /// Embedding tables' SparseCore input processing and FDO.
+    pub sparse: SparseConfig,
+}
+
+impl Config {
+    /// The configuration a `train` specifies for its lowered program.
+    pub fn new(t: &spec::Train, spec: &Spec, prog: &Program) -> Config {
+        Config {
+            steps: t.steps,
+            loss: t.loss,
+            seed: t.seed,
+            batch: t.batch.unwrap_or(1).max(1),
+            optimizer: t.optimizer.clone(),
+            accumulate: t.accumulate.max(1),
+            clip: t.clip,
+            dtype: DType::F32,
+            init: Default::default(),
+            per_param: spec
+                .tables
+                .iter()
+                .filter_map(|tb| {
+                    tb.optimizer
+                        .clone()
+                        .map(|o| (format!("tables.{}", tb.name), o))
+                })
+                .collect(),
+            checkpoint: t.checkpoint.clone(),
+            start_step: 0,
+            init_opt: Default::default(),
+            sparse: sparse_config(spec, prog, t),
+            eval: t.eval,
+        }
+    }
+
+    /// The optimizer of the parameter `name`: its own (an embedding table's) or
+    /// the run's.
+    pub fn optimizer_for(&self, name: &str) -> &Optimizer {
+        self.per_param.get(name).unwrap_or(&self.optimizer)
+    }
+}
+
+/// The data source a `train` names (or what the data stage loaded for it from a
+/// file, or `--data`), or synthetic data. `classes` is the model's output size.
+pub fn source(t: &spec::Train, classes: usize, loaded: Option<&crate::data::Loaded>) -> Source {
+    match loaded {
+        Some(crate::data::Loaded::Arrays(a)) => return Source::Arrays(a.clone()),
+        Some(crate::data::Loaded::Text { ids, seq }) => {
+            return Source::Tokens {
+                ids: ids.clone(),
+                seq: *seq,
+            }
+        }
+        None => {}
+    }
+    let regression = t.loss == Loss::Mse;
+    match &t.data {
+        Some(spec::Data::ShakespeareWords { vocab, seq, .. }) => Source::Tokens {
+            ids: crate::data::shakespeare_words(vocab.unwrap_or(classes)),
+            seq: *seq,
+        },
+        Some(spec::Data::ShakespeareChars { seq }) => Source::Tokens {
+            ids: crate::data::shakespeare_chars(),
+            seq: *seq,
+        },
+        Some(spec::Data::Synthetic {
+            classes: c, vocab, ..
+        }) => Source::Synthetic {
+            classes: c.unwrap_or(classes),
+            vocab: *vocab,
+            regression,
+        },
+        _ => Source::Synthetic {
+            classes,
+            vocab: None,
+            regression,
+        },
+    }
+}
+
+/// The tables a program looks up, with their SparseCore placement, limits and
+/// overflow policy, the lookups whose ids are model inputs, and `fdo`.
+fn sparse_config(spec: &Spec, prog: &Program, t: &spec::Train) -> SparseConfig {
+    let sparsecores = t.sparsecores.max(1);
+    let infos: Vec<TableInfo> = spec
+        .tables
+        .iter()
+        .map(|tb| TableInfo {
+            name: tb.name.clone(),
+            vocab: tb.vocab.unwrap_or(1).max(1) as usize,
+            dim: tb.dim.unwrap_or(1).max(1) as usize,
+            optimizer: tb
+                .optimizer
+                .as_ref()
+                .map_or(String::new(), |o| o.name().to_string()),
+            combiner: tb.combiner.name().to_string(),
+            activation_bytes: 0.0,
+        })
+        .collect();
+    let mesh_size = |a: &str| prog.mesh.iter().find(|m| m.0 == a).map_or(1, |m| m.1);
+    let mut tables = Vec::new();
+    for tb in &spec.tables {
+        let devices = tb.axis.as_deref().map_or(1, mesh_size).max(1) as usize;
+        let n = devices * sparsecores;
+        let stacks = crate::embed::stack(&infos, n, sparsecores, None);
+        let stack = stacks
+            .iter()
+            .find(|s| s.tables.iter().any(|x| x.name == tb.name))
+            .map_or(tb.name.clone(), |s| s.name.clone());
+        let shift = stacks
+            .iter()
+            .flat_map(|s| &s.tables)
+            .find(|x| x.name == tb.name)
+            .map_or(0, |x| x.shard_rotation);
+        // SparseCore's own defaults when a table leaves its limits out.
+        let max_ids = tb.max_ids.unwrap_or(256);
+        tables.push(TableRun {
+            name: tb.name.clone(),
+            stack,
+            layout: Layout {
+                devices,
+                sparsecores,
+            },
+            part: Partitioner { n, shift },
+            limits: Limits {
+                max_ids,
+                max_unique_ids: tb.max_unique_ids.unwrap_or(max_ids),
+            },
+            policy: tb.overflow,
+        });
+    }
+    let mut lookups = Vec::new();
+    for (i, node) in prog.nodes.iter().enumerate() {
+        let Some(table_name) = node.op.lookup_table() else {
+            continue;
+        };
+        let Some(table) = tables.iter().position(|x| x.name == table_name) else {
+            continue;
+        };
+        // The ids, through layout changes, must be a model input.
+        let mut id = node.args.get(1).copied();
+        while let Some(k) = id {
+            if prog.nodes[k as usize].op.is_reshard() {
+                id = prog.nodes[k as usize].args.first().copied();
+            } else {
+                break;
+            }
+        }
+        let Some(Op::Input(input)) = id.map(|k| &prog.nodes[k as usize].op) else {
+            continue;
+        };
+        let size = |ty: &crate::types::TType| -> usize {
+            ty.dims
+                .iter()
+                .map(|d| {
+                    d.size
+                        .substitute(&prog.bound)
+                        .and_then(|p| p.as_const())
+                        .unwrap_or(1)
+                        .max(1) as usize
+                })
+                .product()
+        };
+        let samples = node
+            .ty
+            .dims
+            .first()
+            .and_then(|d| d.size.substitute(&prog.bound))
+            .and_then(|p| p.as_const())
+            .unwrap_or(1)
+            .max(1) as usize;
+        let ids_t = &prog.nodes[id.unwrap_or(0) as usize].ty;
+        lookups.push(LookupRun {
+            node: i,
+            input: *input,
+            valency: (size(ids_t) / samples).max(1),
+            table,
+        });
+    }
+    let fdo = t.fdo.as_ref().map(|f| Fdo {
+        every: f.every,
+        dir: f.dir.clone(),
+        headroom: f.headroom,
+    });
+    SparseConfig {
+        tables,
+        lookups,
+        fdo,
+        sparsecores,
+    }
+}
+
+/// The lowered program of the chosen `train` and its settings, without its data
+/// (what `shardc show` and a live reload need).
+pub fn settings<'c>(
+    c: &'c crate::world::Compilation,
+    model: Option<&str>,
+) -> Result<(&'c Program, &'c spec::Train, Config), String> {
+    let t = c.spec.train(model).ok_or_else(|| {
+        format!(
+            "no `train` declaration{}",
+            model.map_or(String::new(), |m| format!(" for `{m}`"))
+        )
+    })?;
+    let prog = c
+        .checked
+        .programs
+        .iter()
+        .find(|p| p.model == t.model)
+        .ok_or_else(|| format!("`{}` could not be lowered", t.model))?;
+    let cfg = Config::new(t, &c.spec, prog);
+    Ok((prog, t, cfg))
+}
+
+/// Everything a run needs from a clean compilation: the lowered program of the
+/// chosen `train` (the first, or the one for `model`), its settings and its data.
+pub fn prepare<'c>(
+    c: &'c crate::world::Compilation,
+    model: Option<&str>,
+) -> Result<(&'c Program, &'c spec::Train, Config, Source), String> {
+    let (prog, t, cfg) = settings(c, model)?;
+    let classes = prog
+        .output
+        .and_then(|o| {
+            prog.nodes[o as usize]
+                .ty
+                .dims
+                .last()
+                .and_then(|d| d.size.as_const())
+        })
+        .unwrap_or(1) as usize;
+    let loaded = c.data.iter().find(|d| d.model == t.model);
+    if loaded.is_none() {
+        // A file source that did not load has a diagnostic; never fall back silently.
+        if let Some(d @ (spec::Data::Arrays { .. } | spec::Data::Text { .. })) = &t.data {
+            return Err(format!("the `{}` data could not be loaded", d.name()));
+        }
+    }
+    let src = source(t, classes, loaded.map(|d| &d.data));
+    if cfg.loss == Loss::Mse && matches!(src, Source::Tokens { .. }) {
+        // The data stage reports this (E0305); never train on ids as targets.
+        return Err(
+            "`loss: mse` needs float targets shaped like the output; a text source gives token ids"
+                .into(),
+        );
+    }
+    Ok((prog, t, cfg, src))
+}
