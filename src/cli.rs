@@ -472,7 +472,7 @@ fn plan(file: &std::path::Path, mesh: Vec<(String, i64)>, json: bool) -> ExitCod
         Ok(c) => c,
         Err(code) => return code,
     };
-    if c.checked.plans.is_empty() {
+    if c.plans.is_empty() {
         eprintln!(
             "error: `{}` has no `train` declaration to plan",
             file.display()
@@ -482,10 +482,10 @@ fn plan(file: &std::path::Path, mesh: Vec<(String, i64)>, json: bool) -> ExitCod
     if json {
         outln!(
             "{}",
-            serde_json::to_string_pretty(&c.checked.plans).unwrap_or_default()
+            serde_json::to_string_pretty(&c.plans).unwrap_or_default()
         );
     } else {
-        for p in &c.checked.plans {
+        for p in &c.plans {
             outln!("{}", crate::plan::render(p, &c.sources));
         }
     }
@@ -702,7 +702,7 @@ fn run(args: RunArgs) -> ExitCode {
     adjust(&mut cfg);
     let mesh_txt: Vec<String> = prog.mesh.iter().map(|(a, n)| format!("{a}={n}")).collect();
     // Virtual devices share this machine's memory: refuse a run that cannot fit.
-    let plan = c.checked.plans.iter().find(|p| p.model == prog.model);
+    let plan = c.plans.iter().find(|p| p.model == prog.model);
     if let (Some(p), Some(avail)) = (plan, available_memory()) {
         // The devices on this machine: all of them, or one per local process.
         let here = if processes > 1 {
@@ -1106,7 +1106,7 @@ fn lower(file: &std::path::Path, mesh: Vec<(String, i64)>) -> ExitCode {
         Err(code) => return code,
     };
     let mut ok = true;
-    for p in &c.checked.programs {
+    for p in &c.programs {
         out!("{}", p.render(&c.sources));
         let errs = p.verify();
         if errs.is_empty() {

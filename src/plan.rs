@@ -1,9 +1,16 @@
-//! Static plan: per-device memory, FLOPs and a communication manifest, computed from
-//! types alone while checking (nothing is allocated), so it works for meshes far
-//! larger than this machine.
+//! Stage 7: the static plan. Per-device memory, FLOPs and a communication
+//! manifest, computed by a pass over the SPMD program from types alone (each
+//! op's cost comes from its primitive; nothing is allocated), so it works for
+//! meshes far larger than this machine.
 
+use crate::prim::cost::CostCx;
+use crate::prim::Prim;
 use crate::source::{SourceMap, Span};
+use crate::spec::{OptKind, Spec, Train};
+use crate::spmd::{Op, Program};
+use crate::types::TType;
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Comm {
@@ -82,6 +89,323 @@ impl Plan {
 }
 
 pub use crate::units::{human_bytes, human_flops};
+
+/// The plan of a lowered program trained as `train` specifies.
+pub fn of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> Plan {
+    let optimizer = match &train.optimizer.kind {
+        OptKind::Sgd { momentum, .. } if *momentum > 0.0 => "sgd+momentum".to_string(),
+        _ => train.optimizer.name().to_string(),
+    };
+    let mut plan = Plan {
+        model: prog.model.clone(),
+        mesh: train.mesh.clone(),
+        mesh_axes: prog.mesh.clone(),
+        batch: prog.batch,
+        ..Default::default()
+    };
+    let cx = CostCx {
+        mesh: &prog.mesh,
+        bound: &prog.bound,
+    };
+    let weight = Weights::new(prog);
+    // Activations and FLOPs: every computed value (not an input, a parameter, a
+    // layout change the checker inserted, or FSDP's gather of a parameter) is
+    // kept for backward; elementwise work is one FLOP per element, and ops add
+    // their own. Collectives count forward and backward.
+    let mut acts = vec![0.0f64; prog.nodes.len()];
+    for (i, n) in prog.nodes.iter().enumerate() {
+        let m = weight.of(i);
+        if m == 0.0 {
+            continue;
+        }
+        let Op::Prim(p) = &n.op else { continue };
+        let gathers_param = n
+            .args
+            .first()
+            .is_some_and(|a| matches!(prog.nodes[*a as usize].op, Op::Param(_)))
+            && matches!(p, Prim::Collective(_));
+        let ts: Vec<&TType> = n.args.iter().map(|a| &prog.nodes[*a as usize].ty).collect();
+        let cost = p.get().cost(&cx, &ts, &n.ty).unwrap_or_default();
+        if !gathers_param && !matches!(p, Prim::Reshard(_)) {
+            if let Some(numel) = cx.local_numel(&n.ty) {
+                acts[i] = numel * n.ty.dtype.bytes() as f64 * m;
+                plan.forward_flops += numel * m;
+            }
+        }
+        plan.forward_flops += cost.flops * m;
+        if gathers_param {
+            continue;
+        }
+        for c in cost.comms {
+            plan.comms.push(Comm {
+                kind: c.kind,
+                axes: c.axes,
+                bytes: c.bytes,
+                count: (2.0 * m) as u64,
+                span: n.span,
+                source: sources.describe(n.span),
+                explicit: c.explicit,
+            });
+        }
+    }
+    plan.activations = acts.iter().sum();
+    weights(&mut plan, prog, &cx, &weight, &optimizer);
+    if let Some(pp) = &prog.pipeline {
+        pipeline(&mut plan, prog, pp, &acts);
+    }
+    tables(&mut plan, prog, train, spec);
+    plan
+}
+
+/// How many times each node counts: a pipelined stack counts one stage's share
+/// (the first's), a folded stack its repetition count.
+struct Weights {
+    /// (range, weight) overrides, in node order.
+    ranges: Vec<(usize, usize, f64)>,
+}
+
+impl Weights {
+    fn new(prog: &Program) -> Weights {
+        let mut ranges = Vec::new();
+        if let Some(pp) = &prog.pipeline {
+            let per = (pp.blocks.len() / pp.stages.max(1)).max(1);
+            for (k, (a, b)) in pp.blocks.iter().enumerate() {
+                if k >= per {
+                    ranges.push((*a as usize, *b as usize, 0.0));
+                }
+            }
+        }
+        for f in &prog.folds {
+            ranges.push((f.start as usize, f.end as usize, f.count as f64));
+        }
+        Weights { ranges }
+    }
+    fn of(&self, i: usize) -> f64 {
+        self.ranges
+            .iter()
+            .filter(|(a, b, _)| (*a..*b).contains(&i))
+            .map(|r| r.2)
+            .product()
+    }
+}
+
+/// Parameters, gradients, optimizer state and gradient synchronisation, from
+/// the program's parameters (a pipeline stage's own, and every repetition a
+/// folded stack stands for).
+fn weights(plan: &mut Plan, prog: &Program, cx: &CostCx, w: &Weights, optimizer: &str) {
+    let slots = match optimizer {
+        "adam" | "adamw" | "ftrl" => 2.0,
+        "adagrad" | "sgd+momentum" => 1.0,
+        _ => 0.0,
+    };
+    plan.optimizer =
+        format!("{optimizer}: {slots} slot(s) per parameter, in the parameter's layout");
+    // Where each parameter is first used: its weight, and its pipeline stage.
+    let mut first = vec![None; prog.params.len()];
+    for (i, n) in prog.nodes.iter().enumerate() {
+        if let Op::Param(k) = n.op {
+            first[k] = first[k].or(Some(i));
+        }
+    }
+    let stage_of = |i: usize| {
+        prog.pipeline.as_ref().and_then(|pp| {
+            pp.blocks
+                .iter()
+                .any(|(a, b)| (*a as usize..*b as usize).contains(&i))
+                .then(|| pp.axis.clone())
+        })
+    };
+    let mut sync: BTreeMap<(String, Vec<String>), f64> = Default::default();
+    for (p, at) in prog.params.iter().zip(&first) {
+        // Tables are planned with their SparseCore padding (below).
+        let Some(at) = *at else { continue };
+        if p.name.starts_with("tables.") {
+            continue;
+        }
+        let m = w.of(at);
+        let (stored, used) = (&p.stored, &p.used);
+        let Some(n) = cx.local_numel(stored) else {
+            continue;
+        };
+        let bytes = n * stored.dtype.bytes() as f64;
+        plan.params += bytes * m;
+        plan.grads += bytes * m;
+        plan.optimizer_state += bytes * m * slots;
+        if m == 0.0 {
+            continue;
+        }
+        if stored != used {
+            if let Some(u) = cx.local_numel(used) {
+                let ub = u * used.dtype.bytes() as f64;
+                plan.gathered_params = plan.gathered_params.max(ub);
+                let fsdp: Vec<String> = stored
+                    .all_axes()
+                    .into_iter()
+                    .filter(|a| !used.all_axes().contains(a))
+                    .map(|s| s.to_string())
+                    .collect();
+                let k: f64 = fsdp.iter().map(|a| cx.axis_size(a) as f64).product();
+                *sync
+                    .entry(("param all-gather (FSDP, fwd + bwd)".into(), fsdp.clone()))
+                    .or_default() += 2.0 * ub * (k - 1.0) / k * m;
+                *sync
+                    .entry(("grad reduce-scatter (FSDP)".into(), fsdp))
+                    .or_default() += ub * (k - 1.0) / k * m;
+            }
+        }
+        // Replicated over an axis: the gradient is partial over it (data parallel,
+        // and tensor-parallel replicas such as LayerNorm scales).
+        let stage = stage_of(at);
+        let rep: Vec<String> = prog
+            .mesh
+            .iter()
+            .filter(|a| {
+                a.1 > 1
+                    && !stored.all_axes().contains(&a.0.as_str())
+                    && stage.as_deref() != Some(a.0.as_str())
+            })
+            .map(|a| a.0.clone())
+            .collect();
+        if !rep.is_empty() {
+            let k: f64 = rep.iter().map(|a| cx.axis_size(a) as f64).product();
+            *sync.entry(("grad all-reduce".into(), rep)).or_default() +=
+                2.0 * bytes * (k - 1.0) / k * m;
+        }
+    }
+    // Merge per-op rows that are the same collective at the same place.
+    let mut merged: Vec<Comm> = Vec::new();
+    for c in plan.comms.drain(..) {
+        match merged.iter_mut().find(|x| {
+            x.kind == c.kind
+                && x.axes == c.axes
+                && x.source == c.source
+                && x.bytes == c.bytes
+                && x.explicit == c.explicit
+        }) {
+            Some(x) => x.count += c.count,
+            None => merged.push(c),
+        }
+    }
+    merged.retain(|c| c.count > 0);
+    for ((kind, axes), bytes) in sync {
+        merged.push(Comm {
+            kind,
+            axes,
+            bytes,
+            count: 1,
+            span: Span::default(),
+            source: "optimizer step".into(),
+            explicit: true,
+        });
+    }
+    plan.comms = merged;
+}
+
+/// Each stage keeps, per microbatch in flight, its layers' share of one
+/// microbatch's activations; the first also those before the stack, the last
+/// those after it.
+fn pipeline(plan: &mut Plan, prog: &Program, pp: &crate::spmd::Pipeline, acts: &[f64]) {
+    use crate::schedule as sch;
+    let stages = pp.stages.max(1);
+    let m = pp.microbatches.max(1);
+    let ticks = sch::timeline(&pp.schedule, stages, m);
+    let in_flight: Vec<usize> = (0..stages).map(|k| sch::in_flight(&ticks, k)).collect();
+    let start = pp.blocks.first().map_or(0, |b| b.0 as usize);
+    let end = pp.blocks.last().map_or(0, |b| b.1 as usize);
+    let pre: f64 = acts[..start.min(acts.len())].iter().sum();
+    let stack: f64 = acts[start.min(acts.len())..end.min(acts.len())]
+        .iter()
+        .sum();
+    let post: f64 = acts[end.min(acts.len())..].iter().sum();
+    let _ = prog;
+    let activations: Vec<f64> = in_flight
+        .iter()
+        .enumerate()
+        .map(|(k, n)| {
+            let own =
+                stack + if k == 0 { pre } else { 0.0 } + if k + 1 == stages { post } else { 0.0 };
+            own * *n as f64
+        })
+        .collect();
+    plan.activations = activations.first().copied().unwrap_or(plan.activations);
+    plan.pipeline = Some(PipelinePlan {
+        axis: pp.axis.clone(),
+        stages,
+        microbatches: m,
+        schedule: pp.schedule.clone(),
+        bubble: sch::bubble(&ticks),
+        in_flight,
+        activations,
+        timeline: sch::draw(&ticks),
+    });
+}
+
+/// Embedding tables: rows MOD-sharded over `devices × sparsecores` partitions,
+/// vocabularies padded to multiples of 8·N and dims to multiples of 8
+/// (SparseCore), stacked per sharding axis.
+fn tables(plan: &mut Plan, prog: &Program, train: &Train, spec: &Spec) {
+    let size = |a: &str| prog.mesh.iter().find(|m| m.0 == a).map_or(1, |m| m.1);
+    let sc = train.sparsecores.max(1);
+    let mut by_axis: BTreeMap<String, Vec<crate::embed::TableInfo>> = Default::default();
+    for t in &spec.tables {
+        let (Some(vocab), Some(dim)) = (t.vocab, t.dim) else {
+            continue;
+        };
+        let devices = t.axis.as_deref().map_or(1, size).max(1);
+        let parts = devices.saturating_mul(sc as i64);
+        let pad =
+            |x: i64, m: i64| ((x.max(0) as u64).div_ceil(m.max(1) as u64) as i64).saturating_mul(m);
+        let rows = pad(vocab, 8 * parts) / devices;
+        let bytes = rows as f64 * pad(dim, 8) as f64 * 4.0;
+        let slots = t.optimizer.as_ref().map_or(0, |o| o.slot_count()) as f64;
+        plan.params += bytes;
+        plan.grads += bytes;
+        plan.optimizer_state += bytes * slots;
+        by_axis
+            .entry(t.axis.clone().unwrap_or_default())
+            .or_default()
+            .push(crate::embed::TableInfo {
+                name: t.name.clone(),
+                vocab: vocab.max(1) as usize,
+                dim: dim.max(1) as usize,
+                optimizer: t
+                    .optimizer
+                    .as_ref()
+                    .map_or(String::new(), |o| o.name().to_string()),
+                combiner: t.combiner.name().to_string(),
+                activation_bytes: 0.0,
+            });
+    }
+    for (axis, infos) in by_axis {
+        let devices = if axis.is_empty() {
+            1
+        } else {
+            size(&axis).max(1) as usize
+        };
+        for st in crate::embed::stack(&infos, devices.saturating_mul(sc), sc, None) {
+            plan.stacks.push(StackPlan {
+                bytes_per_device: st.rows_per_shard() as f64 * (sc * st.dim * 4) as f64,
+                name: st.name.clone(),
+                dim: st.dim,
+                partitions: st.partitions,
+                rows_per_shard: st.rows_per_shard(),
+                tables: st
+                    .tables
+                    .iter()
+                    .map(|t| {
+                        (
+                            t.name.clone(),
+                            t.vocab,
+                            t.padded_vocab,
+                            t.row_offset_in_shard,
+                            t.shard_rotation,
+                        )
+                    })
+                    .collect(),
+            });
+        }
+    }
+}
 
 pub fn render(p: &Plan, sources: &SourceMap) -> String {
     let _ = sources;

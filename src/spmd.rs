@@ -8,7 +8,7 @@
 //! the global shape, and the collective sequence (identical on every device, since
 //! the program has no device-dependent control flow).
 
-use crate::ast::ReduceOp;
+use crate::prim::Prim;
 use crate::source::{SourceMap, Span};
 use crate::types::{Poly, TType};
 use std::collections::BTreeMap;
@@ -22,43 +22,32 @@ pub enum Op {
     Input(usize),
     /// A parameter, by index into `Program::params` (its stored layout).
     Param(usize),
-    /// Elementwise arithmetic with broadcasting; a `Some` scalar replaces the second operand.
-    Binary(ast_op::Bin, Option<f64>),
-    /// Scalar on the left: `2.0 - x`, `1.0 / x`.
-    ScalarLeft(ast_op::Bin, f64),
-    Neg,
-    MatMul,
-    /// A built-in function by name, with its non-tensor arguments as text.
-    Builtin(String, Vec<(String, String)>),
-    /// A collective written in the source (psum, all_gather, ...): kind, axes, and
-    /// its other arguments as text (`shift: 1`).
-    Collective(String, Vec<String>, Vec<(String, String)>),
-    /// A layout change inserted by the checker (all-gather, all-reduce, slice, ...).
-    Reshard,
+    /// Everything else: a typed primitive ([`crate::prim`]), the collectives
+    /// written in the source and the reshards the checker inserted included.
+    Prim(Prim),
 }
 
 impl Op {
     /// The table a `lookup` reads.
     pub fn lookup_table(&self) -> Option<&str> {
         match self {
-            Op::Builtin(b, attrs) if b == "lookup" => {
-                attrs.iter().find(|a| a.0 == "table").map(|a| a.1.as_str())
-            }
+            Op::Prim(Prim::Lookup(l)) => Some(&l.table),
             _ => None,
         }
     }
     /// An op that reads integer ids as rows of its first operand (`embed`, `lookup`).
     pub fn reads_ids(&self) -> bool {
-        matches!(self, Op::Builtin(b, _) if b == "embed" || b == "lookup")
+        matches!(self, Op::Prim(Prim::Embed(_) | Prim::Lookup(_)))
     }
     /// A layout change the checker inserted.
     pub fn is_reshard(&self) -> bool {
-        matches!(self, Op::Reshard)
+        matches!(self, Op::Prim(Prim::Reshard(_)))
     }
-}
-
-pub mod ast_op {
-    pub use crate::ast::BinOp as Bin;
+    /// A collective: written in the source, inserted as a reshard, or FSDP's
+    /// gather of a parameter.
+    pub fn is_collective(&self) -> bool {
+        matches!(self, Op::Prim(Prim::Collective(_) | Prim::Reshard(_)))
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -93,8 +82,21 @@ pub struct Program {
     pub output: Option<Nid>,
     /// Values of the symbolic sizes (the batch).
     pub bound: BTreeMap<String, Poly>,
+    /// The (micro)batch the program is lowered for, when known.
+    pub batch: Option<i64>,
     /// A `repeat(..., stages: axis)` stack run as a pipeline.
     pub pipeline: Option<Pipeline>,
+    /// Repetitions too many to unroll: each range stands for `count` of them.
+    /// Such a program is planned, never run.
+    pub folds: Vec<Fold>,
+}
+
+/// Nodes `[start, end)` are one repetition that stands for `count`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fold {
+    pub start: Nid,
+    pub end: Nid,
+    pub count: u64,
 }
 
 /// Where the pipelined stack sits in the program: each repetition's nodes are a
@@ -220,12 +222,18 @@ impl Program {
             .iter()
             .enumerate()
             .filter_map(|(i, n)| match &n.op {
-                Op::Collective(k, axes, _) if !axes.is_empty() => {
-                    Some((i as Nid, format!("{k}({})", axes.join(", "))))
-                }
-                Op::Reshard => {
+                Op::Prim(Prim::Reshard(_)) => {
                     let from = &self.nodes[n.args[0] as usize].ty;
                     Some((i as Nid, format!("reshard {from} → {}", n.ty)))
+                }
+                Op::Prim(p @ Prim::Collective(_)) => {
+                    let attrs = p.get().attrs();
+                    (!attrs.is_empty()).then(|| {
+                        (
+                            i as Nid,
+                            format!("{}({})", p.get().name(), attrs.join(", ")),
+                        )
+                    })
                 }
                 _ => None,
             })
@@ -269,29 +277,7 @@ impl Program {
             let op = match &n.op {
                 Op::Input(k) => format!("input {k}"),
                 Op::Param(p) => format!("param {}", self.params.get(*p).map_or("?", |p| &p.name)),
-                Op::Binary(b, Some(c)) => format!("{} {} {c}", args.join(""), b.symbol()),
-                Op::Binary(b, None) => args.join(&format!(" {} ", b.symbol())),
-                Op::ScalarLeft(b, c) => format!("{c} {} {}", b.symbol(), args.join("")),
-                Op::Neg => format!("-{}", args.join("")),
-                Op::MatMul => args.join(" @ "),
-                Op::Builtin(name, attrs) => {
-                    let mut a = args.clone();
-                    a.extend(attrs.iter().map(|(k, v)| {
-                        if k.is_empty() {
-                            v.clone()
-                        } else {
-                            format!("{k}: {v}")
-                        }
-                    }));
-                    format!("{name}({})", a.join(", "))
-                }
-                Op::Collective(k, axes, attrs) => {
-                    let mut a = args.clone();
-                    a.extend(axes.iter().cloned());
-                    a.extend(attrs.iter().map(|(k, v)| format!("{k}: {v}")));
-                    format!("{k}({})", a.join(", "))
-                }
-                Op::Reshard => format!("reshard {}", args.join("")),
+                Op::Prim(p) => p.get().render(&args),
             };
             let at = if n.span == Span::default() {
                 String::new()
@@ -310,15 +296,5 @@ impl Program {
             let _ = writeln!(s, "  return %{o}");
         }
         s
-    }
-}
-
-/// Which reduction a collective performs, for runtimes.
-pub fn reduce_of(kind: &str) -> Option<ReduceOp> {
-    match kind {
-        "psum" | "pmean" | "reduce" => Some(ReduceOp::Sum),
-        "pmax" => Some(ReduceOp::Max),
-        "pmin" => Some(ReduceOp::Min),
-        _ => None,
     }
 }

@@ -24,6 +24,11 @@ pub struct Compilation {
     /// The typed `train` and table declarations.
     pub spec: crate::spec::Spec,
     pub checked: Checked,
+    /// The SPMD program of each `train` whose model checked clean (one that
+    /// repeats a layer too many times to unroll is planned but not here).
+    pub programs: Vec<crate::spmd::Program>,
+    /// One static plan per lowered `train`, when the file has no errors.
+    pub plans: Vec<crate::plan::Plan>,
     /// Real files the compile read (the root, its imports, its data files): what
     /// `watch` watches.
     pub read: Vec<PathBuf>,
@@ -66,10 +71,25 @@ pub fn compile_source(path: &Path, text: String, opts: &Options) -> Compilation 
     }
     let (spec, diags) = crate::spec::build(&program, &sources);
     diagnostics.extend(diags);
-    let (diags, checked) = Checker::new(&program, &spec, &sources, opts.strict).run();
+    let (diags, checked) = Checker::new(&program, &spec, opts.strict).run();
     diagnostics.extend(diags);
-    let (diags, data, mut data_read) =
-        crate::data::check(&spec, &checked.programs, opts.data.as_deref());
+    let lowered: Vec<crate::spmd::Program> = checked
+        .models
+        .iter()
+        .map(|m| crate::lower::lower(m, &checked.bodies))
+        .collect();
+    let clean = !diagnostics.iter().any(|d| d.is_error());
+    let plans = lowered
+        .iter()
+        .filter(|_| clean)
+        .filter_map(|p| {
+            let t = spec.train(Some(&p.model))?;
+            Some(crate::plan::of(p, t, &spec, &sources))
+        })
+        .collect();
+    let programs: Vec<crate::spmd::Program> =
+        lowered.into_iter().filter(|p| p.folds.is_empty()).collect();
+    let (diags, data, mut data_read) = crate::data::check(&spec, &programs, opts.data.as_deref());
     diagnostics.extend(diags);
     read.append(&mut data_read);
     // Stable order: by file, then position, errors before notes at the same place.
@@ -80,6 +100,8 @@ pub fn compile_source(path: &Path, text: String, opts: &Options) -> Compilation 
         program,
         spec,
         checked,
+        programs,
+        plans,
         read,
         data,
     }

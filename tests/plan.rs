@@ -14,7 +14,7 @@ fn plan_of(file: &str, mesh: Vec<(String, i64)>) -> shardc::plan::Plan {
     )
     .expect("readable");
     assert!(!c.has_errors(), "{file} has errors");
-    c.checked.plans.into_iter().next().expect("one plan")
+    c.plans.into_iter().next().expect("one plan")
 }
 
 #[test]
@@ -57,8 +57,8 @@ fn fsdp_stores_a_shard_and_reduce_scatters_gradients() {
         &Options::default(),
     )
     .expect("readable");
-    let dp = &c.checked.plans[0];
-    let fsdp = &c.checked.plans[1];
+    let dp = &c.plans[0];
+    let fsdp = &c.plans[1];
     assert!(
         fsdp.params < dp.params / 4.0,
         "{} vs {}",

@@ -238,7 +238,6 @@ pub fn settings<'c>(
         )
     })?;
     let prog = c
-        .checked
         .programs
         .iter()
         .find(|p| p.model == t.model)

@@ -13,6 +13,7 @@ pub mod mesh;
 pub mod mpi;
 pub mod optim;
 pub mod pipeline;
+pub mod probe;
 pub mod reload;
 pub mod report;
 pub mod sparse;

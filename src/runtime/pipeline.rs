@@ -5,6 +5,7 @@
 //! then activations move one stage on and gradients one stage back.
 
 use super::exec::{Exec, Tape, R};
+use crate::schedule::{timeline, Act};
 use crate::spmd::{Op, Program};
 use candle_core::Tensor;
 use std::collections::HashMap;
@@ -110,130 +111,6 @@ impl Stages {
     }
 }
 
-/// One unit of work: the forward or the backward of microbatch `m` on a stage.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Act {
-    F(usize),
-    B(usize),
-}
-
-/// Each stage's order of work under a schedule.
-pub fn order(schedule: &str, stages: usize, stage: usize, m: usize) -> Vec<Act> {
-    if schedule == "forward" {
-        // Evaluation: forwards only.
-        return (0..m).map(Act::F).collect();
-    }
-    if schedule == "one_f_one_b" {
-        // Warm up with as many forwards as stages after this one, then alternate
-        // one forward and one backward, then drain the backwards.
-        let w = (stages - stage - 1).min(m);
-        let mut v: Vec<Act> = (0..w).map(Act::F).collect();
-        for i in 0..m - w {
-            v.push(Act::F(w + i));
-            v.push(Act::B(i));
-        }
-        v.extend((m - w..m).map(Act::B));
-        v
-    } else {
-        // GPipe: every forward, then every backward.
-        (0..m).map(Act::F).chain((0..m).map(Act::B)).collect()
-    }
-}
-
-/// The lockstep timeline: per tick, what each stage does (`None`: idle). A stage
-/// starts its next unit as soon as what it needs arrived in an earlier tick.
-pub fn timeline(schedule: &str, stages: usize, m: usize) -> Vec<Vec<Option<Act>>> {
-    let orders: Vec<Vec<Act>> = (0..stages).map(|s| order(schedule, stages, s, m)).collect();
-    let mut next = vec![0usize; stages];
-    let mut f_done = vec![vec![usize::MAX; m]; stages];
-    let mut b_done = vec![vec![usize::MAX; m]; stages];
-    let mut ticks = Vec::new();
-    let total: usize = orders.iter().map(Vec::len).sum();
-    let mut done = 0;
-    let mut t = 0usize;
-    while done < total && t < 4 * (m + stages) + 8 {
-        let mut row = vec![None; stages];
-        for s in 0..stages {
-            let Some(&a) = orders[s].get(next[s]) else {
-                continue;
-            };
-            let ready = match a {
-                Act::F(k) => s == 0 || f_done[s - 1][k] < t,
-                Act::B(k) => f_done[s][k] < t && (s + 1 == stages || b_done[s + 1][k] < t),
-            };
-            if ready {
-                row[s] = Some(a);
-            }
-        }
-        for (s, a) in row.iter().enumerate() {
-            match a {
-                Some(Act::F(k)) => f_done[s][*k] = t,
-                Some(Act::B(k)) => b_done[s][*k] = t,
-                None => continue,
-            }
-            next[s] += 1;
-            done += 1;
-        }
-        ticks.push(row);
-        t += 1;
-    }
-    ticks
-}
-
-/// The most microbatches whose activations stage `s` holds at once.
-pub fn in_flight(ticks: &[Vec<Option<Act>>], s: usize) -> usize {
-    let (mut live, mut most) = (0usize, 0usize);
-    for row in ticks {
-        match row.get(s).copied().flatten() {
-            Some(Act::F(_)) => {
-                live += 1;
-                most = most.max(live);
-            }
-            Some(Act::B(_)) => live = live.saturating_sub(1),
-            None => {}
-        }
-    }
-    most
-}
-
-/// Idle share of the timeline.
-pub fn bubble(ticks: &[Vec<Option<Act>>]) -> f64 {
-    let slots: usize = ticks.iter().map(Vec::len).sum();
-    let idle = ticks.iter().flatten().filter(|a| a.is_none()).count();
-    idle as f64 / slots.max(1) as f64
-}
-
-/// The timeline as text: one row per stage, `F3`/`B3` per tick, `··` idle.
-pub fn draw(ticks: &[Vec<Option<Act>>]) -> String {
-    let stages = ticks.first().map_or(0, Vec::len);
-    // Cells as wide as the widest label (`F15`) and one space, so that labels
-    // of 10 microbatches or more do not run together.
-    let most = ticks
-        .iter()
-        .flatten()
-        .flatten()
-        .map(|a| match a {
-            Act::F(k) | Act::B(k) => *k,
-        })
-        .max()
-        .unwrap_or(0);
-    let w = 1 + most.to_string().len();
-    let mut out = String::new();
-    for s in 0..stages {
-        out.push_str(&format!("  stage {s:<2} "));
-        for row in ticks {
-            let cell = match row.get(s).copied().flatten() {
-                Some(Act::F(k)) => format!("F{k}"),
-                Some(Act::B(k)) => format!("B{k}"),
-                None => "·".repeat(w),
-            };
-            out.push_str(&format!("{cell:<w$} "));
-        }
-        out.push('\n');
-    }
-    out
-}
-
 /// What a microbatch brings: inputs, labels, dropout seed, lookup drop masks.
 pub struct Micro {
     pub inputs: Vec<Tensor>,
@@ -309,7 +186,7 @@ pub fn run_chunk(
         match row[me] {
             Some(Act::F(m)) => {
                 let mb = micro(m)?;
-                *ex.keep.borrow_mut() = mb.keep;
+                *ex.sparse.keep.borrow_mut() = mb.keep;
                 let mut tape = ex.empty_tape(params, &mb.inputs)?;
                 if me == 0 {
                     ex.forward_range(&mut tape, st.pre.clone(), mb.seed)?;
@@ -341,7 +218,7 @@ pub fn run_chunk(
             }
             Some(Act::B(m)) => {
                 let mb = micro(m)?;
-                *ex.keep.borrow_mut() = mb.keep;
+                *ex.sparse.keep.borrow_mut() = mb.keep;
                 let tape = tapes
                     .remove(&m)
                     .ok_or_else(|| format!("stage {me}: no forward of microbatch {m}"))?;

@@ -68,7 +68,7 @@ pub struct RunOutput {
 }
 
 /// Local piece of a global array (row-major `values`) for a value of type `t`.
-fn local_piece(
+pub(crate) fn local_piece(
     topo: &Topology,
     rank: usize,
     t: &TType,
@@ -346,9 +346,10 @@ pub fn run_on(
                     rank,
                     dtype: cfg.dtype,
                     dev: dev.clone(),
-                    keep: Default::default(),
-                    placements: placements.clone(),
-                    touched: Default::default(),
+                    sparse: crate::prim::lookup::SparseState {
+                        placements: placements.clone(),
+                        ..Default::default()
+                    },
                     stage: stages.as_ref().map(|st| (st.axis.clone(), st.param_stage.clone())),
                 };
                 // Parameters: each device computes only its own piece.
@@ -442,7 +443,7 @@ pub fn run_on(
                     let out_id = prog.output.ok_or("the model has no output")? as usize;
                     let ex = ex.with_program(prog);
                     let stages: &Option<super::pipeline::Stages> = active_stages.as_ref().unwrap_or(stages);
-                    ex.touched.borrow_mut().clear();
+                    ex.sparse.touched.borrow_mut().clear();
                     // Microbatch j is the j-th contiguous chunk of the step's batch.
                     let mut acc: Option<(Vec<Tensor>, f64)> = None;
                     let mut tape = None;
@@ -489,7 +490,7 @@ pub fn run_on(
                     }
                     for j in (0..k).filter(|_| stages.is_none()) {
                         let mb = microbatch(j)?;
-                        *ex.keep.borrow_mut() = mb.keep;
+                        *ex.sparse.keep.borrow_mut() = mb.keep;
                         let y = mb.labels;
                         let t = ex.forward(&params, &mb.inputs, mb.seed)?;
                         let (loss, ct) = loss_fn(cfg.loss, &ex, &t.vals[out_id], out_t, &y, rows, None)?;
@@ -532,7 +533,7 @@ pub fn run_on(
                         for (n, v) in prog.nodes.iter().zip(&tape.vals) {
                             match &n.op {
                                 Op::Input(_) | Op::Param(_) => {}
-                                Op::Collective(k, _, _) if k == "all_gather" && n.args.first().is_some_and(|a| matches!(prog.nodes[*a as usize].op, Op::Param(_))) => m.gathered_params = m.gathered_params.max(bytes(v)),
+                                Op::Prim(crate::prim::Prim::Collective(_)) if n.args.first().is_some_and(|a| matches!(prog.nodes[*a as usize].op, Op::Param(_))) => m.gathered_params = m.gathered_params.max(bytes(v)),
                                 _ => m.activations += bytes(v),
                             }
                         }
@@ -551,7 +552,7 @@ pub fn run_on(
                     };
                     let lr = cfg_now.optimizer.lr.at(step);
                     // Tables update only the rows this step looked up (on any replica).
-                    let touched = std::mem::take(&mut *ex.touched.borrow_mut());
+                    let touched = std::mem::take(&mut *ex.sparse.touched.borrow_mut());
                     let mut masks: Vec<Option<Tensor>> = vec![None; params.len()];
                     for pi in placements.keys() {
                         let rows = params[*pi].dims()[0];
@@ -610,7 +611,7 @@ pub fn run_on(
                     if let Some(crate::spec::Eval { every, steps: esteps }) = cfg.eval {
                         if (step + 1) % every == 0 {
                             // Held-out batches are looked up whole.
-                            ex.keep.borrow_mut().clear();
+                            ex.sparse.keep.borrow_mut().clear();
                             let mut total = 0.0;
                             for e in 0..esteps {
                                 let b = src.batch(cfg.seed, e, cfg.batch / k, micro_sizes, int_inputs, vocab, rows, per_position, true);
@@ -703,7 +704,7 @@ fn all_finite(t: &Tensor) -> bool {
 
 /// Sum each gradient over the axes its parameter is replicated on (a pipeline
 /// stage's parameters: among the devices of that stage, which alone hold them).
-fn sync_grads(ex: &Exec, grads: Vec<Tensor>) -> R<Vec<Tensor>> {
+pub(crate) fn sync_grads(ex: &Exec, grads: Vec<Tensor>) -> R<Vec<Tensor>> {
     let mut out = Vec::new();
     for (i, g) in grads.into_iter().enumerate() {
         if !ex.holds(i) {
@@ -755,7 +756,7 @@ fn gather_global(ex: &Exec, grads: &[Tensor]) -> R<Option<Named>> {
 
 /// One value's global array, assembled on device 0 (`None` on the others) from
 /// every device's piece, so no device holds more than one global copy.
-fn gather_one(ex: &Exec, pi: usize, t: &Tensor) -> R<Option<Vec<f64>>> {
+pub(crate) fn gather_one(ex: &Exec, pi: usize, t: &Tensor) -> R<Option<Vec<f64>>> {
     let p = &ex.prog.params[pi];
     let stored = &p.stored;
     let Some(pieces) = ex.comm.gather_to_first(ex.rank, t).map_err(ce)? else {
@@ -777,7 +778,7 @@ fn gather_one(ex: &Exec, pi: usize, t: &Tensor) -> R<Option<Vec<f64>>> {
         {
             continue;
         }
-        let idx = param_indices(topo, r, p, ex.placements.get(&pi), ex.prog)?;
+        let idx = param_indices(topo, r, p, ex.sparse.placements.get(&pi), ex.prog)?;
         let vals: Vec<f64> = piece
             .flatten_all()
             .and_then(|t| t.to_dtype(DType::F64))

@@ -1,0 +1,929 @@
+//! Typed function bodies, and the checking of functions and expressions that
+//! records them.
+//!
+//! Each function of a layer instance is checked once per argument types; its
+//! [`Body`] lists its values in order: arguments, model inputs, the instance's
+//! weights where they are used, typed ops ([`crate::prim::Prim`], the reshards
+//! the checker inserts included) and calls of sublayers and functions. The
+//! lowering ([`crate::lower`]) inlines them into the SPMD program.
+
+use super::layers::dim_names;
+use super::{find_fn, plural, Binding, Checker, Inst, Scope, TypeEntry, Val};
+use crate::ast::{self, Arg, DimExpr, DimSpec, Expr, ExprKind, Member, TypeExpr};
+use crate::diag::{did_you_mean, Label, Problem};
+use crate::init::Init;
+use crate::prim::arith::Arith;
+use crate::prim::matmul::MatMul;
+use crate::prim::Prim;
+use crate::source::Span;
+use crate::types::TType;
+use std::collections::HashSet;
+use std::rc::Rc;
+
+/// A value of a body, by index.
+pub type VId = u32;
+/// A body, by index into [`Bodies`].
+pub type BodyId = usize;
+
+/// How a body computes one value.
+#[derive(Clone, Debug)]
+pub enum Op {
+    /// The function's i-th argument.
+    Arg(usize),
+    /// The model's i-th input (in a model's body).
+    Input(usize),
+    /// A weight of the instance, by name, stored in `stored` and used in the
+    /// value's type (FSDP gathers it).
+    Weight {
+        name: String,
+        stored: TType,
+        init: Init,
+    },
+    /// An embedding table's parameter (`tables.NAME`).
+    Table {
+        name: String,
+        init: Init,
+    },
+    Prim {
+        prim: Prim,
+        args: Vec<VId>,
+    },
+    Call(Call),
+}
+
+/// A call of another body.
+#[derive(Clone, Debug)]
+pub struct Call {
+    /// The sublayer called (its parameters live under this name), or `None`
+    /// for a function of the same layer.
+    pub member: Option<String>,
+    pub body: BodyId,
+    pub args: Vec<VId>,
+    /// `repeat(count, ...)`: the body runs `count` times, each on the previous
+    /// result, split into pipeline stages over `stages`.
+    pub repeat: Option<Repeat>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Repeat {
+    pub count: i64,
+    pub stages: Option<String>,
+}
+
+/// A value: how it is computed, its type, and where in the source.
+#[derive(Clone, Debug)]
+pub struct Value {
+    pub op: Op,
+    pub ty: TType,
+    pub span: Span,
+}
+
+/// One function of one layer instance, checked for one set of argument types.
+#[derive(Clone, Debug, Default)]
+pub struct Body {
+    pub values: Vec<Value>,
+    pub result: Option<VId>,
+}
+
+/// Every body checked.
+#[derive(Clone, Debug, Default)]
+pub struct Bodies(pub Vec<Body>);
+
+impl Bodies {
+    pub fn get(&self, id: BodyId) -> Option<&Body> {
+        self.0.get(id)
+    }
+}
+
+impl<'p> Checker<'p> {
+    pub(super) fn open_body(&mut self) {
+        self.open.push(Body::default());
+    }
+
+    pub(super) fn close_body(&mut self, result: Option<VId>) -> BodyId {
+        let mut b = self.open.pop().unwrap_or_default();
+        b.result = result;
+        self.out.bodies.0.push(b);
+        self.out.bodies.0.len() - 1
+    }
+
+    /// Add a value to the body being checked and make it the current value.
+    pub(super) fn record(&mut self, op: Op, ty: &TType, span: Span) -> Option<VId> {
+        let ty = self.apply_bound(ty.clone());
+        let Some(b) = self.open.last_mut() else {
+            self.last = None;
+            return None;
+        };
+        b.values.push(Value { op, ty, span });
+        let id = (b.values.len() - 1) as VId;
+        self.last = Some(id);
+        Some(id)
+    }
+
+    /// An op on operands of this body; a missing operand (an error elsewhere)
+    /// drops it.
+    pub(super) fn record_prim(
+        &mut self,
+        prim: Prim,
+        args: Vec<Option<VId>>,
+        ty: &TType,
+        span: Span,
+    ) -> Option<VId> {
+        let Some(args) = args.into_iter().collect::<Option<Vec<VId>>>() else {
+            self.last = None;
+            return None;
+        };
+        self.record(Op::Prim { prim, args }, ty, span)
+    }
+
+    /// Check a call of `f` of `inst` and record it in the caller's body: as a
+    /// call of the sublayer `member` (with its repetitions), or of a function of
+    /// the same layer (`None`). Each function is checked once per instance,
+    /// argument types and bound sizes; later calls reuse its body.
+    pub(super) fn call_fn(
+        &mut self,
+        inst: &Rc<Inst>,
+        f: &ast::FnDecl,
+        args: Vec<(Val, Span, Option<VId>)>,
+        site: Span,
+        member: Option<(String, Option<Repeat>)>,
+    ) -> Val {
+        if args.len() != f.params.len() {
+            self.report(Problem::Arity {
+                span: site,
+                callee: format!("{}.{}", inst.decl.name.name, f.name.name),
+                expected: plural(f.params.len(), "argument"),
+                found: args.len(),
+                decl: Some(f.name.span),
+            });
+            return Val::Poison;
+        }
+        let fkey = format!("fn {}.{}", inst.label, f.name.name);
+        if self.stack.contains(&fkey) {
+            self.report(Problem::RecursiveLayer {
+                span: site,
+                chain: vec![f.name.name.clone(), f.name.name.clone()],
+            });
+            return Val::Poison;
+        }
+        let key = format!(
+            "{}|{}|{:?}|{:?}|{:?}",
+            inst.key,
+            f.name.name,
+            f.span,
+            args.iter()
+                .map(|(v, _, _)| match v {
+                    Val::T(t) => t.to_string(),
+                    other => other.describe(),
+                })
+                .collect::<Vec<_>>(),
+            self.bound
+        );
+        let (body, result) = match self.memo.get(&key) {
+            Some(done) => done.clone(),
+            None => {
+                self.open_body();
+                let arg_vals: Vec<(Val, Span, Option<VId>)> = args
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (v, s, _))| {
+                        let vid = match v {
+                            Val::T(t) => self.record(Op::Arg(i), t, *s),
+                            _ => None,
+                        };
+                        (v.clone(), *s, vid)
+                    })
+                    .collect();
+                let result = self.fn_body(inst, f, arg_vals, fkey);
+                let out = matches!(result, Val::T(_)).then_some(self.last).flatten();
+                let body = self.close_body(out);
+                self.memo.insert(key, (body, result.clone()));
+                (body, result)
+            }
+        };
+        // The call, in the caller's body.
+        let ids: Option<Vec<VId>> = args.iter().map(|a| a.2).collect();
+        match (&result, ids) {
+            (Val::T(t), Some(ids)) => {
+                let (member, repeat) = member.map_or((None, None), |(m, r)| (Some(m), r));
+                self.record(
+                    Op::Call(Call {
+                        member,
+                        body,
+                        args: ids,
+                        repeat,
+                    }),
+                    t,
+                    site,
+                );
+            }
+            _ => self.last = None,
+        }
+        result
+    }
+
+    /// The body of `f` on arguments that are this body's `Arg` values.
+    pub(super) fn fn_body(
+        &mut self,
+        inst: &Rc<Inst>,
+        f: &ast::FnDecl,
+        args: Vec<(Val, Span, Option<VId>)>,
+        fkey: String,
+    ) -> Val {
+        let mut scope = Scope {
+            scope_name: format!("{}.{}", inst.label, f.name.name),
+            ..Scope::default()
+        };
+        for ((pname, te), (arg, aspan, vid)) in f.params.iter().zip(args) {
+            self.last = vid;
+            let Val::T(at) = arg else {
+                if !matches!(arg, Val::Poison) {
+                    self.report(Problem::WrongKind {
+                        span: aspan,
+                        expected: format!("a tensor for `{}`", pname.name),
+                        found: arg.describe(),
+                    });
+                }
+                return Val::Poison;
+            };
+            let Some(bound) = self.unify(te, &at, inst, &mut scope, aspan) else {
+                return Val::Poison;
+            };
+            let local = self.local_text(&bound);
+            let scope_name = scope.scope_name.clone();
+            self.record_type(
+                TypeEntry {
+                    span: pname.span,
+                    scope: scope_name,
+                    name: pname.name.clone(),
+                    kind: "param",
+                    ty: bound.to_string(),
+                    local,
+                    used_as: None,
+                    layout: None,
+                },
+                &bound,
+            );
+            scope.vars.insert(
+                pname.name.clone(),
+                Binding {
+                    ty: bound,
+                    vid: self.last,
+                    span: pname.span,
+                    deps: vec![],
+                },
+            );
+        }
+        self.stack.push(fkey);
+        let result = self.block(inst, &f.body, &mut scope);
+        self.stack.pop();
+        let result_span = f.body.result.as_ref().map_or(f.body.span, |e| e.span);
+        let Some(rt) = &f.ret else {
+            return result;
+        };
+        let Val::T(t) = result else {
+            if !matches!(result, Val::Poison) {
+                self.report(Problem::WrongKind {
+                    span: result_span,
+                    expected: "a tensor result".into(),
+                    found: result.describe(),
+                });
+            }
+            return Val::Poison;
+        };
+        // Symbols only in the return type cannot be inferred: likely a typo.
+        for d in &rt.dims {
+            if let DimSpec::Dim { size, .. } = d {
+                for id in dim_names(size) {
+                    let known = inst.env.contains_key(&id.name)
+                        || self.prog.consts.contains_key(&id.name)
+                        || scope.tyvars.contains_key(&id.name);
+                    if !known {
+                        let mut c: Vec<&str> =
+                            self.prog.consts.keys().map(|s| s.as_str()).collect();
+                        c.extend(scope.tyvars.keys().map(|s| s.as_str()));
+                        c.extend(inst.env.keys().map(|s| s.as_str()));
+                        let sug = did_you_mean(&id.name, c);
+                        self.report(Problem::UnknownName {
+                            span: id.span,
+                            name: id.name.clone(),
+                            what: "size",
+                            suggestion: sug,
+                        });
+                        return Val::Poison;
+                    }
+                }
+            }
+        }
+        match self.conform(
+            &t,
+            rt,
+            inst,
+            &mut scope,
+            result_span,
+            "the declared return type",
+        ) {
+            Some(t) => Val::T(t),
+            None => Val::Poison,
+        }
+    }
+
+    /// Bind a signature type against an argument: dtype, rank, sizes (binding
+    /// symbolic sizes), and layout (inserting a reshard where one is asked for).
+    pub(super) fn unify(
+        &mut self,
+        te: &TypeExpr,
+        at: &TType,
+        inst: &Inst,
+        scope: &mut Scope,
+        aspan: Span,
+    ) -> Option<TType> {
+        let n_explicit = te
+            .dims
+            .iter()
+            .filter(|d| !matches!(d, DimSpec::Ellipsis(_)))
+            .count();
+        let has_ellipsis = te.dims.iter().any(|d| matches!(d, DimSpec::Ellipsis(_)));
+        if at.rank() < n_explicit || !has_ellipsis && at.rank() != n_explicit {
+            self.report(Problem::Rank {
+                span: aspan,
+                expected: n_explicit,
+                found: at.rank(),
+                ty: at.to_string(),
+                decl: Some(te.span),
+            });
+            return None;
+        }
+        if te.dtype != at.dtype {
+            self.report(Problem::DType {
+                span: aspan,
+                expected: te.dtype.name().into(),
+                found: at.dtype.name().into(),
+                other: Some(te.dtype_span),
+            });
+            return None;
+        }
+        let mut k = 0usize;
+        for d in &te.dims {
+            match d {
+                DimSpec::Ellipsis(_) => {
+                    let n = at.rank() - n_explicit;
+                    scope.ellipsis = Some(at.dims[k..k + n].to_vec());
+                    k += n;
+                }
+                DimSpec::Dim { size, .. } => {
+                    if let DimExpr::Name(id) = size {
+                        let free = !inst.env.contains_key(&id.name)
+                            && !self.prog.consts.contains_key(&id.name)
+                            && !scope.tyvars.contains_key(&id.name);
+                        if free {
+                            scope
+                                .tyvars
+                                .insert(id.name.clone(), at.dims[k].size.clone());
+                        }
+                    }
+                    k += 1;
+                }
+            }
+        }
+        self.conform(at, te, inst, scope, aspan, "the parameter type")
+    }
+
+    /// Check `t` against a written type: sizes must match exactly; dims with an
+    /// explicit layout are resharded to it (a reported collective).
+    pub(super) fn conform(
+        &mut self,
+        t: &TType,
+        te: &TypeExpr,
+        inst: &Inst,
+        scope: &mut Scope,
+        span: Span,
+        what: &str,
+    ) -> Option<TType> {
+        let want = self.eval_type(te, inst, scope, true, Some(t))?;
+        let want = self.apply_bound(want);
+        let got = self.apply_bound(t.clone());
+        if want.rank() != got.rank() {
+            self.report(Problem::Rank {
+                span,
+                expected: want.rank(),
+                found: got.rank(),
+                ty: got.to_string(),
+                decl: Some(te.span),
+            });
+            return None;
+        }
+        if want.dtype != got.dtype {
+            self.report(Problem::DType {
+                span,
+                expected: want.dtype.name().into(),
+                found: got.dtype.name().into(),
+                other: Some(te.dtype_span),
+            });
+            return None;
+        }
+        for (i, (w, g)) in want.dims.iter().zip(&got.dims).enumerate() {
+            if w.size != g.size {
+                self.report(Problem::Mismatch {
+                    span,
+                    expected: want.to_string(),
+                    found: got.to_string(),
+                    decl: Some(te.span),
+                    detail: format!("dimension {i} is {} but {what} says {}", g.size, w.size),
+                });
+                return None;
+            }
+        }
+        let explicit = self.explicit_layout(te, inst, got.rank());
+        // Only what the annotation asks for is checked here; inherited layouts were
+        // checked where they arose.
+        let mut asked = want.clone();
+        for (d, e) in asked.dims.iter_mut().zip(&explicit) {
+            if !e {
+                d.axes.clear();
+            }
+        }
+        self.validate_type(&asked, te, "");
+        let target: Vec<Option<Vec<String>>> = want
+            .dims
+            .iter()
+            .zip(&explicit)
+            .map(|(d, e)| e.then(|| d.axes.clone()))
+            .collect();
+        let out = self.reshard(&got, &target, &want.pending, span, scope);
+        Some(out)
+    }
+
+    pub(super) fn block(&mut self, inst: &Rc<Inst>, b: &ast::Block, scope: &mut Scope) -> Val {
+        let mut local_names = Vec::new();
+        for l in &b.lets {
+            self.hint = l.ty.as_ref().and_then(|te| {
+                let mut h = Vec::new();
+                for d in &te.dims {
+                    match d {
+                        DimSpec::Ellipsis(_) => return None,
+                        DimSpec::Dim { axes, .. } => h.push(
+                            axes.as_ref()
+                                .map(|a| a.iter().map(|i| i.name.clone()).collect()),
+                        ),
+                    }
+                }
+                Some((l.value.span, h))
+            });
+            let v = self.expr(inst, &l.value, scope);
+            self.hint = None;
+            let deps = expr_names(&l.value);
+            let Val::T(mut t) = v else {
+                if !matches!(v, Val::Poison) {
+                    self.report(Problem::WrongKind {
+                        span: l.value.span,
+                        expected: format!("a tensor for `{}`", l.name.name),
+                        found: v.describe(),
+                    });
+                }
+                scope.vars.remove(&l.name.name);
+                scope.poisoned.insert(l.name.name.clone());
+                continue;
+            };
+            if let Some(te) = &l.ty {
+                match self.conform(&t, te, inst, scope, l.value.span, "the annotation") {
+                    Some(c) => t = c,
+                    None => {
+                        scope.vars.remove(&l.name.name);
+                        scope.poisoned.insert(l.name.name.clone());
+                        continue;
+                    }
+                }
+            }
+            let local = self.local_text(&t);
+            let name = scope.scope_name.clone();
+            self.record_type(
+                TypeEntry {
+                    span: l.name.span,
+                    scope: name,
+                    name: l.name.name.clone(),
+                    kind: "let",
+                    ty: t.to_string(),
+                    local,
+                    used_as: None,
+                    layout: None,
+                },
+                &t,
+            );
+            local_names.push(l.name.name.clone());
+            scope.vars.insert(
+                l.name.name.clone(),
+                Binding {
+                    ty: t,
+                    vid: self.last,
+                    span: l.name.span,
+                    deps,
+                },
+            );
+        }
+        match &b.result {
+            Some(e) => self.expr(inst, e, scope),
+            None => {
+                self.report(Problem::WrongKind {
+                    span: b.span,
+                    expected: "a result expression at the end of the block".into(),
+                    found: "only `let` bindings".into(),
+                });
+                Val::Poison
+            }
+        }
+    }
+
+    /// The shape-flow trace for a diagnostic about `e`: the bindings its names came from.
+    pub(super) fn trace(&self, e: &Expr, scope: &Scope) -> Vec<Label> {
+        let mut out: Vec<Label> = Vec::new();
+        let mut todo = expr_names(e);
+        let mut seen = HashSet::new();
+        while let Some(n) = todo.pop() {
+            if !seen.insert(n.clone()) || out.len() >= 8 {
+                continue;
+            }
+            if let Some(b) = scope.vars.get(&n) {
+                out.push(Label::new(b.span, format!("{n}: {}", b.ty)));
+                todo.extend(b.deps.iter().cloned());
+            }
+        }
+        out.sort_by_key(|l| l.span);
+        out
+    }
+
+    pub(super) fn report_traced(&mut self, p: Problem, e: &Expr, scope: &Scope) {
+        let mut d = p.diagnostic();
+        d.trace = self.trace(e, scope);
+        self.add_context(&mut d);
+        self.diags.push(d);
+    }
+
+    pub(super) fn expr(&mut self, inst: &Rc<Inst>, e: &Expr, scope: &mut Scope) -> Val {
+        self.last = None;
+        let v = self.expr_inner(inst, e, scope);
+        if !matches!(v, Val::T(_)) {
+            self.last = None;
+        }
+        v
+    }
+
+    pub(super) fn expr_inner(&mut self, inst: &Rc<Inst>, e: &Expr, scope: &mut Scope) -> Val {
+        match &e.kind {
+            ExprKind::Float(v) => Val::Num(*v),
+            ExprKind::Int(v) => Val::Int(*v),
+            ExprKind::Str(s) => Val::Str(s.clone()),
+            ExprKind::Name(n) => self.name(inst, n, e.span, scope),
+            ExprKind::Neg(x) => match self.expr(inst, x, scope) {
+                Val::Num(v) => Val::Num(-v),
+                Val::Int(v) => Val::Int(v.wrapping_neg()),
+                Val::T(t) => {
+                    let ix = self.last;
+                    self.record_prim(Arith::Neg.into(), vec![ix], &t, e.span);
+                    Val::T(t)
+                }
+                Val::Poison => Val::Poison,
+                v => {
+                    self.report(Problem::WrongKind {
+                        span: x.span,
+                        expected: "a tensor or number".into(),
+                        found: v.describe(),
+                    });
+                    Val::Poison
+                }
+            },
+            ExprKind::Bin(a, op, b) => {
+                let va = self.expr(inst, a, scope);
+                let ia = self.last;
+                let vb = self.expr(inst, b, scope);
+                let ib = self.last;
+                let num = |v: &Val| match v {
+                    Val::Num(x) => Some(*x),
+                    Val::Int(x) => Some(*x as f64),
+                    _ => None,
+                };
+                let (na, nb) = (num(&va), num(&vb));
+                let r = self.binary(inst, *op, (va, a), (vb, b), e, scope);
+                if let Val::T(t) = &r {
+                    let (p, args): (Prim, _) = match (na, nb) {
+                        (None, Some(c)) => (Arith::Scalar(*op, c).into(), vec![ia]),
+                        (Some(c), None) => (Arith::ScalarLeft(*op, c).into(), vec![ib]),
+                        _ if *op == ast::BinOp::MatMul => (MatMul.into(), vec![ia, ib]),
+                        _ => (Arith::Binary(*op).into(), vec![ia, ib]),
+                    };
+                    self.record_prim(p, args, t, e.span);
+                }
+                r
+            }
+            ExprKind::Call(callee, args) => self.call(inst, callee, args, e, scope),
+            ExprKind::Index(base, slices) => {
+                let v = self.expr(inst, base, scope);
+                let ib = self.last;
+                let Some(t) = self.tensor_of(v, e, "indexing") else {
+                    return Val::Poison;
+                };
+                let r = {
+                    let mut cx = self.rules(inst, scope);
+                    crate::prim::index::rule(&mut cx, &t, slices, e)
+                };
+                match r {
+                    Some((t, ix)) => {
+                        self.record_prim(ix.into(), vec![ib], &t, e.span);
+                        Val::T(t)
+                    }
+                    None => Val::Poison,
+                }
+            }
+            ExprKind::List(_) => {
+                self.report(Problem::WrongKind {
+                    span: e.span,
+                    expected: "a tensor".into(),
+                    found: "a list (lists are arguments of reshape and transpose)".into(),
+                });
+                Val::Poison
+            }
+            ExprKind::Local(axes, block) => {
+                for a in axes {
+                    self.check_axis(a);
+                }
+                let saved = scope.local.replace(e.span);
+                let v = self.block(inst, block, scope);
+                scope.local = saved;
+                v
+            }
+        }
+    }
+
+    pub(super) fn name(&mut self, inst: &Rc<Inst>, n: &str, span: Span, scope: &Scope) -> Val {
+        if let Some(b) = scope.vars.get(n) {
+            self.last = b.vid;
+            return Val::T(b.ty.clone());
+        }
+        if scope.poisoned.contains(n) || inst.poisoned.contains(n) {
+            return Val::Poison;
+        }
+        if let Some((stored, used, wspan)) = inst.weights.get(n) {
+            let init = inst
+                .decl
+                .members
+                .iter()
+                .find_map(|m| match m {
+                    Member::Weight {
+                        name: w,
+                        init: Some(i),
+                        ..
+                    } if w.name == n => crate::init::Init::parse(i).ok(),
+                    _ => None,
+                })
+                .unwrap_or(crate::init::Init::Zeros);
+            self.record(
+                Op::Weight {
+                    name: n.to_string(),
+                    stored: stored.clone(),
+                    init,
+                },
+                used,
+                *wspan,
+            );
+            return Val::T(used.clone());
+        }
+        if let Some(s) = inst.subs.get(n) {
+            return s.clone();
+        }
+        if let Some(v) = inst.env.get(n) {
+            if let Some(c) = v.size.as_const() {
+                return Val::Int(c);
+            }
+        }
+        if let Some((v, _)) = self.prog.consts.get(n) {
+            return Val::Int(*v);
+        }
+        if let Some(v) = scope.tyvars.get(n) {
+            if let Some(c) = v.substitute(&self.bound).and_then(|p| p.as_const()) {
+                return Val::Int(c);
+            }
+        }
+        let mut cands: Vec<&str> = scope.vars.keys().map(|s| s.as_str()).collect();
+        cands.extend(inst.weights.keys().map(|s| s.as_str()));
+        cands.extend(inst.subs.keys().map(|s| s.as_str()));
+        cands.extend(self.prog.consts.keys().map(|s| s.as_str()));
+        let sug = did_you_mean(n, cands);
+        self.report(Problem::UnknownName {
+            span,
+            name: n.to_string(),
+            what: "name",
+            suggestion: sug,
+        });
+        Val::Poison
+    }
+
+    pub(super) fn call(
+        &mut self,
+        inst: &Rc<Inst>,
+        callee: &Expr,
+        args: &[Arg],
+        e: &Expr,
+        scope: &mut Scope,
+    ) -> Val {
+        if let ExprKind::Name(n) = &callee.kind {
+            if inst.poisoned.contains(n) && !scope.vars.contains_key(n) {
+                return Val::Poison;
+            }
+        }
+        let ExprKind::Name(name) = &callee.kind else {
+            self.report(Problem::NotCallable {
+                span: callee.span,
+                name: "this expression".into(),
+                found: "not a function or layer".into(),
+            });
+            return Val::Poison;
+        };
+        let sub = if scope.vars.contains_key(name) {
+            None
+        } else {
+            inst.subs.get(name).cloned()
+        };
+        if let Some(sub) = sub {
+            let mut vals = Vec::new();
+            for a in args {
+                match a {
+                    Arg::Pos(x) => {
+                        let v = self.expr(inst, x, scope);
+                        vals.push((v, x.span, self.last));
+                    }
+                    other => {
+                        self.report(Problem::WrongKind {
+                            span: other.span(),
+                            expected: "a positional tensor argument".into(),
+                            found: "a named argument".into(),
+                        });
+                        return Val::Poison;
+                    }
+                }
+            }
+            return self.call_layer(name, &sub, vals, e, scope);
+        }
+        if !scope.vars.contains_key(name) {
+            if let Some(f) = find_fn(&inst.decl, name) {
+                let mut vals = Vec::new();
+                for a in args {
+                    if let Arg::Pos(x) = a {
+                        let v = self.expr(inst, x, scope);
+                        vals.push((v, x.span, self.last));
+                    }
+                }
+                self.sites.push((e.span, inst.label.clone()));
+                let r = self.call_fn(inst, f, vals, e.span, None);
+                self.sites.pop();
+                return r;
+            }
+        }
+        if let Some(def) = crate::prim::find(name) {
+            return self.builtin(inst, def, args, e, scope);
+        }
+        if let Some(v) = scope.vars.get(name) {
+            let found = format!("a tensor `{}`", v.ty);
+            self.report(Problem::NotCallable {
+                span: callee.span,
+                name: name.clone(),
+                found,
+            });
+            return Val::Poison;
+        }
+        if inst.weights.contains_key(name) {
+            self.report(Problem::NotCallable {
+                span: callee.span,
+                name: name.clone(),
+                found: "a weight".into(),
+            });
+            return Val::Poison;
+        }
+        if self.prog.layers.contains_key(name) {
+            self.report(Problem::NotCallable {
+                span: callee.span,
+                name: name.clone(),
+                found: "a layer declaration; instantiate it as a member (`mlp = MLP(D)`) and call the member".into(),
+            });
+            return Val::Poison;
+        }
+        let mut cands: Vec<&str> = crate::prim::names();
+        cands.extend(inst.subs.keys().map(|s| s.as_str()));
+        let sug = did_you_mean(name, cands);
+        self.report(Problem::UnknownName {
+            span: callee.span,
+            name: name.clone(),
+            what: "function",
+            suggestion: sug,
+        });
+        Val::Poison
+    }
+
+    pub(super) fn call_layer(
+        &mut self,
+        name: &str,
+        sub: &Val,
+        vals: Vec<(Val, Span, Option<VId>)>,
+        e: &Expr,
+        scope: &Scope,
+    ) -> Val {
+        let (li, count) = match sub {
+            Val::Layer(li) => (li.clone(), 1),
+            Val::Repeat(n, li, _) => (li.clone(), *n),
+            _ => return Val::Poison,
+        };
+        let Some(f) = find_fn(&li.decl, "forward") else {
+            self.report(Problem::NoForward {
+                span: li.decl.name.span,
+                layer: li.label.clone(),
+            });
+            return Val::Poison;
+        };
+        let input = vals.first().map(|(v, _, _)| v.clone());
+        self.sites.push((e.span, li.label.clone()));
+        let stage_axis = match sub {
+            Val::Repeat(_, _, Some(a)) => Some(a.clone()),
+            _ => None,
+        };
+        if let Some(ax) = &stage_axis {
+            // A stage holds whole layers: nothing inside may be split over its axis.
+            let mut bad: Vec<(Span, String)> = li
+                .weights
+                .values()
+                .filter(|w| {
+                    w.0.all_axes().contains(&ax.as_str()) || w.1.all_axes().contains(&ax.as_str())
+                })
+                .map(|w| (w.2, w.0.to_string()))
+                .collect();
+            if let Some((Val::T(t), sp, _)) = vals.first() {
+                if t.all_axes().contains(&ax.as_str()) || t.pending.contains_key(ax) {
+                    bad.push((*sp, t.to_string()));
+                }
+            }
+            bad.sort();
+            if let Some((span, ty)) = bad.into_iter().next() {
+                self.report(Problem::StageAxisInside {
+                    span,
+                    axis: ax.clone(),
+                    ty,
+                    stack: e.span,
+                });
+                self.sites.pop();
+                return Val::Poison;
+            }
+        }
+        // The repetitions share one body; the lowering gives each its own
+        // parameters (`blocks.0`, `blocks.1`, ...).
+        let repeat = (count > 1).then(|| Repeat {
+            count,
+            stages: stage_axis.clone(),
+        });
+        let out = self.call_fn(&li, f, vals, e.span, Some((name.to_string(), repeat)));
+        self.sites.pop();
+        if count > 1 {
+            if let (Some(Val::T(i)), Val::T(o)) = (&input, &out) {
+                if i != o {
+                    self.report_traced(
+                        Problem::Mismatch {
+                            span: e.span,
+                            expected: i.to_string(),
+                            found: o.to_string(),
+                            decl: Some(li.decl.name.span),
+                            detail: format!(
+                                "a layer repeated {count} times must return its input type"
+                            ),
+                        },
+                        e,
+                        scope,
+                    );
+                    return Val::Poison;
+                }
+            }
+        }
+        out
+    }
+}
+
+fn expr_names(e: &Expr) -> Vec<String> {
+    let mut out = Vec::new();
+    pub(super) fn go(e: &Expr, out: &mut Vec<String>) {
+        match &e.kind {
+            ExprKind::Name(n) => out.push(n.clone()),
+            ExprKind::Neg(x) => go(x, out),
+            ExprKind::Bin(a, _, b) => {
+                go(a, out);
+                go(b, out)
+            }
+            ExprKind::Call(_, args) => {
+                for a in args {
+                    if let Arg::Pos(x) = a {
+                        go(x, out)
+                    }
+                }
+            }
+            ExprKind::Index(b, _) => go(b, out),
+            _ => {}
+        }
+    }
+    go(e, &mut out);
+    out
+}

@@ -1,0 +1,375 @@
+//! The checker's services to the primitives' type rules ([`Rules`]), the
+//! layout changes it inserts (reported as notes, or errors where collectives
+//! must be explicit), and built-in calls and operators dispatched to their
+//! primitives.
+
+use super::body::Op;
+use super::{Checker, Inst, Scope, Val};
+use crate::ast::{self, BinOp, DimExpr, Expr, ReduceOp};
+use crate::diag::Problem;
+use crate::prim::reshard::{Refusal, Reshard};
+use crate::prim::rules::{Call, Feature, Rules, Typed};
+use crate::prim::{arith, matmul, Def};
+use crate::source::Span;
+use crate::types::{Dim, Poly, TType};
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+/// The checker as a type rule sees it, inside one function of one instance.
+pub(super) struct RuleCx<'c, 'p> {
+    ck: &'c mut Checker<'p>,
+    inst: &'c Rc<Inst>,
+    scope: &'c mut Scope,
+}
+
+impl Rules for RuleCx<'_, '_> {
+    fn tensor(&mut self, e: &Expr, what: &str) -> Option<TType> {
+        let v = self.ck.expr(self.inst, e, self.scope);
+        self.ck.arg_ids.push(self.ck.last);
+        self.ck.tensor_of(v, e, what)
+    }
+    fn check_axis(&mut self, name: &str, span: Span) -> bool {
+        self.ck.check_axis(&ast::Ident {
+            name: name.to_string(),
+            span,
+        })
+    }
+    fn axis_size(&self, axis: &str) -> i64 {
+        self.ck.axis_size(axis)
+    }
+    fn bound(&self) -> &BTreeMap<String, Poly> {
+        &self.ck.bound
+    }
+    fn size(&mut self, e: &DimExpr, symbols: bool) -> Option<(Poly, Option<Vec<String>>)> {
+        self.ck
+            .eval_dim(self.inst, e, self.scope, symbols)
+            .map(|v| (v.size, v.axes))
+    }
+    fn tyvars(&self) -> BTreeMap<String, Poly> {
+        self.scope.tyvars.clone()
+    }
+    fn const_int(&self, e: &DimExpr) -> Option<i64> {
+        let consts = &self.ck.prog.consts;
+        crate::resolve::eval_int(e, &mut |n, _| consts.get(n).map(|v| v.0).ok_or(())).ok()
+    }
+    fn report(&mut self, p: Problem) {
+        self.ck.report(p)
+    }
+    fn report_traced(&mut self, p: Problem, e: &Expr) {
+        self.ck.report_traced(p, e, self.scope)
+    }
+    fn need_reduced(&mut self, t: &TType, op: &str, e: &Expr) -> bool {
+        self.ck.need_reduced(t, op, e, self.scope)
+    }
+    fn reshard(
+        &mut self,
+        t: &TType,
+        target: &[Option<Vec<String>>],
+        pending: &BTreeMap<String, ReduceOp>,
+        span: Span,
+    ) -> TType {
+        self.ck.reshard(t, target, pending, span, self.scope)
+    }
+    fn implicit(
+        &mut self,
+        span: Span,
+        what: String,
+        from: String,
+        to: String,
+        t: &TType,
+        factor: f64,
+    ) {
+        let bytes = self.ck.bytes_text(t, factor);
+        self.ck.implicit(span, what, from, to, bytes, self.scope)
+    }
+    fn check_dim(&mut self, d: &Dim, span: Span, what: &str) -> bool {
+        self.ck.check_dim(d, span, what)
+    }
+    fn hint(&self, span: Span, rank: usize) -> Option<Vec<Option<Vec<String>>>> {
+        match &self.ck.hint {
+            Some((s, h)) if *s == span && h.len() == rank => Some(h.clone()),
+            _ => None,
+        }
+    }
+    fn feature(&mut self, name: &str, span: Span) -> Option<Feature> {
+        let prog = self.ck.prog;
+        let Some(feat) = prog.features.iter().find(|f| f.name.name == name) else {
+            let known = prog.features.iter().map(|f| f.name.name.as_str()).collect();
+            self.ck
+                .report(crate::prim::lookup::unknown_feature(name, span, known));
+            return None;
+        };
+        let table = self.ck.spec.table(&feat.table.name)?.clone();
+        // The feature's ids, with the sizes bound in this function.
+        let mut fscope = Scope {
+            tyvars: self.scope.tyvars.clone(),
+            ..Scope::default()
+        };
+        let ty = self
+            .ck
+            .eval_type(&feat.ty, self.inst, &mut fscope, true, None)?;
+        Some(Feature {
+            ty: self.ck.apply_bound(ty),
+            dtype_span: feat.ty.dtype_span,
+            span: feat.span,
+            table,
+        })
+    }
+    fn table_operand(&mut self, table: &crate::spec::Table) {
+        let id = self.ck.table_value(table);
+        self.ck.arg_ids.insert(0, id);
+    }
+}
+
+impl<'p> Checker<'p> {
+    pub(super) fn rules<'c>(
+        &'c mut self,
+        inst: &'c Rc<Inst>,
+        scope: &'c mut Scope,
+    ) -> RuleCx<'c, 'p> {
+        RuleCx {
+            ck: self,
+            inst,
+            scope,
+        }
+    }
+
+    /// Bytes each device moves for a collective on a value of type `t`:
+    /// `factor` × its local bytes.
+    pub(super) fn bytes_text(&self, t: &TType, factor: f64) -> String {
+        crate::prim::cost::bytes(t, factor, &self.bound, &|a| self.axis_size(a)).text
+    }
+
+    /// An embedding table's parameter, used where it is stored: its rows split
+    /// over the table's `rows(axis)` (placed MOD over the axis's devices and
+    /// their SparseCores by the runtime); the lookup fetches the rows it needs
+    /// from their owners.
+    pub(super) fn table_value(&mut self, table: &crate::spec::Table) -> Option<super::VId> {
+        let (Some(vocab), Some(dim)) = (table.vocab, table.dim) else {
+            return None;
+        };
+        let rows_axes: Vec<String> = table
+            .axis
+            .clone()
+            .into_iter()
+            .filter(|a| vocab % self.axis_size(a).max(1) == 0)
+            .collect();
+        let ty = TType::new(
+            crate::ast::DType::F32,
+            vec![
+                Dim {
+                    size: Poly::constant(vocab),
+                    axes: rows_axes,
+                },
+                Dim::replicated(Poly::constant(dim)),
+            ],
+        );
+        self.record(
+            Op::Table {
+                name: table.name.clone(),
+                init: table.init,
+            },
+            &ty,
+            table.span,
+        )
+    }
+
+    /// Move `got` to the layout `target` (per dim: `None` keeps the value's
+    /// axes) with the pending reductions `want_pending`. Each collective this needs
+    /// is a note, or an error in strict mode or inside a local block.
+    pub(super) fn reshard(
+        &mut self,
+        got: &TType,
+        target: &[Option<Vec<String>>],
+        want_pending: &BTreeMap<String, ReduceOp>,
+        span: Span,
+        scope: &Scope,
+    ) -> TType {
+        let planned = crate::prim::reshard::plan(
+            got,
+            target,
+            want_pending,
+            &|a| self.axis_size(a),
+            &self.bound,
+        );
+        let (t, events) = match planned {
+            Ok(x) => x,
+            Err(Refusal::NotOwed { expected, axis }) => {
+                self.report(Problem::Mismatch {
+                    span,
+                    expected: expected.to_string(),
+                    found: got.to_string(),
+                    decl: None,
+                    detail: format!("this value owes no reduction over `{axis}`"),
+                });
+                return got.clone();
+            }
+        };
+        let to = t.to_string();
+        let changed = !events.is_empty() || t != *got;
+        for ev in events {
+            self.implicit(span, ev.what, ev.from, to.clone(), ev.bytes.text, scope);
+        }
+        if changed && !self.in_builtin {
+            let input = self.last;
+            self.record_prim(Reshard.into(), vec![input], &t, span);
+        }
+        t
+    }
+
+    /// Report a collective the compiler inserts: a note, or an error in strict mode
+    /// and inside local blocks.
+    pub(super) fn implicit(
+        &mut self,
+        span: Span,
+        what: String,
+        from: String,
+        to: String,
+        bytes: String,
+        scope: &Scope,
+    ) {
+        if self.strict.is_some() || scope.local.is_some() {
+            let strict = self.strict.filter(|s| *s != Span::default());
+            self.report(Problem::ImplicitCollective {
+                span,
+                what,
+                bytes,
+                strict,
+                local: scope.local,
+            });
+        } else {
+            self.report(Problem::Reshard {
+                span,
+                what,
+                from,
+                to,
+                bytes,
+            });
+        }
+    }
+
+    pub(super) fn need_reduced(&mut self, t: &TType, op: &str, e: &Expr, scope: &Scope) -> bool {
+        if t.pending.is_empty() {
+            return true;
+        }
+        let op = if op.chars().all(|c| c.is_alphanumeric() || c == '_') {
+            format!("`{op}`")
+        } else {
+            op.to_string()
+        };
+        let axes: Vec<String> = t.pending.keys().cloned().collect();
+        self.report_traced(
+            Problem::PendingUsed {
+                span: e.span,
+                ty: t.to_string(),
+                op,
+                axes: Self::axes_text(&axes),
+            },
+            e,
+            scope,
+        );
+        false
+    }
+
+    /// A tensor, or `None` (reported unless already an error) for anything else.
+    pub(super) fn tensor_of(&mut self, v: Val, e: &Expr, what: &str) -> Option<TType> {
+        match v {
+            Val::T(t) => Some(t),
+            Val::Poison => None,
+            other => {
+                self.report(Problem::WrongKind {
+                    span: e.span,
+                    expected: format!("a tensor for {what}"),
+                    found: other.describe(),
+                });
+                None
+            }
+        }
+    }
+
+    /// `a op b` for values of any kind: numbers fold, tensors go to their rule.
+    pub(super) fn binary(
+        &mut self,
+        inst: &Rc<Inst>,
+        op: BinOp,
+        (va, a): (Val, &Expr),
+        (vb, b): (Val, &Expr),
+        e: &Expr,
+        scope: &mut Scope,
+    ) -> Val {
+        if matches!(va, Val::Poison) || matches!(vb, Val::Poison) {
+            return Val::Poison;
+        }
+        if op == BinOp::MatMul {
+            let (Some(x), Some(y)) = (self.tensor_of(va, a, "`@`"), self.tensor_of(vb, b, "`@`"))
+            else {
+                return Val::Poison;
+            };
+            let mut cx = self.rules(inst, scope);
+            return matmul::rule(&mut cx, &x, &y, a, b, e).map_or(Val::Poison, Val::T);
+        }
+        let num = |v: &Val| match v {
+            Val::Num(x) => Some(*x),
+            Val::Int(x) => Some(*x as f64),
+            _ => None,
+        };
+        match (&va, &vb) {
+            (Val::T(t), other) | (other, Val::T(t)) if num(other).is_some() => {
+                let t = t.clone();
+                let on_right = matches!(vb, Val::T(_));
+                let mut cx = self.rules(inst, scope);
+                return arith::scalar_rule(&mut cx, op, &t, on_right, e)
+                    .map_or(Val::Poison, Val::T);
+            }
+            _ => {}
+        }
+        if let (Some(x), Some(y)) = (num(&va), num(&vb)) {
+            return Val::Num(match op {
+                BinOp::Add => x + y,
+                BinOp::Sub => x - y,
+                BinOp::Mul => x * y,
+                _ => x / y,
+            });
+        }
+        let (Some(x), Some(y)) = (
+            self.tensor_of(va, a, "an arithmetic operator"),
+            self.tensor_of(vb, b, "an arithmetic operator"),
+        ) else {
+            return Val::Poison;
+        };
+        let mut cx = self.rules(inst, scope);
+        arith::binary_rule(&mut cx, op, (&x, a), (&y, b), e).map_or(Val::Poison, Val::T)
+    }
+
+    /// A built-in call: checked by its primitive's rule, recorded as one op whose
+    /// operands are its tensor arguments and whose result type carries the
+    /// layout (the reshards the rule reported are implied by it).
+    pub(super) fn builtin(
+        &mut self,
+        inst: &Rc<Inst>,
+        def: &'static Def,
+        raw: &[ast::Arg],
+        e: &Expr,
+        scope: &mut Scope,
+    ) -> Val {
+        let Some(check) = def.check else {
+            return Val::Poison;
+        };
+        let saved_ids = std::mem::take(&mut self.arg_ids);
+        let saved_in = std::mem::replace(&mut self.in_builtin, true);
+        let call = Call::new(def.name, e, raw);
+        let r = {
+            let mut cx = self.rules(inst, scope);
+            check(&mut cx, &call)
+        };
+        self.in_builtin = saved_in;
+        let ids = std::mem::replace(&mut self.arg_ids, saved_ids);
+        match r {
+            Some(Typed { ty, prim }) => {
+                self.record_prim(prim, ids, &ty, e.span);
+                Val::T(ty)
+            }
+            None => Val::Poison,
+        }
+    }
+}

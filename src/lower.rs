@@ -1,0 +1,186 @@
+//! Stage 6: lowering. A trained model's typed bodies become one SPMD program:
+//! calls inlined, every repetition of a `repeat` with its own parameters
+//! (`blocks.0.wq`, `blocks.1.wq`, ...), one parameter per layer path (FSDP's
+//! split ones gathered for use), inputs first, and a pipelined stack recorded
+//! with each repetition's node range.
+//!
+//! A stack repeated more times than the runtime could ever unroll (a typo like
+//! `repeat(8000000, …)`) is lowered once and marked as folded: `shardc plan`
+//! still counts it, nothing runs it.
+
+use crate::check::{Bodies, Model, Op as BOp, VId};
+use crate::source::Span;
+use crate::spmd::{Fold, Nid, Op, Param, Pipeline, Program};
+use crate::types::TType;
+use std::collections::HashMap;
+
+/// The most repetitions of a layer that lowering unrolls.
+pub const MAX_UNROLL: i64 = 4096;
+
+/// The SPMD program of a checked model.
+pub fn lower(model: &Model, bodies: &Bodies) -> Program {
+    let mut l = Lowering {
+        bodies,
+        prog: Program {
+            model: model.name.clone(),
+            mesh: model.mesh.clone(),
+            input_names: model.inputs.clone(),
+            bound: model.bound.clone(),
+            batch: model.batch,
+            ..Program::default()
+        },
+        params: HashMap::new(),
+        path: Vec::new(),
+        pipeline: model.pipeline.clone(),
+    };
+    l.prog.output = l.inline(model.body, &[]);
+    l.prog
+}
+
+struct Lowering<'a> {
+    bodies: &'a Bodies,
+    prog: Program,
+    /// Parameter nodes by full name (the gathered node for FSDP).
+    params: HashMap<String, Nid>,
+    /// The layer path of the body being inlined (`blocks.3.attn`).
+    path: Vec<String>,
+    /// Microbatches and schedule of the model's pipelined stack.
+    pipeline: Option<(usize, String)>,
+}
+
+impl Lowering<'_> {
+    fn add(&mut self, op: Op, args: Vec<Nid>, ty: &TType, span: Span) -> Nid {
+        self.prog.add(op, args, ty.clone(), span)
+    }
+
+    /// A parameter node (once per name), gathered to its `used` layout when it
+    /// is stored split (FSDP weights).
+    fn param(
+        &mut self,
+        name: String,
+        stored: &TType,
+        used: &TType,
+        init: crate::init::Init,
+        span: Span,
+    ) -> Nid {
+        if let Some(id) = self.params.get(&name) {
+            return *id;
+        }
+        self.prog.params.push(Param {
+            name: name.clone(),
+            stored: stored.clone(),
+            used: used.clone(),
+            init,
+            span,
+        });
+        let idx = self.prog.params.len() - 1;
+        let mut id = self.add(Op::Param(idx), vec![], stored, span);
+        if stored != used {
+            let axes = stored
+                .all_axes()
+                .into_iter()
+                .filter(|a| !used.all_axes().contains(a))
+                .map(|s| s.to_string())
+                .collect();
+            let gather = crate::prim::collective::Collective::Relayout {
+                name: "all_gather",
+                axes,
+            };
+            id = self.add(Op::Prim(gather.into()), vec![id], used, span);
+        }
+        self.params.insert(name, id);
+        id
+    }
+
+    /// Inline body `id` with its arguments; returns its result's node.
+    fn inline(&mut self, id: usize, args: &[Nid]) -> Option<Nid> {
+        let body = self.bodies.get(id)?;
+        let mut vals: Vec<Option<Nid>> = vec![None; body.values.len()];
+        for (i, v) in body.values.iter().enumerate() {
+            let get = |k: &VId| vals.get(*k as usize).copied().flatten();
+            vals[i] = match &v.op {
+                BOp::Arg(k) => args.get(*k).copied(),
+                BOp::Input(k) => Some(self.add(Op::Input(*k), vec![], &v.ty, v.span)),
+                BOp::Weight { name, stored, init } => {
+                    let mut full = self.path.clone();
+                    full.push(name.clone());
+                    Some(self.param(full.join("."), stored, &v.ty, *init, v.span))
+                }
+                BOp::Table { name, init } => {
+                    Some(self.param(format!("tables.{name}"), &v.ty, &v.ty, *init, v.span))
+                }
+                BOp::Prim { prim, args } => {
+                    let a: Option<Vec<Nid>> = args.iter().map(get).collect();
+                    a.map(|a| self.add(Op::Prim(prim.clone()), a, &v.ty, v.span))
+                }
+                BOp::Call(c) => {
+                    let a: Option<Vec<Nid>> = c.args.iter().map(get).collect();
+                    let a = a?;
+                    match (&c.repeat, &c.member) {
+                        (Some(r), Some(m)) => self.repeat(c.body, m, r, &a),
+                        (None, Some(m)) => {
+                            self.path.push(m.clone());
+                            let out = self.inline(c.body, &a);
+                            self.path.pop();
+                            out
+                        }
+                        (_, None) => self.inline(c.body, &a),
+                    }
+                }
+            };
+        }
+        body.result
+            .and_then(|r| vals.get(r as usize).copied().flatten())
+    }
+
+    /// `repeat(count, ...)`: each repetition on the previous one's result, with
+    /// its own parameters; a pipelined stack records each one's node range.
+    fn repeat(
+        &mut self,
+        body: usize,
+        member: &str,
+        r: &crate::check::Repeat,
+        args: &[Nid],
+    ) -> Option<Nid> {
+        let input = *args.first()?;
+        let mut cur = input;
+        let mut ranges = Vec::new();
+        let unrolled = r.count.min(MAX_UNROLL);
+        for i in 0..unrolled {
+            let start = self.prog.nodes.len() as Nid;
+            self.path.push(format!("{member}.{i}"));
+            let out = self.inline(body, &[cur]);
+            self.path.pop();
+            ranges.push((start, self.prog.nodes.len() as Nid));
+            cur = out?;
+            if r.count > MAX_UNROLL {
+                // Too many to unroll: one repetition stands for all of them.
+                self.prog.folds.push(Fold {
+                    start,
+                    end: self.prog.nodes.len() as Nid,
+                    count: r.count as u64,
+                });
+                break;
+            }
+        }
+        if let (Some(axis), Some((microbatches, schedule))) = (&r.stages, &self.pipeline) {
+            if self.prog.folds.is_empty() {
+                let stages = self
+                    .prog
+                    .mesh
+                    .iter()
+                    .find(|m| &m.0 == axis)
+                    .map_or(1, |m| m.1.max(1) as usize);
+                self.prog.pipeline = Some(Pipeline {
+                    axis: axis.clone(),
+                    stages,
+                    microbatches: *microbatches,
+                    schedule: schedule.clone(),
+                    blocks: ranges,
+                    input,
+                });
+            }
+        }
+        Some(cur)
+    }
+}

@@ -1,0 +1,163 @@
+//! `softmax_cross_entropy(logits, labels)`: the mean over label rows of
+//! −log softmax(logits)[label], a replicated scalar. The class dim may stay
+//! split over devices: only each row's max, sum of exponentials and target
+//! logit cross them; rows split over devices are summed over them.
+
+use super::cost::{Cost, CostCx};
+use super::kernel::{ce, Kernel};
+use super::rules::{arity, Call, Rules, Typed};
+use super::{Def, Forward, Grad, Kind, Primitive, R};
+use crate::diag::Problem;
+use crate::types::TType;
+use candle_core::{Tensor, D};
+
+pub const DEFS: &[Def] = &[Def {
+    name: "softmax_cross_entropy",
+    kind: Kind::Function,
+    signature: "softmax_cross_entropy(logits, labels)",
+    rule: "labels shaped like the logits without their last dim; a replicated scalar, the mean over label rows. With the class dim split, only the row max and sum-exp are reduced across devices",
+    check: Some(check),
+    examples: &["softmax_cross_entropy({x: f32[4, 6]}, {y: i32[4]})"],
+    differentiable: true,
+    same_on_one_device: true,
+}];
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct CrossEntropy;
+
+fn check(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
+    if !arity(cx, c, 2, 2) {
+        return None;
+    }
+    let l = cx.tensor(c.pos[0], "the logits")?;
+    let y = cx.tensor(c.pos[1], "the labels")?;
+    if !cx.need_reduced(&l, c.name, c.pos[0]) {
+        return None;
+    }
+    if l.rank() == 0
+        || y.rank() + 1 != l.rank()
+        || y.dims.iter().zip(&l.dims).any(|(a, b)| a.size != b.size)
+    {
+        cx.report(Problem::Mismatch {
+            span: c.pos[1].span,
+            expected: format!("labels shaped like the logits without their last dim ({l})"),
+            found: y.to_string(),
+            decl: None,
+            detail: "labels do not match the logits".into(),
+        });
+        return None;
+    }
+    if y.dtype.is_float() {
+        cx.report(Problem::DType {
+            span: c.pos[1].span,
+            expected: "i32".into(),
+            found: y.dtype.name().into(),
+            other: None,
+        });
+        return None;
+    }
+    // The labels must be laid out like the logits' rows.
+    let target: Vec<Option<Vec<String>>> = l.dims[..l.rank() - 1]
+        .iter()
+        .map(|d| Some(d.axes.clone()))
+        .collect();
+    cx.reshard(&y, &target, &y.pending, c.pos[1].span);
+    Typed::new(TType::scalar(l.dtype), CrossEntropy)
+}
+
+/// The logits' rows and classes: (row axes, class axes, global rows).
+fn layout(k: &Kernel, lt: &TType) -> R<(Vec<String>, Vec<String>, f64)> {
+    let r = lt.rank() - 1;
+    let rows = k.global_count(lt, &(0..r).collect::<Vec<_>>())?;
+    let raxes = lt.dims[..r].iter().flat_map(|d| d.axes.clone()).collect();
+    Ok((raxes, lt.dims[r].axes.clone(), rows))
+}
+
+/// Per row: the global log-sum-exp, this device's softmax numerators and sum,
+/// and the one-hot of the labels inside its class window.
+fn parts(
+    k: &Kernel,
+    logits: &Tensor,
+    lt: &TType,
+    labels: &Tensor,
+    yt: &TType,
+) -> R<(Tensor, Tensor, Tensor, Tensor)> {
+    let (_, vaxes, _) = layout(k, lt)?;
+    // Labels in the logits' row layout.
+    let mut rows_t = lt.clone();
+    rows_t.dims.pop();
+    rows_t.dtype = yt.dtype;
+    let labels = k.reshard(labels, yt, &rows_t)?;
+    let vloc = logits.dims()[logits.rank() - 1];
+    let (vi, _) = k.topo().shard_index(k.rank, &vaxes);
+    let off = (vi * vloc) as i64;
+    let m = logits.max_keepdim(D::Minus1).map_err(ce)?;
+    let m = k.comm.pmax(k.rank, &m, &vaxes).map_err(ce)?;
+    let e = logits.broadcast_sub(&m).and_then(|x| x.exp()).map_err(ce)?;
+    let se = e.sum_keepdim(D::Minus1).map_err(ce)?;
+    let se = k.comm.psum(k.rank, &se, &vaxes).map_err(ce)?;
+    let lse = se.log().and_then(|l| l.add(&m)).map_err(ce)?;
+    let lab = Kernel::ints(&labels)?;
+    let mut oh = vec![0f64; lab.len() * vloc];
+    for (r, l) in lab.iter().enumerate() {
+        let c = l - off;
+        if c >= 0 && (c as usize) < vloc {
+            oh[r * vloc + c as usize] = 1.0;
+        }
+    }
+    let oh = Tensor::from_vec(oh, logits.dims(), logits.device())
+        .and_then(|t| t.to_dtype(logits.dtype()))
+        .map_err(ce)?;
+    Ok((lse, e, se, oh))
+}
+
+impl Primitive for CrossEntropy {
+    fn name(&self) -> &'static str {
+        "softmax_cross_entropy"
+    }
+
+    fn forward(&self, k: &Kernel, x: &[&Tensor], ts: &[&TType], _out: &TType) -> R<Forward> {
+        let (logits, lt) = (x[0], ts[0]);
+        let (raxes, vaxes, rows) = layout(k, lt)?;
+        let (lse, _, _, oh) = parts(k, logits, lt, x[1], ts[1])?;
+        let tgt = logits
+            .mul(&oh)
+            .and_then(|t| t.sum_keepdim(D::Minus1))
+            .map_err(ce)?;
+        let tgt = k.comm.psum(k.rank, &tgt, &vaxes).map_err(ce)?;
+        let local = lse.sub(&tgt).and_then(|t| t.sum_all()).map_err(ce)?;
+        let total = k.comm.psum(k.rank, &local, &raxes).map_err(ce)?;
+        Forward::of((total / rows).map_err(ce)?)
+    }
+
+    fn vjp(&self, k: &Kernel, g: &Grad) -> R<Vec<Option<Tensor>>> {
+        let (logits, lt) = (g.x[0], g.ts[0]);
+        let (raxes, vaxes, rows) = layout(k, lt)?;
+        let (_, e, se, oh) = parts(k, logits, lt, g.x[1], g.ts[1])?;
+        // The scalar's cotangent is held as addends over every axis; the logits'
+        // is split over their rows and classes, and addends elsewhere: sum the
+        // scalar's over the axes the logits are split over.
+        let mut split = raxes;
+        split.extend(vaxes);
+        let ct = k.comm.psum(k.rank, g.g, &split).map_err(ce)?;
+        let p = e.broadcast_div(&se).map_err(ce)?;
+        let d = p
+            .sub(&oh)
+            .and_then(|t| t / rows)
+            .and_then(|t| t.broadcast_mul(&ct.to_dtype(t.dtype())?))
+            .map_err(ce)?;
+        Ok(vec![Some(d), None])
+    }
+
+    fn cost(&self, c: &CostCx, ts: &[&TType], _out: &TType) -> Option<Cost> {
+        let lt = ts[0];
+        let mut rows = lt.clone();
+        rows.dims.pop();
+        let mut comms = Vec::new();
+        for ax in &lt.dims[lt.rank() - 1].axes {
+            // max, sum of exponentials and target logit per row.
+            comms.extend(c.ring("all-reduce", ax, &rows, 6.0));
+        }
+        Some(Cost { flops: 0.0, comms })
+    }
+}

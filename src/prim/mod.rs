@@ -1,0 +1,215 @@
+//! Primitives: one definition per op.
+//!
+//! Every op of the SPMD program is a [`Prim`], a typed value whose attributes
+//! (a softmax's dim, a dropout rate, an einsum's specification, a collective's
+//! axes) the checker reads once from the source. Everything about one op, or one
+//! family of ops, lives in one module of this directory:
+//!
+//! - its [`Def`]s: the name a `.shard` file calls it by, its signature and row of
+//!   the language reference, its type and sharding rule (which reports the
+//!   collectives the layout implies), and the calls the generated tests make;
+//! - its [`Primitive`] implementation: the forward kernel on one device's local
+//!   pieces, the derivative (vector-Jacobian product, with the transposes of the
+//!   collectives it implies), and its cost for `shardc plan` (FLOPs and bytes
+//!   moved).
+//!
+//! The registry ([`defs`], [`find`]) serves name lookup and did-you-mean, and the
+//! lists the language reference and the editor grammars are generated from
+//! (`tests/registry.rs` keeps them in step). Adding an op is one module plus one
+//! line in the `families!` list below.
+
+use crate::types::TType;
+use candle_core::Tensor;
+
+pub mod cost;
+pub mod kernel;
+pub mod rules;
+
+pub mod arith;
+pub mod attention;
+pub mod axis_index;
+pub mod cast;
+pub mod collective;
+pub mod cross_entropy;
+pub mod dropout;
+pub mod einsum;
+pub mod embed;
+pub mod index;
+pub mod lookup;
+pub mod matmul;
+pub mod norm;
+pub mod one_hot;
+pub mod reduce;
+pub mod reshard;
+pub mod shape;
+pub mod softmax;
+pub mod unary;
+
+pub use cost::{CommCost, Cost, CostCx};
+pub use kernel::Kernel;
+pub use rules::{Call, Rules, Typed};
+
+pub type R<T> = std::result::Result<T, String>;
+
+/// What a forward kernel returns: the value, and what its derivative needs
+/// that cannot be recomputed from the operands (a dropout mask).
+pub struct Forward {
+    pub y: Tensor,
+    pub saved: Option<Tensor>,
+}
+
+impl Forward {
+    pub fn of(y: Tensor) -> R<Forward> {
+        Ok(Forward { y, saved: None })
+    }
+}
+
+/// What a derivative gets: the operands' local values and types, the op's
+/// output, what forward saved, and the output's cotangent.
+pub struct Grad<'a> {
+    pub x: &'a [&'a Tensor],
+    pub ts: &'a [&'a TType],
+    pub y: &'a Tensor,
+    pub out: &'a TType,
+    pub saved: Option<&'a Tensor>,
+    pub g: &'a Tensor,
+}
+
+/// The behaviour of one typed op. The attributes are the implementing struct's
+/// fields; operands arrive as local pieces with their (global) types, so a kernel
+/// can see how each operand is laid out on the mesh.
+pub trait Primitive {
+    /// The name `shardc lower` prints (the source name, or the operator).
+    fn name(&self) -> &'static str;
+    /// Attributes as `shardc lower` prints them after the operands.
+    fn attrs(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// The op as `shardc lower` prints it, given its operands (`%3`).
+    fn render(&self, args: &[String]) -> String {
+        let mut a = args.to_vec();
+        a.extend(self.attrs());
+        format!("{}({})", self.name(), a.join(", "))
+    }
+    /// The op on this device's local pieces.
+    fn forward(&self, k: &Kernel, x: &[&Tensor], ts: &[&TType], out: &TType) -> R<Forward>;
+    /// Cotangents of the operands (`None`: no gradient flows to that operand),
+    /// in the operands' layouts. The default says there is none, which
+    /// `tests/registry.rs` refuses for a differentiable op.
+    fn vjp(&self, k: &Kernel, g: &Grad) -> R<Vec<Option<Tensor>>> {
+        let _ = (k, g);
+        Err(format!("`{}` has no derivative", self.name()))
+    }
+    /// FLOPs beyond one per output element, and the bytes each device moves,
+    /// per forward pass. The default (`None`) means the op has no cost model,
+    /// which `tests/registry.rs` refuses.
+    fn cost(&self, c: &CostCx, ts: &[&TType], out: &TType) -> Option<Cost> {
+        let _ = (c, ts, out);
+        None
+    }
+}
+
+/// How an op is written, for editors and the reference.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A built-in function: `relu(x)`.
+    Function,
+    /// A collective over mesh axes: `psum(x, mp)`.
+    Collective,
+    /// Written with syntax (`+`, `@`, `x[k]`) or inserted by the checker.
+    Operator,
+}
+
+/// A type rule: checks a call's arguments through the checker's services and
+/// gives the result type and the typed op (`None`: an error was reported).
+pub type Check = fn(&mut dyn Rules, &Call) -> Option<Typed>;
+
+/// One named op (or operator) as the language knows it.
+pub struct Def {
+    pub name: &'static str,
+    pub kind: Kind,
+    /// How it is called, e.g. `softmax(x, dim: -1)`.
+    pub signature: &'static str,
+    /// Its typing and sharding rule: this op's row of the language reference.
+    pub rule: &'static str,
+    /// The type rule of a named op (`None` for operators, which the checker
+    /// reaches through syntax).
+    pub check: Option<Check>,
+    /// Calls the generated tests make, with operands written `{name: type}`
+    /// (see `tests/prims.rs`): each is checked and run on every operand layout
+    /// the checker accepts, against one device and against finite differences.
+    pub examples: &'static [&'static str],
+    /// Whether gradients flow through it (its derivative is tested against
+    /// finite differences).
+    pub differentiable: bool,
+    /// Whether its result is the one device's, whatever the mesh: true of
+    /// every function of the global values; false of collectives whose
+    /// meaning depends on the axis (`pmean` divides by its size, `ppermute`
+    /// moves blocks, `psum` of a value that is not pending adds its copies).
+    pub same_on_one_device: bool,
+}
+
+macro_rules! families {
+    ($($variant:ident($ty:ty) => $module:ident,)*) => {
+        /// A typed op of the SPMD program, with its attributes.
+        #[derive(Clone, Debug, PartialEq)]
+        pub enum Prim {
+            $($variant($ty),)*
+        }
+
+        $(impl From<$ty> for Prim {
+            fn from(p: $ty) -> Prim {
+                Prim::$variant(p)
+            }
+        })*
+
+        impl Prim {
+            /// The op's behaviour.
+            pub fn get(&self) -> &dyn Primitive {
+                match self {
+                    $(Prim::$variant(p) => p,)*
+                }
+            }
+        }
+
+        /// Every op the language has, family by family.
+        pub fn defs() -> impl Iterator<Item = &'static Def> {
+            std::iter::empty()$(.chain($module::DEFS.iter()))*
+        }
+    };
+}
+
+families! {
+    Arith(arith::Arith) => arith,
+    MatMul(matmul::MatMul) => matmul,
+    Unary(unary::Unary) => unary,
+    Softmax(softmax::Softmax) => softmax,
+    Norm(norm::Norm) => norm,
+    Reduce(reduce::Reduce) => reduce,
+    Einsum(einsum::Einsum) => einsum,
+    Shape(shape::Shape) => shape,
+    Index(index::Index) => index,
+    Cast(cast::Cast) => cast,
+    Dropout(dropout::Dropout) => dropout,
+    OneHot(one_hot::OneHot) => one_hot,
+    Embed(embed::Embed) => embed,
+    Lookup(lookup::Lookup) => lookup,
+    Attention(attention::Attention) => attention,
+    CrossEntropy(cross_entropy::CrossEntropy) => cross_entropy,
+    Collective(collective::Collective) => collective,
+    AxisIndex(axis_index::AxisIndex) => axis_index,
+    Reshard(reshard::Reshard) => reshard,
+}
+
+/// The named op (function or collective) called `name`.
+pub fn find(name: &str) -> Option<&'static Def> {
+    defs().find(|d| d.name == name && d.kind != Kind::Operator)
+}
+
+/// Names a call can use, for did-you-mean.
+pub fn names() -> Vec<&'static str> {
+    defs()
+        .filter(|d| d.kind != Kind::Operator)
+        .map(|d| d.name)
+        .collect()
+}
