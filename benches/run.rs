@@ -20,7 +20,7 @@ fn bench_text(file: &str, text: &str, model: Option<&str>, steps: usize) -> f64 
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
     let c = world::compile_source(&path, text.to_string(), &Options::default());
     assert!(!c.has_errors(), "{file} has errors");
-    let (prog, _, mut cfg, src) = train::prepare(&c, model).expect("runnable");
+    let (prog, _, mut cfg, src) = c.prepare(model).expect("runnable");
     cfg.steps = steps;
     let mut times = Vec::new();
     let mut last = Instant::now();

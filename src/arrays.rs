@@ -16,9 +16,16 @@ pub struct Array {
     pub values: Vec<f64>,
 }
 
-/// Every array in `path`: a `.safetensors` or `.npz` file, or a directory whose
-/// `NAME.npy` files are the arrays. Errors say what is wrong with the file.
-pub fn read(path: &Path) -> Result<Vec<Array>, String> {
+/// Every array in `path` of a file system: a `.safetensors` or `.npz` file, or
+/// a directory whose `NAME.npy` files are the arrays. Errors say what is wrong
+/// with the file.
+pub fn read(files: &dyn crate::files::Files, path: &Path) -> Result<Vec<Array>, String> {
+    let Some(path) = files.on_disk(path) else {
+        // Only safetensors files are decoded from their bytes.
+        let buf = files.read(path).map_err(|e| io_reason(&e))?;
+        return safetensors_arrays(&buf);
+    };
+    let path = path.as_path();
     let meta = std::fs::metadata(path).map_err(|e| io_reason(&e))?;
     if meta.is_dir() {
         let mut out = Vec::new();
@@ -53,25 +60,8 @@ pub fn read(path: &Path) -> Result<Vec<Array>, String> {
         .unwrap_or_default();
     match ext.as_str() {
         "safetensors" => {
-            let buf = std::fs::read(path).map_err(|e| io_reason(&e))?;
-            let st = safetensors::SafeTensors::deserialize(&buf)
-                .map_err(|e| format!("not a safetensors file ({e})"))?;
-            let mut names: Vec<String> = st.names().into_iter().map(str::to_string).collect();
-            names.sort();
-            names
-                .into_iter()
-                .map(|n| {
-                    let v = st.tensor(&n).map_err(|e| e.to_string())?;
-                    let (values, int, dtype) = decode_any(&v, &n)?;
-                    Ok(Array {
-                        shape: v.shape().to_vec(),
-                        name: n,
-                        int,
-                        dtype,
-                        values,
-                    })
-                })
-                .collect()
+            let buf = files.read(path).map_err(|e| io_reason(&e))?;
+            safetensors_arrays(&buf)
         }
         "npz" => {
             let mut v = candle_core::Tensor::read_npz(path)
@@ -82,6 +72,28 @@ pub fn read(path: &Path) -> Result<Vec<Array>, String> {
         "npy" => Err("a single `.npy` file holds one unnamed array; put `x.npy` and `y.npy` in a directory and name the directory, or use `.npz`".into()),
         _ => Err("expected a `.safetensors` or `.npz` file, or a directory of `.npy` files".into()),
     }
+}
+
+/// The arrays of a safetensors file's bytes, sorted by name.
+fn safetensors_arrays(buf: &[u8]) -> Result<Vec<Array>, String> {
+    let st = safetensors::SafeTensors::deserialize(buf)
+        .map_err(|e| format!("not a safetensors file ({e})"))?;
+    let mut names: Vec<String> = st.names().into_iter().map(str::to_string).collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|n| {
+            let v = st.tensor(&n).map_err(|e| e.to_string())?;
+            let (values, int, dtype) = decode_any(&v, &n)?;
+            Ok(Array {
+                shape: v.shape().to_vec(),
+                name: n,
+                int,
+                dtype,
+                values,
+            })
+        })
+        .collect()
 }
 
 fn io_reason(e: &std::io::Error) -> String {

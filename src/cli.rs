@@ -306,7 +306,7 @@ fn check(files: &[PathBuf], types: bool, format: Format, opts: &Options, style: 
                 if types {
                     out!("{}", types_table(&c));
                 }
-                let _ = writeln!(err, "{}", summary(&c, &f.display().to_string()));
+                let _ = writeln!(err, "{}", c.summary(&f.display().to_string()));
             }
         }
     }
@@ -319,35 +319,6 @@ fn check(files: &[PathBuf], types: bool, format: Format, opts: &Options, style: 
         outln!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     }
     ExitCode::from(worst)
-}
-
-/// `checked models/gptj.shard: 0 errors, 2 notes`
-pub fn summary(c: &Compilation, name: &str) -> String {
-    let errors = c.errors();
-    let warnings = c
-        .diagnostics
-        .iter()
-        .filter(|d| d.severity == crate::diag::Severity::Warning)
-        .count();
-    let notes = c.diagnostics.len() - errors - warnings;
-    let plural = |n: usize, w: &str| {
-        if n == 1 {
-            format!("1 {w}")
-        } else {
-            format!("{n} {w}s")
-        }
-    };
-    // Warnings are named only when there are some.
-    let rest = if warnings > 0 {
-        format!("{}, {}", plural(warnings, "warning"), plural(notes, "note"))
-    } else {
-        plural(notes, "note")
-    };
-    if errors == 0 {
-        format!("✓ {name}: clean ({rest})")
-    } else {
-        format!("✗ {name}: {}, {rest}", plural(errors, "error"))
-    }
 }
 
 /// The `--types` listing, grouped by layer instance and function.
@@ -461,7 +432,7 @@ fn compile_clean(
         for d in c.diagnostics.iter().filter(|d| d.is_error()) {
             eprint!("{}", render::human(d, &c.sources, style));
         }
-        eprintln!("{}", summary(&c, &file.display().to_string()));
+        eprintln!("{}", c.summary(&file.display().to_string()));
         return Err(ExitCode::from(1));
     }
     Ok(c)
@@ -664,7 +635,7 @@ fn run(args: RunArgs) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let (prog, train, mut cfg, src) = match train::prepare(&c, model.as_deref()) {
+    let (prog, train, mut cfg, src) = match c.prepare(model.as_deref()) {
         Ok(x) => x,
         Err(e) => {
             if lead {
@@ -1072,7 +1043,7 @@ fn show(
         Ok(c) => c,
         Err(code) => return code,
     };
-    let prog = match crate::runtime::train::settings(&c, model) {
+    let prog = match c.settings(model) {
         Ok((p, ..)) => p,
         Err(e) => {
             eprintln!("error: {e}");

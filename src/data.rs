@@ -7,6 +7,7 @@
 
 use crate::arrays::Array;
 use crate::diag::{Diagnostic, Problem};
+use crate::files::Files;
 use crate::source::Span;
 use crate::spec::{self, Spec};
 use crate::spmd::{self, Op};
@@ -97,8 +98,10 @@ pub fn check(
     spec: &Spec,
     programs: &[spmd::Program],
     flag: Option<&Path>,
+    files: &dyn Files,
 ) -> (Vec<Diagnostic>, Vec<TrainData>, Vec<PathBuf>) {
     let mut cx = Cx {
+        files,
         problems: vec![],
         loaded: vec![],
         read: vec![],
@@ -201,13 +204,14 @@ impl Shapes {
     }
 }
 
-struct Cx {
+struct Cx<'f> {
+    files: &'f dyn Files,
     problems: Vec<Problem>,
     loaded: Vec<TrainData>,
     read: Vec<PathBuf>,
 }
 
-impl Cx {
+impl Cx<'_> {
     fn train(&mut self, t: &spec::Train, shape: &Shapes, flag: Option<&Path>) {
         let model = t.model.clone();
         let span = t.data_span.unwrap_or(t.model_span);
@@ -253,7 +257,7 @@ impl Cx {
                 vocab_span,
             } => {
                 self.read.push(path.clone());
-                let text = match std::fs::read_to_string(path) {
+                let text = match self.files.read_text(path) {
                     Ok(t) => t,
                     Err(err) => {
                         self.problems.push(Problem::DataUnreadable {
@@ -361,7 +365,7 @@ impl Cx {
 
     fn arrays(&mut self, path: &Path, shown: &str, span: Span, shape: &Shapes) -> Option<Loaded> {
         self.read.push(path.to_path_buf());
-        let all = match crate::arrays::read(path) {
+        let all = match crate::arrays::read(self.files, path) {
             Ok(a) => a,
             Err(reason) => {
                 self.problems.push(Problem::DataUnreadable {
@@ -376,7 +380,7 @@ impl Cx {
         let holds = format!("it holds {}", quote_list(&names));
         let mut ok = true;
         let mut steps: Option<(usize, String)> = None;
-        let mut get = |cx: &mut Cx,
+        let mut get = |cx: &mut Cx<'_>,
                        name: &str,
                        want: &[usize],
                        int: bool,
@@ -461,7 +465,7 @@ impl Cx {
             }
             Some(a.clone())
         };
-        let mut take = |cx: &mut Cx, suffix: &str| -> Option<(Vec<Array>, Array)> {
+        let mut take = |cx: &mut Cx<'_>, suffix: &str| -> Option<(Vec<Array>, Array)> {
             let mut inputs = Vec::new();
             for (k, (name, want, int)) in shape.inputs.iter().enumerate() {
                 let vocab = shape.input_vocab.get(k).copied().flatten();

@@ -624,7 +624,7 @@ pub fn load_processes(
     let mut merged: BTreeMap<String, Stats> = BTreeMap::new();
     let mut files = Vec::new();
     for (_, (_, path)) in newest {
-        let arrays = crate::arrays::read(&path)
+        let arrays = crate::arrays::read(&crate::files::Disk, &path)
             .map_err(|e| format!("`{}` is not a readable FDO file: {e}", path.display()))?;
         let mut per: BTreeMap<String, Stats> = BTreeMap::new();
         for a in arrays {

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod data;
 pub mod diag;
 pub mod embed;
+pub mod files;
 pub mod fmt;
 pub mod init;
 pub mod layout;

@@ -5,6 +5,7 @@
 
 use crate::check::TypeEntry;
 use crate::diag::Severity;
+use crate::files::{Disk, Overlay};
 use crate::world::{self, Options};
 use lsp_server::{Connection, Message, Notification, Request, Response};
 use lsp_types::notification::{
@@ -74,7 +75,15 @@ struct Doc {
 }
 
 fn check(conn: &Connection, uri: &Uri, text: String, docs: &mut HashMap<String, Doc>) {
-    let c = world::compile_source(&path_of(uri), text.clone(), &Options::default());
+    // Imports are read from the open buffers first, then the disk.
+    let mut files = Overlay::new(&Disk);
+    for (u, d) in docs.iter() {
+        if let Ok(u) = u.parse::<Uri>() {
+            files.insert(path_of(&u), d.text.clone());
+        }
+    }
+    files.insert(path_of(uri), text.clone());
+    let c = world::compile_text(&files, &path_of(uri), text.clone(), &Options::default());
     let root = c.program.root;
     let diagnostics: Vec<Diagnostic> = c
         .diagnostics

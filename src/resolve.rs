@@ -3,6 +3,7 @@
 
 use crate::ast::{self, DimExpr, DimOp, Item};
 use crate::diag::{did_you_mean, Diagnostic, Problem};
+use crate::files::Files;
 use crate::parse;
 use crate::source::{FileId, SourceFile, SourceMap, Span};
 use std::collections::{BTreeMap, HashMap};
@@ -65,6 +66,8 @@ impl Program {
 pub struct Loader<'a> {
     pub sources: &'a mut SourceMap,
     pub diags: &'a mut Vec<Diagnostic>,
+    /// Where imports are read from.
+    fs: &'a dyn Files,
     /// Real files read (for `watch`).
     pub read: Vec<PathBuf>,
     files: Vec<(FileId, ast::File)>,
@@ -73,10 +76,15 @@ pub struct Loader<'a> {
 }
 
 impl<'a> Loader<'a> {
-    pub fn new(sources: &'a mut SourceMap, diags: &'a mut Vec<Diagnostic>) -> Self {
+    pub fn new(
+        sources: &'a mut SourceMap,
+        diags: &'a mut Vec<Diagnostic>,
+        fs: &'a dyn Files,
+    ) -> Self {
         Loader {
             sources,
             diags,
+            fs,
             read: vec![],
             files: vec![],
             stack: vec![],
@@ -87,10 +95,7 @@ impl<'a> Loader<'a> {
     /// Parse `id` and, depth first, everything it imports.
     pub fn load(&mut self, id: FileId) {
         let path = &self.sources.get(id).path;
-        let key = std::fs::canonicalize(path)
-            .unwrap_or_else(|_| path.clone())
-            .display()
-            .to_string();
+        let key = self.fs.canonical(path).display().to_string();
         self.done.insert(key.clone(), ());
         self.stack.push((id, key));
         let text = self.sources.get(id).text.clone();
@@ -145,15 +150,12 @@ impl<'a> Loader<'a> {
                 .map(Path::to_path_buf)
                 .unwrap_or_default();
             let p = base.join(&imp.target);
-            let text = std::fs::read_to_string(&p).map_err(|e| e.to_string());
+            let text = self.fs.read_text(&p).map_err(|e| e.to_string());
             let name = p.display().to_string();
             (p, name, text)
         };
         // Compare files, not spellings: `a/../b.shard` is `b.shard`.
-        let key = std::fs::canonicalize(&path)
-            .unwrap_or_else(|_| path.clone())
-            .display()
-            .to_string();
+        let key = self.fs.canonical(&path).display().to_string();
         if let Some(pos) = self.stack.iter().position(|(_, k)| *k == key) {
             let mut chain: Vec<String> = self.stack[pos..]
                 .iter()

@@ -2,10 +2,9 @@
 //! and the [`Watcher`] that `shardc run --watch` shares. Watches parent
 //! directories (editors save by rename) and filters by path.
 
-use crate::cli::summary;
 use crate::diag::render::{self, Style};
 use crate::runtime::reload::{self, Reloads};
-use crate::runtime::train::{self, Config};
+use crate::runtime::train::Config;
 use crate::source::SourceMap;
 use crate::spmd::Program;
 use crate::world::{self, Options};
@@ -39,7 +38,7 @@ fn check_once(
             for d in &c.diagnostics {
                 let _ = write!(out, "{}", render::human(d, &c.sources, style));
             }
-            let _ = writeln!(out, "{}", summary(&c, &file.display().to_string()));
+            let _ = writeln!(out, "{}", c.summary(&file.display().to_string()));
             (c.read.clone(), !c.has_errors())
         }
         Err(e) => {
@@ -228,13 +227,13 @@ pub fn feed_reloads(live: Live, read: &[PathBuf], prog: &Program, cfg: &Config) 
             for d in c.diagnostics.iter().filter(|d| d.is_error()) {
                 text += &render::human(d, &c.sources, live.style);
             }
-            text += &summary(&c, &live.file.display().to_string());
+            text += &c.summary(&live.file.display().to_string());
             text += "\nedit not applied: the training goes on with the last good program";
             (live.say)(&text);
             continue;
         }
         // The program and settings only: the data stays what the run started with.
-        let prepared = train::settings(&c, live.model).map(|(p, _, mut cfg)| {
+        let prepared = c.settings(live.model).map(|(p, _, mut cfg)| {
             (live.adjust)(&mut cfg);
             (p.clone(), cfg)
         });

@@ -3,8 +3,12 @@
 
 use crate::check::{Checked, Checker};
 use crate::diag::Diagnostic;
+use crate::files::{Disk, Files};
 use crate::resolve::{Loader, Program};
+use crate::runtime::config::Config;
+use crate::runtime::data::Source;
 use crate::source::{SourceFile, SourceMap};
+use crate::spmd::Program as Program_;
 use std::path::{Path, PathBuf};
 
 #[derive(Clone, Debug, Default)]
@@ -37,6 +41,94 @@ pub struct Compilation {
 }
 
 impl Compilation {
+    /// The lowered program of the chosen `train` (the first, or the one for
+    /// `model`) and its run configuration, without its data (what `shardc show`
+    /// and a live reload need).
+    pub fn settings(
+        &self,
+        model: Option<&str>,
+    ) -> Result<(&Program_, &crate::spec::Train, Config), String> {
+        let t = self.spec.train(model).ok_or_else(|| {
+            format!(
+                "no `train` declaration{}",
+                model.map_or(String::new(), |m| format!(" for `{m}`"))
+            )
+        })?;
+        let prog = self
+            .programs
+            .iter()
+            .find(|p| p.model == t.model)
+            .ok_or_else(|| format!("`{}` could not be lowered", t.model))?;
+        Ok((prog, t, Config::new(t, &self.spec, prog)))
+    }
+
+    /// Everything a run needs from a clean compilation: the lowered program of
+    /// the chosen `train`, its configuration and its data.
+    pub fn prepare(
+        &self,
+        model: Option<&str>,
+    ) -> Result<(&Program_, &crate::spec::Train, Config, Source), String> {
+        let (prog, t, cfg) = self.settings(model)?;
+        let classes = prog
+            .output
+            .and_then(|o| {
+                prog.nodes[o as usize]
+                    .ty
+                    .dims
+                    .last()
+                    .and_then(|d| d.size.as_const())
+            })
+            .unwrap_or(1) as usize;
+        let loaded = self.data.iter().find(|d| d.model == t.model);
+        if loaded.is_none() {
+            // A file source that did not load has a diagnostic; never fall back silently.
+            if let Some(d @ (crate::spec::Data::Arrays { .. } | crate::spec::Data::Text { .. })) =
+                &t.data
+            {
+                return Err(format!("the `{}` data could not be loaded", d.name()));
+            }
+        }
+        let src = crate::runtime::config::source(t, classes, loaded.map(|d| &d.data));
+        if cfg.loss == crate::spec::Loss::Mse && matches!(src, Source::Tokens { .. }) {
+            // The data stage reports this (E0305); never train on ids as targets.
+            return Err(
+                "`loss: mse` needs float targets shaped like the output; a text source gives token ids"
+                    .into(),
+            );
+        }
+        Ok((prog, t, cfg, src))
+    }
+
+    /// `checked models/gptj.shard: 0 errors, 2 notes`
+    pub fn summary(&self, name: &str) -> String {
+        let c = self;
+        let errors = c.errors();
+        let warnings = c
+            .diagnostics
+            .iter()
+            .filter(|d| d.severity == crate::diag::Severity::Warning)
+            .count();
+        let notes = c.diagnostics.len() - errors - warnings;
+        let plural = |n: usize, w: &str| {
+            if n == 1 {
+                format!("1 {w}")
+            } else {
+                format!("{n} {w}s")
+            }
+        };
+        // Warnings are named only when there are some.
+        let rest = if warnings > 0 {
+            format!("{}, {}", plural(warnings, "warning"), plural(notes, "note"))
+        } else {
+            plural(notes, "note")
+        };
+        if errors == 0 {
+            format!("✓ {name}: clean ({rest})")
+        } else {
+            format!("✗ {name}: {}, {rest}", plural(errors, "error"))
+        }
+    }
+
     pub fn has_errors(&self) -> bool {
         self.diagnostics.iter().any(|d| d.is_error())
     }
@@ -47,17 +139,29 @@ impl Compilation {
 
 /// Compile a file from disk. Only an unreadable root file is an `Err`.
 pub fn compile(path: &Path, opts: &Options) -> std::io::Result<Compilation> {
-    let text = std::fs::read_to_string(path)?;
-    Ok(compile_source(path, text, opts))
+    compile_in(&Disk, path, opts)
 }
 
-/// Compile source text as if it were the file at `path` (imports resolve next to it).
+/// Compile source text as if it were the file at `path` (imports and data
+/// are read from the disk next to it).
 pub fn compile_source(path: &Path, text: String, opts: &Options) -> Compilation {
+    compile_text(&Disk, path, text, opts)
+}
+
+/// Compile the file at `path` of a file system (the disk, an editor's buffers
+/// over it, files in memory). Only an unreadable root file is an `Err`.
+pub fn compile_in(files: &dyn Files, path: &Path, opts: &Options) -> std::io::Result<Compilation> {
+    let text = files.read_text(path)?;
+    Ok(compile_text(files, path, text, opts))
+}
+
+/// Compile `text` as the file at `path` of a file system.
+pub fn compile_text(files: &dyn Files, path: &Path, text: String, opts: &Options) -> Compilation {
     let mut sources = SourceMap::default();
     let mut diagnostics = Vec::new();
     let name = display_name(path);
     let root = sources.add(SourceFile::new(path.to_path_buf(), name, text));
-    let mut loader = Loader::new(&mut sources, &mut diagnostics);
+    let mut loader = Loader::new(&mut sources, &mut diagnostics, files);
     loader.load(root);
     let mut read = vec![path.to_path_buf()];
     read.append(&mut loader.read);
@@ -89,7 +193,8 @@ pub fn compile_source(path: &Path, text: String, opts: &Options) -> Compilation 
         .collect();
     let programs: Vec<crate::spmd::Program> =
         lowered.into_iter().filter(|p| p.folds.is_empty()).collect();
-    let (diags, data, mut data_read) = crate::data::check(&spec, &programs, opts.data.as_deref());
+    let (diags, data, mut data_read) =
+        crate::data::check(&spec, &programs, opts.data.as_deref(), files);
     diagnostics.extend(diags);
     read.append(&mut data_read);
     // Stable order: by file, then position, errors before notes at the same place.

@@ -17,7 +17,7 @@ fn setup(text: &str) -> (Program, Config, shardc::runtime::data::Source) {
         "{:?}",
         c.diagnostics.iter().map(|d| &d.message).collect::<Vec<_>>()
     );
-    let (prog, _, cfg, src) = train::prepare(&c, None).expect("runnable");
+    let (prog, _, cfg, src) = c.prepare(None).expect("runnable");
     (prog.clone(), cfg, src)
 }
 

@@ -27,7 +27,7 @@ fn setup_text(
             .map(|d| d.message.clone())
             .collect::<Vec<_>>()
     );
-    let (prog, _, cfg, src) = train::prepare(&c, model).expect("runnable");
+    let (prog, _, cfg, src) = c.prepare(model).expect("runnable");
     (prog.clone(), cfg, src)
 }
 

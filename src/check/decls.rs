@@ -179,6 +179,45 @@ impl<'p> Checker<'p> {
                 });
             }
         }
+        // Every size of the inputs must be known to run: `train` binds the batch.
+        let fwd = decl.members.iter().find_map(|m| match m {
+            ast::Member::Fn(f) if f.name.name == "forward" => Some(f),
+            _ => None,
+        });
+        let inputs_of: Vec<(usize, crate::types::TType)> = self
+            .out
+            .bodies
+            .get(body)
+            .map(|b| {
+                b.values
+                    .iter()
+                    .filter_map(|v| match v.op {
+                        super::Op::Input(i) => Some((i, v.ty.clone())),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        // (Without a valid batch, its error says enough.)
+        for (i, ty) in inputs_of.into_iter().filter(|_| batch.is_some()) {
+            let Some((pname, te)) = fwd.and_then(|f| f.params.get(i)) else {
+                continue;
+            };
+            if let Some(d) = ty.dims.iter().find(|d| !d.size.is_const()) {
+                let batch = self
+                    .bound
+                    .iter()
+                    .next()
+                    .and_then(|(k, v)| v.as_const().map(|n| (k.clone(), n)));
+                self.report(Problem::UnboundSize {
+                    span: te.span,
+                    size: d.size.to_string(),
+                    input: pname.name.clone(),
+                    batch,
+                    train: t.model_span,
+                });
+            }
+        }
         if self.diags.iter().filter(|d| d.is_error()).count() == errors_before {
             let inputs = decl
                 .members

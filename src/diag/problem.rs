@@ -240,6 +240,14 @@ pub enum Problem {
         ty: String,
         stack: Span,
     },
+    /// A trained model's input keeps a size `train` does not bind.
+    UnboundSize {
+        span: Span,
+        size: String,
+        input: String,
+        batch: Option<(String, i64)>,
+        train: Span,
+    },
     FewMicrobatches {
         span: Span,
         microbatches: usize,
@@ -483,6 +491,16 @@ impl Problem {
             StageAxisInside { span, axis, ty, stack } => d(Code::E0220, format!("`{axis}` splits the pipeline's stages, but this value inside a stage is `{ty}`"), *span, format!("uses `{axis}`"))
                 .secondary(*stack, format!("stages over `{axis}` here"))
                 .help(format!("a stage holds whole layers: split their tensors over another axis, or stage over another axis than `{axis}`")),
+            UnboundSize { span, size, input, batch, train } => {
+                let bound = match batch {
+                    Some((b, n)) => format!("`train` binds the batch `{b}` ({n}); every other size of a trained model's inputs is a constant"),
+                    None => "`train` binds only the batch; every other size of a trained model's inputs is a constant".into(),
+                };
+                d(Code::E0221, format!("the size `{size}` of the input `{input}` is not known when training"), *span, format!("`{size}` is not bound"))
+                    .secondary(*train, "trained here")
+                    .note(bound)
+                    .help(format!("declare it: `const {size} = ...`"))
+            }
             FewMicrobatches { span, microbatches, stages } => {
                 let bubble = (*stages as f64 - 1.0) / (*microbatches as f64 + *stages as f64 - 1.0);
                 d(Code::W0001, format!("{microbatches} microbatch(es) for {stages} pipeline stages: devices idle {:.0}% of each step", bubble * 100.0), *span, format!("{microbatches} < {stages}"))

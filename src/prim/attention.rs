@@ -17,7 +17,7 @@ pub const DEFS: &[Def] = &[Def {
     name: "causal_attention",
     kind: Kind::Function,
     signature: "causal_attention(q, k, v)",
-    rule: "`q`, `k`, `v` of one type `[B, T, H, E]`, reduced; `B`, `H`, `E` keep their layout (heads split over the model axis = Megatron attention, E0204); `T` and `E` gathered if split",
+    rule: "`q`, `k`, `v` of one type `[B, T, H, E]`, reduced; `B` and `H` keep their layout (heads split over the model axis = Megatron attention, E0204); `T` and `E` are gathered if split",
     check: Some(check),
     examples: &["causal_attention({q: f32[2, 3, 2, 4]}, {k: f32[2, 3, 2, 4]}, {v: f32[2, 3, 2, 4]})"],
     differentiable: true,

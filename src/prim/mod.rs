@@ -22,6 +22,7 @@ use crate::types::TType;
 use candle_core::Tensor;
 
 pub mod cost;
+pub mod docs;
 pub mod kernel;
 pub mod rules;
 

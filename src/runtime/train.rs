@@ -2,7 +2,7 @@
 //! synchronisation, clipping, the optimizer step, checkpoints and eval, on the
 //! devices a [`Cluster`] gives this process.
 
-pub use super::config::{prepare, settings, Config};
+pub use super::config::Config;
 use super::data::{Batch, Source};
 use super::exec::{Exec, R};
 use super::loss::loss_fn;

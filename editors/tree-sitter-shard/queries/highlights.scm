@@ -54,36 +54,36 @@
   (#match? @type "^[A-Z]")
   (#not-match? @type "^[A-Z][A-Z0-9_]*$"))
 
+; built-ins, library names and collectives, from the primitives' registry (src/prim)
+; registry (generated; SHARDC_BLESS=1 cargo test --test registry rewrites it)
 ((call_expr function: (ident) @function.builtin)
   (#any-of? @function.builtin
-    "relu" "gelu" "silu" "tanh" "exp" "log" "sqrt" "sigmoid" "square" "abs"
-    "softmax" "log_softmax" "layer_norm" "rms_norm" "sum" "mean" "max" "min"
-    "einsum" "reshape" "transpose" "one_hot" "embed" "lookup"
-    "causal_attention" "cast" "dropout" "stop_gradient"
-    "softmax_cross_entropy" "repeat"
-    "normal" "truncated_normal" "uniform"
-    "sgd" "adam" "adamw" "adagrad" "constant" "warmup_cosine"
-    "shakespeare_words" "shakespeare_chars" "text" "arrays" "synthetic" "rows"))
+    "relu" "gelu" "silu" "tanh" "exp" "log" "sqrt" "rsqrt" "sigmoid" "square" "abs"
+    "softmax" "log_softmax" "layer_norm" "rms_norm" "sum" "mean" "max" "min" "einsum"
+    "reshape" "transpose" "cast" "stop_gradient" "dropout" "one_hot" "embed" "lookup"
+    "causal_attention" "softmax_cross_entropy" "repeat" "shard_params" "normal"
+    "truncated_normal" "uniform" "constant" "sgd" "adam" "adamw" "adagrad" "ftrl"
+    "warmup_cosine" "shakespeare_words" "shakespeare_chars" "text" "arrays" "synthetic"
+    "rows"))
 
 ; collectives get a colour of their own: each one is communication.
 ((call_expr function: (ident) @function.macro)
   (#any-of? @function.macro
-    "psum" "pmean" "pmax" "pmin" "all_gather" "psum_scatter" "all_to_all"
+    "psum" "pmean" "pmax" "pmin" "reduce" "all_gather" "psum_scatter" "all_to_all"
     "ppermute" "axis_index"))
 
 ((call_expr function: (ident) @function.call)
   (#not-match? @function.call "^[A-Z]")
   (#not-any-of? @function.call
-    "relu" "gelu" "silu" "tanh" "exp" "log" "sqrt" "sigmoid" "square" "abs"
-    "softmax" "log_softmax" "layer_norm" "rms_norm" "sum" "mean" "max" "min"
-    "einsum" "reshape" "transpose" "one_hot" "embed" "lookup"
-    "causal_attention" "cast" "dropout" "stop_gradient"
-    "softmax_cross_entropy" "repeat"
-    "normal" "truncated_normal" "uniform"
-    "sgd" "adam" "adamw" "adagrad" "constant" "warmup_cosine"
-    "shakespeare_words" "shakespeare_chars" "text" "arrays" "synthetic" "rows"
-    "psum" "pmean" "pmax" "pmin" "all_gather" "psum_scatter" "all_to_all"
-    "ppermute" "axis_index"))
+    "relu" "gelu" "silu" "tanh" "exp" "log" "sqrt" "rsqrt" "sigmoid" "square" "abs"
+    "softmax" "log_softmax" "layer_norm" "rms_norm" "sum" "mean" "max" "min" "einsum"
+    "reshape" "transpose" "cast" "stop_gradient" "dropout" "one_hot" "embed" "lookup"
+    "causal_attention" "softmax_cross_entropy" "repeat" "shard_params" "normal"
+    "truncated_normal" "uniform" "constant" "sgd" "adam" "adamw" "adagrad" "ftrl"
+    "warmup_cosine" "shakespeare_words" "shakespeare_chars" "text" "arrays" "synthetic"
+    "rows" "psum" "pmean" "pmax" "pmin" "reduce" "all_gather" "psum_scatter"
+    "all_to_all" "ppermute" "axis_index"))
+; /registry
 
 ; bare names with a meaning: `init zeros`, `combiner: sum`, `kind: cuda`
 ((weight_decl init: (ident) @constant.builtin)

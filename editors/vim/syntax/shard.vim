@@ -17,15 +17,19 @@ syn keyword shardStructure    const mesh layer model table feature train
 syn keyword shardKeyword      fn let init local on
 syn keyword shardType         f32 f16 bf16 f64 i32 i64 bool
 
-" Collectives: every one of them moves data between devices.
-syn keyword shardCollective   psum pmean pmax pmin all_gather psum_scatter all_to_all ppermute axis_index
-
-" Built-in functions, layer directives, initializers, optimizers, schedules,
-" data sources.
-syn keyword shardBuiltin      relu gelu silu tanh exp log sqrt sigmoid square abs
+" Collectives (every one of them moves data between devices) and built-in
+" functions, from the primitives' registry (src/prim).
+" registry (generated; SHARDC_BLESS=1 cargo test --test registry rewrites it)
+syn keyword shardCollective   psum pmean pmax pmin reduce all_gather psum_scatter
+syn keyword shardCollective   all_to_all ppermute axis_index
+syn keyword shardBuiltin      relu gelu silu tanh exp log sqrt rsqrt sigmoid square abs
 syn keyword shardBuiltin      softmax log_softmax layer_norm rms_norm sum mean max min
-syn keyword shardBuiltin      einsum reshape transpose one_hot embed lookup causal_attention
-syn keyword shardBuiltin      cast dropout stop_gradient softmax_cross_entropy
+syn keyword shardBuiltin      einsum reshape transpose cast stop_gradient dropout
+syn keyword shardBuiltin      one_hot embed lookup causal_attention
+syn keyword shardBuiltin      softmax_cross_entropy
+" /registry
+
+" Layer directives, initializers, optimizers, schedules, data sources.
 syn keyword shardBuiltin      repeat shard_params
 syn keyword shardBuiltin      normal truncated_normal uniform
 syn keyword shardBuiltin      sgd adam adamw adagrad ftrl constant warmup_cosine

@@ -1,0 +1,85 @@
+//! Every explanation's example (`docs/errors/CODE.md`, served by `shardc
+//! explain`) produces its own code, and its fix checks without errors.
+
+use shardc::diag::Code;
+use shardc::files::Memory;
+use shardc::world::{self, Options};
+use std::path::Path;
+
+/// The ```shard blocks of a section (`## Example`, `## Fix`).
+fn blocks(text: &str, section: &str) -> Vec<String> {
+    let Some(start) = text.find(&format!("## {section}")) else {
+        return vec![];
+    };
+    let body = &text[start..];
+    let end = body[3..].find("\n## ").map_or(body.len(), |i| i + 3);
+    let body = &body[..end];
+    let mut out = Vec::new();
+    let mut rest = body;
+    while let Some(i) = rest.find("```shard\n") {
+        let after = &rest[i + 9..];
+        let Some(j) = after.find("```") else { break };
+        out.push(after[..j].to_string());
+        rest = &after[j..];
+    }
+    out
+}
+
+/// The codes of compiling a section's blocks as files in memory: a block whose
+/// first line is `// NAME.shard` is that file (imports find it); the first
+/// block is the one compiled.
+fn codes(dir: &Path, blocks: &[String]) -> Vec<String> {
+    let mut files = Memory::new();
+    let mut root = None;
+    for (i, b) in blocks.iter().enumerate() {
+        let name = b
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("// "))
+            .and_then(|l| l.split_whitespace().next())
+            .filter(|n| n.ends_with(".shard"))
+            .map_or_else(
+                || format!("example{i}.shard"),
+                |n| n.trim_end_matches(';').to_string(),
+            );
+        let path = dir.join(&name);
+        files.insert(&path, b.as_str());
+        root.get_or_insert(path);
+    }
+    let Some(root) = root else { return vec![] };
+    match world::compile_in(&files, &root, &Options::default()) {
+        Ok(c) => c
+            .diagnostics
+            .iter()
+            .map(|d| d.code.as_str().to_string())
+            .collect(),
+        Err(e) => vec![format!("unreadable: {e}")],
+    }
+}
+
+#[test]
+fn every_explanation_example_produces_its_code() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/errors");
+    let mut errs = Vec::new();
+    for code in Code::ALL {
+        let name = code.as_str();
+        let text = code.explanation();
+        let examples = blocks(text, "Example");
+        if examples.is_empty() {
+            errs.push(format!("{name}: no ```shard example under `## Example`"));
+            continue;
+        }
+        let got = codes(&dir, &examples);
+        if !got.iter().any(|c| c == name) {
+            errs.push(format!("{name}: its example produces {got:?}, not {name}"));
+        }
+        let fix = blocks(text, "Fix");
+        if !fix.is_empty() {
+            let got = codes(&dir, &fix);
+            if got.iter().any(|c| c == name || c.starts_with('E')) {
+                errs.push(format!("{name}: its fix produces {got:?}"));
+            }
+        }
+    }
+    assert!(errs.is_empty(), "{}", errs.join("\n"));
+}
