@@ -1,7 +1,36 @@
-//! shardc: a declarative language for sharded model definitions.
+//! shardc: a declarative language for sharded model definitions, its checker and
+//! its SPMD interpreter.
 //!
-//! Pipeline (one module per stage): [`parse`] → [`resolve`] → [`check`] → [`data`], all driven
-//! by [`world::compile`]; [`diag`] holds the diagnostic model and its rendering.
+//! The stages, in order. A module uses only modules of its own stage or of
+//! earlier ones (`tests/stages.rs` enforces this list); each stage returns one
+//! typed result to the next, and [`world::compile`] drives them.
+//!
+//! 0. foundation: [`source`], [`diag`], [`units`], [`files`], [`arrays`]
+//! 1. syntax: [`ast`], [`parse`], [`fmt`]
+//! 2. core: [`types`], [`mesh`], [`init`], [`embed`], [`schedule`]
+//! 3. resolve: [`resolve`]
+//! 4. spec: [`spec`]
+//! 5. ir: [`prim`], [`spmd`]
+//! 6. check: [`check`]
+//! 7. lower: [`lower`]
+//! 8. plan: [`plan`]
+//! 9. data: [`data`]
+//! 10. runtime: [`runtime`]
+//! 11. driver: [`world`]
+//! 12. show: [`layout`]
+//! 13. editor: [`lsp`]
+//! 14. watch: [`watch`]
+//! 15. command line: [`cli`]
+//!
+//! Source text is parsed (pest) into a syntax tree, resolved into one namespace
+//! of layers, constants and meshes, and its `train` and table declarations read
+//! into a typed specification. The checker types every value (dtype, global
+//! shape, sharding, pending reductions) with the rules of the primitives
+//! ([`prim`]: one module per op holds its type rule, kernel, derivative and
+//! cost) and records typed function bodies with the reshards it inserts; the
+//! lowering inlines them into one SPMD program per trained model; the plan is
+//! a pass over that program; the data stage reads and checks the training data;
+//! the runtime trains the program on a mesh of devices.
 
 pub mod arrays;
 pub mod ast;

@@ -123,7 +123,10 @@ fn check_def(def: &Def) -> (usize, usize) {
                 let Some(sharded) = lowered(&text, false) else {
                     continue;
                 };
-                let out = &sharded.nodes[sharded.output.expect("output") as usize].ty;
+                let Some(o) = sharded.output else {
+                    panic!("`{}`: the program has no output:\n{text}", def.name)
+                };
+                let out = &sharded.nodes[o as usize].ty;
                 if !out.dtype.is_float() {
                     continue;
                 }

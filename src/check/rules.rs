@@ -369,7 +369,16 @@ impl<'p> Checker<'p> {
                 self.record_prim(prim, ids, &ty, e.span);
                 Val::T(ty)
             }
-            None => Val::Poison,
+            None => {
+                // A rule refuses only with a diagnostic (here or at an operand).
+                debug_assert!(
+                    self.diags.iter().any(|d| d.is_error()),
+                    "`{}` refused {:?} without an error",
+                    def.name,
+                    e.span
+                );
+                Val::Poison
+            }
         }
     }
 }

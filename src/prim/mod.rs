@@ -31,6 +31,7 @@ pub mod attention;
 pub mod axis_index;
 pub mod cast;
 pub mod collective;
+pub mod concat;
 pub mod cross_entropy;
 pub mod dropout;
 pub mod einsum;
@@ -191,6 +192,7 @@ families! {
     Shape(shape::Shape) => shape,
     Index(index::Index) => index,
     Cast(cast::Cast) => cast,
+    Concat(concat::Concat) => concat,
     Dropout(dropout::Dropout) => dropout,
     OneHot(one_hot::OneHot) => one_hot,
     Embed(embed::Embed) => embed,

@@ -271,7 +271,7 @@ pub fn replicate_dim(cx: &mut dyn Rules, t: &TType, dim: usize, span: Span) -> T
     cx.reshard(t, &target, &t.pending, span)
 }
 
-/// A scalar of the given dtype.
+/// E0211: `e` has the type `t` where a value of rank `expected` belongs.
 pub fn rank_error(cx: &mut dyn Rules, e: &Expr, expected: usize, t: &TType) {
     cx.report(Problem::Rank {
         span: e.span,
@@ -369,7 +369,7 @@ pub fn dim_list(cx: &mut dyn Rules, d: &Expr, rank: usize) -> Option<Vec<usize>>
 }
 
 /// Read an expression as a size and sharding (`768`, `4*D`, `VOCAB@mp`, which
-/// parses as a matmul by an axis name): layer arguments and `one_hot`'s classes.
+/// parses as a matmul by an axis name): layer arguments and sizes passed to a primitive.
 pub fn expr_to_dim(e: &Expr) -> Option<(DimExpr, Option<Vec<ast::Ident>>)> {
     fn go(e: &Expr, axes: &mut Option<Vec<ast::Ident>>) -> Option<DimExpr> {
         match &e.kind {

@@ -60,8 +60,8 @@
   (#any-of? @function.builtin
     "relu" "gelu" "silu" "tanh" "exp" "log" "sqrt" "rsqrt" "sigmoid" "square" "abs"
     "softmax" "log_softmax" "layer_norm" "rms_norm" "sum" "mean" "max" "min" "einsum"
-    "reshape" "transpose" "cast" "stop_gradient" "dropout" "one_hot" "embed" "lookup"
-    "causal_attention" "softmax_cross_entropy" "repeat" "shard_params" "normal"
+    "reshape" "transpose" "cast" "stop_gradient" "concat" "dropout" "one_hot" "embed"
+    "lookup" "causal_attention" "softmax_cross_entropy" "repeat" "shard_params" "normal"
     "truncated_normal" "uniform" "constant" "sgd" "adam" "adamw" "adagrad" "ftrl"
     "warmup_cosine" "shakespeare_words" "shakespeare_chars" "text" "arrays" "synthetic"
     "rows"))
@@ -77,8 +77,8 @@
   (#not-any-of? @function.call
     "relu" "gelu" "silu" "tanh" "exp" "log" "sqrt" "rsqrt" "sigmoid" "square" "abs"
     "softmax" "log_softmax" "layer_norm" "rms_norm" "sum" "mean" "max" "min" "einsum"
-    "reshape" "transpose" "cast" "stop_gradient" "dropout" "one_hot" "embed" "lookup"
-    "causal_attention" "softmax_cross_entropy" "repeat" "shard_params" "normal"
+    "reshape" "transpose" "cast" "stop_gradient" "concat" "dropout" "one_hot" "embed"
+    "lookup" "causal_attention" "softmax_cross_entropy" "repeat" "shard_params" "normal"
     "truncated_normal" "uniform" "constant" "sgd" "adam" "adamw" "adagrad" "ftrl"
     "warmup_cosine" "shakespeare_words" "shakespeare_chars" "text" "arrays" "synthetic"
     "rows" "psum" "pmean" "pmax" "pmin" "reduce" "all_gather" "psum_scatter"

@@ -24,7 +24,7 @@ syn keyword shardCollective   psum pmean pmax pmin reduce all_gather psum_scatte
 syn keyword shardCollective   all_to_all ppermute axis_index
 syn keyword shardBuiltin      relu gelu silu tanh exp log sqrt rsqrt sigmoid square abs
 syn keyword shardBuiltin      softmax log_softmax layer_norm rms_norm sum mean max min
-syn keyword shardBuiltin      einsum reshape transpose cast stop_gradient dropout
+syn keyword shardBuiltin      einsum reshape transpose cast stop_gradient concat dropout
 syn keyword shardBuiltin      one_hot embed lookup causal_attention
 syn keyword shardBuiltin      softmax_cross_entropy
 " /registry
