@@ -77,16 +77,7 @@ pub fn binary_rule(
     (y, b): (&TType, &Expr),
     e: &Expr,
 ) -> Option<TType> {
-    if x.dtype != y.dtype {
-        cx.report_traced(
-            Problem::DType {
-                span: b.span,
-                expected: x.dtype.name().into(),
-                found: y.dtype.name().into(),
-                other: Some(a.span),
-            },
-            e,
-        );
+    if !super::rules::same_dtype(cx, &[(x, a), (y, b)], e) {
         return None;
     }
     // Pending reductions: sums are linear, so partial ± partial (same axes) and

@@ -44,6 +44,10 @@ fn check(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
     for x in &c.pos {
         ops.push((cx.tensor(x, "`concat`")?, *x));
     }
+    let typed: Vec<(&TType, &crate::ast::Expr)> = ops.iter().map(|(t, x)| (t, *x)).collect();
+    if !super::rules::same_dtype(cx, &typed, c.expr) {
+        return None;
+    }
     let (first, fx) = ops[0].clone();
     let dim = match c.named_expr("dim") {
         Some(d) => dim_index(cx, d, first.rank())?,
@@ -55,15 +59,6 @@ fn check(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
     };
     let mut dims: Vec<Dim> = first.dims.clone();
     for (t, x) in &ops[1..] {
-        if t.dtype != first.dtype {
-            cx.report(Problem::DType {
-                span: x.span,
-                expected: first.dtype.name().into(),
-                found: t.dtype.name().into(),
-                other: Some(fx.span),
-            });
-            return None;
-        }
         if t.pending != first.pending {
             let (owes, at) = if t.pending.is_empty() {
                 (&first, fx)

@@ -119,19 +119,8 @@ fn check(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
         }
         ops.push((t, *x));
     }
-    if ops.windows(2).any(|w| w[0].0.dtype != w[1].0.dtype) {
-        let (a, b) = (
-            &ops[0],
-            ops.iter()
-                .find(|o| o.0.dtype != ops[0].0.dtype)
-                .unwrap_or(&ops[0]),
-        );
-        cx.report(Problem::DType {
-            span: b.1.span,
-            expected: a.0.dtype.name().into(),
-            found: b.0.dtype.name().into(),
-            other: Some(a.1.span),
-        });
+    let typed: Vec<(&TType, &crate::ast::Expr)> = ops.iter().map(|(t, x)| (t, *x)).collect();
+    if !super::rules::same_dtype(cx, &typed, c.expr) {
         return None;
     }
     let pendings = ops.iter().filter(|o| !o.0.pending.is_empty()).count();

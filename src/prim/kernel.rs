@@ -175,12 +175,7 @@ impl Kernel<'_> {
     /// then move every dimension's axes.
     pub fn reshard(&self, x: &Tensor, xt: &TType, out: &TType) -> R<Tensor> {
         let mut t = x.clone();
-        let owed: Vec<String> = xt
-            .pending
-            .keys()
-            .filter(|a| !out.pending.contains_key(*a))
-            .cloned()
-            .collect();
+        let owed = owed(xt, out);
         if !owed.is_empty() {
             t = self.comm.psum(self.rank, &t, &owed).map_err(ce)?;
             let mut cur = xt.clone();
@@ -227,12 +222,7 @@ impl Kernel<'_> {
                 t = self.relayout_t(&t, i, f, &keep)?;
             }
         }
-        let owed: Vec<String> = xt
-            .pending
-            .keys()
-            .filter(|a| !out.pending.contains_key(*a))
-            .cloned()
-            .collect();
+        let owed = owed(xt, out);
         if !owed.is_empty() {
             t = self.comm.psum(self.rank, &t, &owed).map_err(ce)?;
         }
@@ -254,4 +244,13 @@ impl Kernel<'_> {
             .and_then(|t| t.to_vec1::<f64>())
             .map_err(ce)
     }
+}
+
+/// The axes `from` owes sums over that `to` does not.
+fn owed(from: &TType, to: &TType) -> Vec<String> {
+    from.pending
+        .keys()
+        .filter(|a| !to.pending.contains_key(*a))
+        .cloned()
+        .collect()
 }

@@ -51,16 +51,7 @@ pub fn rule(
         });
         return None;
     }
-    if x.dtype != y.dtype {
-        cx.report_traced(
-            Problem::DType {
-                span: b.span,
-                expected: x.dtype.name().into(),
-                found: y.dtype.name().into(),
-                other: Some(a.span),
-            },
-            e,
-        );
+    if !super::rules::same_dtype(cx, &[(x, a), (y, b)], e) {
         return None;
     }
     if !x.pending.is_empty() && !y.pending.is_empty() {

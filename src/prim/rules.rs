@@ -282,6 +282,26 @@ pub fn rank_error(cx: &mut dyn Rules, e: &Expr, expected: usize, t: &TType) {
     });
 }
 
+/// Operands of one dtype, else E0210 at the first that differs from the first.
+pub fn same_dtype(cx: &mut dyn Rules, ops: &[(&TType, &Expr)], e: &Expr) -> bool {
+    let Some(((first, fx), rest)) = ops.split_first() else {
+        return true;
+    };
+    let Some((t, x)) = rest.iter().find(|(t, _)| t.dtype != first.dtype) else {
+        return true;
+    };
+    cx.report_traced(
+        Problem::DType {
+            span: x.span,
+            expected: first.dtype.name().into(),
+            found: t.dtype.name().into(),
+            other: Some(fx.span),
+        },
+        e,
+    );
+    false
+}
+
 /// A float operand, else E0210.
 pub fn need_float(cx: &mut dyn Rules, t: &TType, e: &Expr) -> bool {
     if t.dtype.is_float() {
