@@ -257,15 +257,7 @@ pub fn broadcast(
         }
     }
     if let Some(ax) = super::rules::twice(&out) {
-        cx.report_traced(
-            Problem::Ambiguous {
-                span: e.span,
-                lhs: (a.span, x.to_string()),
-                rhs: (b.span, y.to_string()),
-                detail: format!("axis `{ax}` would split two dimensions of the result"),
-            },
-            e,
-        );
+        super::rules::axis_twice(cx, &ax, (x, a), (y, b), e);
         return None;
     }
     Some(out)

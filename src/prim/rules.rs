@@ -282,6 +282,25 @@ pub fn rank_error(cx: &mut dyn Rules, e: &Expr, expected: usize, t: &TType) {
     });
 }
 
+/// E0213: the result of `a op b` would split two of its dimensions over `ax`.
+pub fn axis_twice(
+    cx: &mut dyn Rules,
+    ax: &str,
+    (x, a): (&TType, &Expr),
+    (y, b): (&TType, &Expr),
+    e: &Expr,
+) {
+    cx.report_traced(
+        Problem::Ambiguous {
+            span: e.span,
+            lhs: (a.span, x.to_string()),
+            rhs: (b.span, y.to_string()),
+            detail: format!("axis `{ax}` would split two dimensions of the result"),
+        },
+        e,
+    );
+}
+
 /// Operands of one dtype, else E0210 at the first that differs from the first.
 pub fn same_dtype(cx: &mut dyn Rules, ops: &[(&TType, &Expr)], e: &Expr) -> bool {
     let Some(((first, fx), rest)) = ops.split_first() else {
