@@ -5,8 +5,98 @@
 //! files that exist only in memory ([`Memory`]).
 
 use std::collections::HashMap;
-use std::io;
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
+
+/// The most a model's source (and each file it imports) may hold.
+pub const SOURCE_CAP: u64 = 16 << 20;
+/// The most a data or array file may hold (text corpora, `.npy`, `.npz`,
+/// safetensors, FDO statistics).
+pub const DATA_CAP: u64 = 64 << 30;
+
+/// Read a regular file of at most `cap` bytes. Devices, FIFOs, sockets and
+/// directories are refused before anything is read (a FIFO would block, `/dev/zero`
+/// never ends), and a file that grows past `cap` while it is read is refused too.
+pub fn read_regular(path: &Path, cap: u64) -> io::Result<Vec<u8>> {
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file (a directory, device, FIFO or socket)",
+        ));
+    }
+    if meta.len() > cap {
+        return Err(too_big(meta.len(), cap));
+    }
+    let file = open_regular(path)?;
+    let mut buf = Vec::with_capacity(meta.len() as usize);
+    file.take(cap + 1).read_to_end(&mut buf)?;
+    if buf.len() as u64 > cap {
+        return Err(too_big(buf.len() as u64, cap));
+    }
+    Ok(buf)
+}
+
+/// Open a file for reading only if it is a regular file; never blocks on a FIFO
+/// (it is opened non-blocking, then checked).
+pub fn open_regular(path: &Path) -> io::Result<std::fs::File> {
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = opts.open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file (a directory, device, FIFO or socket)",
+        ));
+    }
+    Ok(file)
+}
+
+/// Write a whole file of the run's output without following links: the bytes go
+/// to a fresh temporary file beside it (created, never opened through a link),
+/// which then replaces `path`. A symlink planted at `path` is replaced, not
+/// followed, and a reader never sees a half-written file.
+pub fn write_replace(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&tmp);
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(libc::O_NOFOLLOW);
+    }
+    let mut f = opts.open(&tmp)?;
+    let written = f.write_all(bytes).and_then(|_| f.sync_all());
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+fn too_big(len: u64, cap: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("{len} bytes, more than the {cap}-byte limit for this kind of file"),
+    )
+}
 
 pub trait Files: Sync {
     /// A file's bytes.
@@ -51,10 +141,16 @@ pub struct Disk;
 
 impl Files for Disk {
     fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
-        std::fs::read(path)
+        read_regular(path, DATA_CAP)
     }
     fn read_text(&self, path: &Path) -> io::Result<String> {
-        std::fs::read_to_string(path)
+        let cap = if path.extension().is_some_and(|e| e == "shard") {
+            SOURCE_CAP
+        } else {
+            DATA_CAP
+        };
+        String::from_utf8(read_regular(path, cap)?)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "not UTF-8 text"))
     }
     fn canonical(&self, path: &Path) -> PathBuf {
         std::fs::canonicalize(path).unwrap_or_else(|_| normalize(path))
