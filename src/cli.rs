@@ -343,11 +343,14 @@ pub fn types_table(c: &Compilation) -> String {
             } else {
                 format!("{}:{line}", f.name)
             };
+            // Padding by hand: a format width is limited to 65,535.
             let pad = tw.saturating_sub(t.ty.chars().count());
+            let name_pad = nw.saturating_sub(t.name.len());
             out.push_str(&format!(
-                "  {:<6} {:<nw$}  {}{}   per device {}",
+                "  {:<6} {}{}  {}{}   per device {}",
                 t.kind,
                 t.name,
+                " ".repeat(name_pad),
                 t.ty,
                 " ".repeat(pad),
                 t.local

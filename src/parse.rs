@@ -16,18 +16,26 @@ type PResult<T> = Result<T, Box<Problem>>;
 /// Parse one file. On a syntax error returns the problem; the file is then skipped
 /// by later stages (one syntax error per file, like most compilers with PEG parsers).
 pub fn parse(file: FileId, text: &str) -> Result<File, Box<Problem>> {
+    // pest's call limit guards against runaway backtracking; honest input needs
+    // a bounded number of calls per byte (a long comment is many calls).
+    pest::set_call_limit(std::num::NonZeroUsize::new(
+        5_000_000usize.saturating_add(text.len().saturating_mul(64)),
+    ));
     // Deeply nested input would overflow the stack in pest's recursive descent.
-    pest::set_call_limit(std::num::NonZeroUsize::new(5_000_000));
-    let depth = nesting_depth(text);
-    if depth > 200 {
-        return Err(Box::new(Problem::Syntax {
-            span: Span::new(file, 0, 0),
-            message: format!("nesting too deep ({depth} levels; at most 200)"),
+    if let Some((depth, at)) = nesting_depth(text) {
+        return Err(Box::new(Problem::TooDeep {
+            span: Span::new(file, at, at + 1),
+            what: "brackets",
+            depth,
+            limit: MAX_NESTING,
         }));
     }
     let mut pairs =
         ShardParser::parse(Rule::file, text).map_err(|e| Box::new(syntax_error(file, text, e)))?;
-    let cx = Cx { file };
+    let cx = Cx {
+        file,
+        path: std::cell::Cell::new(0),
+    };
     let mut items = Vec::new();
     let Some(root) = pairs.next() else {
         return Ok(File { items });
@@ -41,19 +49,50 @@ pub fn parse(file: FileId, text: &str) -> Result<File, Box<Problem>> {
     Ok(File { items })
 }
 
-fn nesting_depth(text: &str) -> usize {
-    let (mut d, mut max) = (0usize, 0usize);
-    for b in text.bytes() {
-        match b {
+/// Brackets nested deeper than this are refused before pest sees them.
+pub const MAX_NESTING: usize = 200;
+/// Operators, signs, calls and indexings chained along one path of the syntax
+/// tree (`-x`, `a + b + …`, `f()()`, `2 * 3 * …`, across brackets): the depth
+/// of the tree every later stage walks, so it is bounded here, where it is cheap.
+pub const MAX_CHAIN: usize = 1_000;
+
+/// The first place brackets nest past [`MAX_NESTING`] (skipping comments and
+/// strings), as (depth, byte offset).
+fn nesting_depth(text: &str) -> Option<(usize, usize)> {
+    let b = text.as_bytes();
+    let (mut d, mut i) = (0usize, 0usize);
+    while i < b.len() {
+        match b[i] {
+            b'/' if b.get(i + 1) == Some(&b'/') => {
+                while i < b.len() && b[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'/' if b.get(i + 1) == Some(&b'*') => {
+                i += 2;
+                while i < b.len() && !(b[i] == b'*' && b.get(i + 1) == Some(&b'/')) {
+                    i += 1;
+                }
+                i += 1;
+            }
+            b'"' => {
+                i += 1;
+                while i < b.len() && b[i] != b'"' {
+                    i += if b[i] == b'\\' { 2 } else { 1 };
+                }
+            }
             b'(' | b'[' | b'{' => {
                 d += 1;
-                max = max.max(d)
+                if d > MAX_NESTING {
+                    return Some((d, i));
+                }
             }
             b')' | b']' | b'}' => d = d.saturating_sub(1),
             _ => {}
         }
+        i += 1;
     }
-    max
+    None
 }
 
 fn syntax_error(file: FileId, text: &str, e: pest::error::Error<Rule>) -> Problem {
@@ -159,9 +198,42 @@ fn rule_name(r: Rule) -> Option<&'static str> {
 
 struct Cx {
     file: FileId,
+    /// Chained operators on the path from the root to the node being built
+    /// (see [`MAX_CHAIN`]).
+    path: std::cell::Cell<usize>,
+}
+
+/// Gives back a chain's length to the path when its subtree is built.
+struct Chain<'a> {
+    path: &'a std::cell::Cell<usize>,
+    n: usize,
+}
+
+impl Drop for Chain<'_> {
+    fn drop(&mut self) {
+        self.path.set(self.path.get().saturating_sub(self.n));
+    }
 }
 
 impl Cx {
+    /// Count `n` chained operators on the current path; refuse past [`MAX_CHAIN`].
+    fn chain(&self, n: usize, span: Span) -> PResult<Chain<'_>> {
+        let depth = self.path.get().saturating_add(n);
+        if depth > MAX_CHAIN {
+            return Err(Box::new(Problem::TooDeep {
+                span,
+                what: "chained operators",
+                depth,
+                limit: MAX_CHAIN,
+            }));
+        }
+        self.path.set(depth);
+        Ok(Chain {
+            path: &self.path,
+            n,
+        })
+    }
+
     fn span(&self, p: &P) -> Span {
         let s = p.as_span();
         Span::new(self.file, s.start(), s.end())
@@ -463,6 +535,8 @@ impl Cx {
     fn dim_expr(&self, p: P) -> PResult<DimExpr> {
         match p.as_rule() {
             Rule::dim_expr | Rule::dim_term => {
+                let ops = p.clone().into_inner().count() / 2;
+                let _chain = self.chain(ops, self.span(&p))?;
                 let mut it = p.into_inner();
                 let mut lhs = self.dim_expr(next(&mut it))?;
                 while let Some(op) = it.next() {
@@ -492,6 +566,12 @@ impl Cx {
 
     fn expr(&self, p: P) -> PResult<Expr> {
         // Precedence climbing over a flat `unary* postfix (op unary* postfix)*` list.
+        let ops = p
+            .clone()
+            .into_inner()
+            .filter(|q| matches!(q.as_rule(), Rule::unary | Rule::bin_op))
+            .count();
+        let _chain = self.chain(ops, self.span(&p))?;
         let mut operands: Vec<Expr> = Vec::new();
         let mut ops: Vec<BinOp> = Vec::new();
         let mut negs = 0usize;
@@ -565,6 +645,8 @@ impl Cx {
     }
 
     fn postfix(&self, p: P) -> PResult<Expr> {
+        let ops = p.clone().into_inner().count().saturating_sub(1);
+        let _chain = self.chain(ops, self.span(&p))?;
         let mut it = p.into_inner();
         let mut e = self.primary(next(&mut it))?;
         for q in it {

@@ -8,12 +8,14 @@ use crate::parse;
 use crate::source::{FileId, SourceFile, SourceMap, Span};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
+use std::sync::Arc;
 
 /// Stdlib modules ship inside the binary.
 pub const STDLIB: &[(&str, &str)] = &[("nn", include_str!("../stdlib/nn.shard"))];
 
 /// The most SparseCores a device may declare (real chips have 2 or 4).
+/// Imports nest at most this many files deep (loading recurses along them).
+pub const MAX_IMPORT_DEPTH: usize = 64;
 pub const MAX_SPARSECORES: i64 = 1 << 16;
 
 #[derive(Clone, Debug)]
@@ -47,7 +49,7 @@ impl Mesh {
 pub struct Program {
     pub consts: HashMap<String, (i64, Span)>,
     pub meshes: Vec<Mesh>,
-    pub layers: HashMap<String, Rc<ast::LayerDecl>>,
+    pub layers: HashMap<String, Arc<ast::LayerDecl>>,
     pub layer_order: Vec<String>,
     pub tables: Vec<ast::TableDecl>,
     pub features: Vec<ast::FeatureDecl>,
@@ -114,6 +116,18 @@ impl<'a> Loader<'a> {
     }
 
     fn import(&mut self, from: FileId, imp: &ast::Import) {
+        if self.stack.len() >= MAX_IMPORT_DEPTH {
+            self.diags.push(
+                Problem::TooDeep {
+                    span: imp.span,
+                    what: "imports",
+                    depth: self.stack.len() + 1,
+                    limit: MAX_IMPORT_DEPTH,
+                }
+                .diagnostic(),
+            );
+            return;
+        }
         let (path, name, text) = if imp.is_std {
             match STDLIB.iter().find(|(n, _)| *n == imp.target) {
                 Some((n, t)) => (
@@ -255,7 +269,7 @@ impl<'a> Loader<'a> {
                     Item::Layer(l) => {
                         if define(&l.name, diags) {
                             prog.layer_order.push(l.name.name.clone());
-                            prog.layers.insert(l.name.name.clone(), Rc::new(l.clone()));
+                            prog.layers.insert(l.name.name.clone(), Arc::new(l.clone()));
                         }
                     }
                     Item::Table(t) => {
@@ -278,10 +292,7 @@ impl<'a> Loader<'a> {
             .filter(|c| c.span != Span::default())
             .map(|c| (c.name.name.clone(), c))
             .collect();
-        let mut evaluating = Vec::new();
-        for name in real_consts.keys() {
-            eval_const(name, &real_consts, &mut prog.consts, &mut evaluating, diags);
-        }
+        eval_consts(&real_consts, &mut prog.consts, diags);
         for (_, file) in &self.files {
             for item in &file.items {
                 if let Item::Mesh(m) = item {
@@ -297,57 +308,97 @@ impl<'a> Loader<'a> {
     }
 }
 
-fn eval_const(
-    name: &str,
+/// Evaluate every constant, each after the constants it names (a depth-first
+/// walk with an explicit stack: a chain of thousands of constants is fine).
+fn eval_consts(
     decls: &BTreeMap<String, ast::ConstDecl>,
     out: &mut HashMap<String, (i64, Span)>,
-    evaluating: &mut Vec<String>,
     diags: &mut Vec<Diagnostic>,
-) -> Option<i64> {
-    if let Some((v, _)) = out.get(name) {
-        return Some(*v);
+) {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        /// On the current path: its dependencies are being evaluated.
+        Open,
+        /// Evaluated, or failed (reported).
+        Done,
     }
-    let decl = decls.get(name)?;
-    if evaluating.iter().any(|n| n == name) {
-        diags.push(
-            Problem::BadDim {
-                span: decl.value.span(),
-                expr: name.to_string(),
-                reason: format!("`{name}` is defined in terms of itself"),
-            }
-            .diagnostic(),
-        );
-        return None;
-    }
-    evaluating.push(name.to_string());
-    let v = eval_int(&decl.value, &mut |n, span| {
-        if decls.contains_key(n) {
-            eval_const(n, decls, out, evaluating, diags).ok_or(())
-        } else {
-            let sug = did_you_mean(n, decls.keys().map(|s| s.as_str()));
-            diags.push(
-                Problem::UnknownName {
-                    span,
-                    name: n.to_string(),
-                    what: "constant",
-                    suggestion: sug,
+    let mut mark: HashMap<&str, Mark> = HashMap::new();
+    for root in decls.keys() {
+        let mut stack: Vec<(&str, bool)> = vec![(root.as_str(), false)];
+        while let Some((name, expanded)) = stack.pop() {
+            let Some(decl) = decls.get(name) else {
+                continue;
+            };
+            if expanded {
+                mark.insert(name, Mark::Done);
+                let v = eval_int(&decl.value, &mut |n, span| {
+                    if let Some((v, _)) = out.get(n) {
+                        Ok(*v)
+                    } else if decls.contains_key(n) {
+                        Err(()) // failed, and said so
+                    } else {
+                        let sug = did_you_mean(n, decls.keys().map(|s| s.as_str()));
+                        diags.push(
+                            Problem::UnknownName {
+                                span,
+                                name: n.to_string(),
+                                what: "constant",
+                                suggestion: sug,
+                            }
+                            .diagnostic(),
+                        );
+                        Err(())
+                    }
+                });
+                match v {
+                    Ok(v) => {
+                        out.insert(name.to_string(), (v, decl.name.span));
+                    }
+                    Err(Some(p)) => diags.push(p.diagnostic()),
+                    Err(None) => {}
                 }
-                .diagnostic(),
-            );
-            Err(())
+                continue;
+            }
+            match mark.get(name) {
+                Some(Mark::Done) => continue,
+                Some(Mark::Open) => {
+                    diags.push(
+                        Problem::BadDim {
+                            span: decl.value.span(),
+                            expr: name.to_string(),
+                            reason: format!("`{name}` is defined in terms of itself"),
+                        }
+                        .diagnostic(),
+                    );
+                    // Its own evaluation then fails on the missing value.
+                    continue;
+                }
+                None => {}
+            }
+            mark.insert(name, Mark::Open);
+            stack.push((name, true));
+            let mut names = Vec::new();
+            dim_names(&decl.value, &mut names);
+            for n in names.into_iter().rev() {
+                if let Some((k, _)) = decls.get_key_value(n) {
+                    if mark.get(k.as_str()) != Some(&Mark::Done) {
+                        stack.push((k.as_str(), false));
+                    }
+                }
+            }
         }
-    });
-    evaluating.pop();
-    match v {
-        Ok(v) => {
-            out.insert(name.to_string(), (v, decl.name.span));
-            Some(v)
+    }
+}
+
+/// The names a size expression refers to, in order.
+fn dim_names<'e>(e: &'e DimExpr, out: &mut Vec<&'e str>) {
+    match e {
+        DimExpr::Int(..) => {}
+        DimExpr::Name(i) => out.push(&i.name),
+        DimExpr::Bin(a, _, b, _) => {
+            dim_names(a, out);
+            dim_names(b, out);
         }
-        Err(Some(p)) => {
-            diags.push(p.diagnostic());
-            None
-        }
-        Err(None) => None,
     }
 }
 

@@ -151,12 +151,82 @@ pub fn compile_source(path: &Path, text: String, opts: &Options) -> Compilation 
 /// Compile the file at `path` of a file system (the disk, an editor's buffers
 /// over it, files in memory). Only an unreadable root file is an `Err`.
 pub fn compile_in(files: &dyn Files, path: &Path, opts: &Options) -> std::io::Result<Compilation> {
-    let text = files.read_text(path)?;
-    Ok(compile_text(files, path, text, opts))
+    let bytes = files.read(path)?;
+    Ok(match String::from_utf8(bytes) {
+        Ok(text) => compile_text(files, path, text, opts),
+        Err(e) => not_utf8(path, e),
+    })
 }
+
+/// A root file that is not UTF-8: its text (lossily, for the snippet) and E0004
+/// at the first bad byte; nothing else is compiled.
+fn not_utf8(path: &Path, e: std::string::FromUtf8Error) -> Compilation {
+    let offset = e.utf8_error().valid_up_to();
+    let text = String::from_utf8_lossy(e.as_bytes()).into_owned();
+    let mut sources = SourceMap::default();
+    let root = sources.add(SourceFile::new(
+        path.to_path_buf(),
+        display_name(path),
+        text,
+    ));
+    let end = sources.get(root).text[offset..]
+        .chars()
+        .next()
+        .map_or(offset, |c| offset + c.len_utf8());
+    let diagnostics = vec![crate::diag::Problem::NotUtf8 {
+        span: crate::source::Span::new(root, offset, end),
+        offset,
+    }
+    .diagnostic()];
+    Compilation {
+        sources,
+        diagnostics,
+        program: Program::default(),
+        spec: Default::default(),
+        checked: Default::default(),
+        programs: vec![],
+        plans: vec![],
+        read: vec![path.to_path_buf()],
+        data: vec![],
+    }
+}
+
+/// The stack every compile runs on. Every recursive walk of the syntax tree is
+/// bounded by the parser's limits (`parse::MAX_NESTING`, `parse::MAX_CHAIN`) and
+/// the resolver's; this is the room those bounds were measured to need, with a
+/// wide margin, whatever thread the caller is on (a test's 2 MiB thread, the
+/// editor server's). Untouched stack pages cost nothing.
+pub const COMPILE_STACK: usize = 256 << 20;
 
 /// Compile `text` as the file at `path` of a file system.
 pub fn compile_text(files: &dyn Files, path: &Path, text: String, opts: &Options) -> Compilation {
+    let slot = std::sync::Mutex::new(Some(text));
+    let work = || {
+        let text = slot
+            .lock()
+            .ok()
+            .and_then(|mut t| t.take())
+            .unwrap_or_default();
+        compile_here(files, path, text, opts)
+    };
+    // `&work`, not `work`: the fallback below calls it again.
+    #[allow(clippy::needless_borrows_for_generic_args)]
+    std::thread::scope(|s| {
+        let worker = std::thread::Builder::new()
+            .name("compile".into())
+            .stack_size(COMPILE_STACK)
+            .spawn_scoped(s, &work);
+        match worker {
+            Ok(h) => h
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            // No thread to be had (a resource limit): compile on this one.
+            Err(_) => work(),
+        }
+    })
+}
+
+fn compile_here(files: &dyn Files, path: &Path, text: String, opts: &Options) -> Compilation {
     let mut sources = SourceMap::default();
     let mut diagnostics = Vec::new();
     let name = display_name(path);

@@ -65,6 +65,11 @@ fn every_explanation_example_produces_its_code() {
         let name = code.as_str();
         let text = code.explanation();
         let examples = blocks(text, "Example");
+        // A source that is not UTF-8 cannot be written in this (UTF-8) file; its
+        // example is checked against a real Latin-1 file in tests/cli.rs.
+        if *code == Code::E0004 {
+            continue;
+        }
         if examples.is_empty() {
             errs.push(format!("{name}: no ```shard example under `## Example`"));
             continue;

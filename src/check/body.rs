@@ -18,7 +18,7 @@ use crate::prim::Prim;
 use crate::source::Span;
 use crate::types::TType;
 use std::collections::HashSet;
-use std::rc::Rc;
+use std::sync::Arc;
 
 /// A value of a body, by index.
 pub type VId = u32;
@@ -142,7 +142,7 @@ impl<'p> Checker<'p> {
     /// argument types and bound sizes; later calls reuse its body.
     pub(super) fn call_fn(
         &mut self,
-        inst: &Rc<Inst>,
+        inst: &Arc<Inst>,
         f: &ast::FnDecl,
         args: Vec<(Val, Span, Option<VId>)>,
         site: Span,
@@ -225,7 +225,7 @@ impl<'p> Checker<'p> {
     /// The body of `f` on arguments that are this body's `Arg` values.
     pub(super) fn fn_body(
         &mut self,
-        inst: &Rc<Inst>,
+        inst: &Arc<Inst>,
         f: &ast::FnDecl,
         args: Vec<(Val, Span, Option<VId>)>,
         fkey: String,
@@ -454,7 +454,7 @@ impl<'p> Checker<'p> {
         Some(out)
     }
 
-    pub(super) fn block(&mut self, inst: &Rc<Inst>, b: &ast::Block, scope: &mut Scope) -> Val {
+    pub(super) fn block(&mut self, inst: &Arc<Inst>, b: &ast::Block, scope: &mut Scope) -> Val {
         let mut local_names = Vec::new();
         for l in &b.lets {
             self.hint = l.ty.as_ref().and_then(|te| {
@@ -559,7 +559,7 @@ impl<'p> Checker<'p> {
         self.diags.push(d);
     }
 
-    pub(super) fn expr(&mut self, inst: &Rc<Inst>, e: &Expr, scope: &mut Scope) -> Val {
+    pub(super) fn expr(&mut self, inst: &Arc<Inst>, e: &Expr, scope: &mut Scope) -> Val {
         self.last = None;
         let v = self.expr_inner(inst, e, scope);
         if !matches!(v, Val::T(_)) {
@@ -568,7 +568,7 @@ impl<'p> Checker<'p> {
         v
     }
 
-    pub(super) fn expr_inner(&mut self, inst: &Rc<Inst>, e: &Expr, scope: &mut Scope) -> Val {
+    pub(super) fn expr_inner(&mut self, inst: &Arc<Inst>, e: &Expr, scope: &mut Scope) -> Val {
         match &e.kind {
             ExprKind::Float(v) => Val::Num(*v),
             ExprKind::Int(v) => Val::Int(*v),
@@ -654,7 +654,7 @@ impl<'p> Checker<'p> {
         }
     }
 
-    pub(super) fn name(&mut self, inst: &Rc<Inst>, n: &str, span: Span, scope: &Scope) -> Val {
+    pub(super) fn name(&mut self, inst: &Arc<Inst>, n: &str, span: Span, scope: &Scope) -> Val {
         if let Some(b) = scope.vars.get(n) {
             self.last = b.vid;
             return Val::T(b.ty.clone());
@@ -719,7 +719,7 @@ impl<'p> Checker<'p> {
 
     pub(super) fn call(
         &mut self,
-        inst: &Rc<Inst>,
+        inst: &Arc<Inst>,
         callee: &Expr,
         args: &[Arg],
         e: &Expr,

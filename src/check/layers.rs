@@ -9,7 +9,11 @@ use crate::prim::rules::expr_to_dim;
 use crate::source::Span;
 use crate::types::{Dim, Poly, TType};
 use std::collections::{HashMap, HashSet};
-use std::rc::Rc;
+use std::sync::Arc;
+
+/// Layers contain layers at most this deep (checking, lowering and planning
+/// recurse along the nesting).
+pub const MAX_LAYER_DEPTH: usize = 256;
 
 impl<'p> Checker<'p> {
     /// Check a model's forward on its own declared input types; the batch (the
@@ -18,9 +22,9 @@ impl<'p> Checker<'p> {
     /// model's body: its inputs, then the call of `forward`.
     pub(super) fn check_model(
         &mut self,
-        decl: &Rc<LayerDecl>,
+        decl: &Arc<LayerDecl>,
         batch: Option<i64>,
-    ) -> Option<(Rc<Inst>, Val, Vec<Dim>, super::BodyId)> {
+    ) -> Option<(Arc<Inst>, Val, Vec<Dim>, super::BodyId)> {
         let inst =
             self.instantiate(decl, HashMap::new(), decl.name.name.clone(), decl.name.span)?;
         let Some(fwd) = find_fn(decl, "forward") else {
@@ -69,14 +73,23 @@ impl<'p> Checker<'p> {
 
     pub(super) fn instantiate(
         &mut self,
-        decl: &Rc<LayerDecl>,
+        decl: &Arc<LayerDecl>,
         env: HashMap<String, DimVal>,
         label: String,
         site: Span,
-    ) -> Option<Rc<Inst>> {
+    ) -> Option<Arc<Inst>> {
         let key = format!("{label}|{:?}|{:?}", self.mesh.map(|m| &m.axes), self.fsdp);
         if let Some(i) = self.insts.get(&key) {
             return Some(i.clone());
+        }
+        if self.stack.len() >= MAX_LAYER_DEPTH {
+            self.report(Problem::TooDeep {
+                span: site,
+                what: "layers inside layers",
+                depth: self.stack.len() + 1,
+                limit: MAX_LAYER_DEPTH,
+            });
+            return None;
         }
         if self.stack.contains(&decl.name.name) {
             let mut chain = self.stack.clone();
@@ -202,7 +215,7 @@ impl<'p> Checker<'p> {
         }
         self.sites.pop();
         self.stack.pop();
-        let rc = Rc::new(inst);
+        let rc = Arc::new(inst);
         self.insts.insert(key, rc.clone());
         Some(rc)
     }

@@ -24,7 +24,7 @@ use crate::resolve::{Mesh, Program};
 use crate::source::Span;
 use crate::types::{Poly, TType};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::rc::Rc;
+use std::sync::Arc;
 
 /// One line of `shardc check --types`.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -80,7 +80,7 @@ struct DimVal {
 
 #[derive(Debug)]
 struct Inst {
-    decl: Rc<LayerDecl>,
+    decl: Arc<LayerDecl>,
     /// `Block(768, 12)`: shown in diagnostics and `--types`.
     label: String,
     /// The instance's identity (label, mesh, FSDP): equal keys check alike.
@@ -99,9 +99,9 @@ enum Val {
     Num(f64),
     Int(i64),
     Str(String),
-    Layer(Rc<Inst>),
+    Layer(Arc<Inst>),
     /// `repeat(n, layer)`, optionally split into pipeline stages over an axis.
-    Repeat(i64, Rc<Inst>, Option<String>),
+    Repeat(i64, Arc<Inst>, Option<String>),
     /// Already reported; stop cascading.
     Poison,
 }
@@ -155,7 +155,7 @@ pub struct Checker<'p> {
     sites: Vec<(Span, String)>,
     /// Symbolic sizes bound by a `train` declaration (the batch).
     bound: BTreeMap<String, Poly>,
-    insts: HashMap<String, Rc<Inst>>,
+    insts: HashMap<String, Arc<Inst>>,
     /// `shard_params` in force for the layers being instantiated (FSDP applies to
     /// every weight below the model or layer that asks for it).
     fsdp: Option<(String, i64)>,

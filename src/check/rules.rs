@@ -13,12 +13,12 @@ use crate::prim::{arith, matmul, Def};
 use crate::source::Span;
 use crate::types::{Dim, Poly, TType};
 use std::collections::BTreeMap;
-use std::rc::Rc;
+use std::sync::Arc;
 
 /// The checker as a type rule sees it, inside one function of one instance.
 pub(super) struct RuleCx<'c, 'p> {
     ck: &'c mut Checker<'p>,
-    inst: &'c Rc<Inst>,
+    inst: &'c Arc<Inst>,
     scope: &'c mut Scope,
 }
 
@@ -124,7 +124,7 @@ impl Rules for RuleCx<'_, '_> {
 impl<'p> Checker<'p> {
     pub(super) fn rules<'c>(
         &'c mut self,
-        inst: &'c Rc<Inst>,
+        inst: &'c Arc<Inst>,
         scope: &'c mut Scope,
     ) -> RuleCx<'c, 'p> {
         RuleCx {
@@ -290,7 +290,7 @@ impl<'p> Checker<'p> {
     /// `a op b` for values of any kind: numbers fold, tensors go to their rule.
     pub(super) fn binary(
         &mut self,
-        inst: &Rc<Inst>,
+        inst: &Arc<Inst>,
         op: BinOp,
         (va, a): (Val, &Expr),
         (vb, b): (Val, &Expr),
@@ -346,7 +346,7 @@ impl<'p> Checker<'p> {
     /// layout (the reshards the rule reported are implied by it).
     pub(super) fn builtin(
         &mut self,
-        inst: &Rc<Inst>,
+        inst: &Arc<Inst>,
         def: &'static Def,
         raw: &[ast::Arg],
         e: &Expr,

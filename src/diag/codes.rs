@@ -28,6 +28,8 @@ macro_rules! codes {
 codes! {
     E0001 => "syntax error",
     E0002 => "invalid literal",
+    E0003 => "nested or chained too deeply",
+    E0004 => "source is not UTF-8 text",
     E0100 => "unknown name",
     E0101 => "duplicate definition",
     E0102 => "import not found",

@@ -96,14 +96,25 @@ impl Diagnostic {
 }
 
 /// Closest candidate by edit distance, for "did you mean" help.
+/// Names longer than this get no "did you mean" (and are never suggested).
+pub const MAX_SUGGEST_LEN: usize = 64;
+
 pub fn did_you_mean<'a>(
     name: &str,
     candidates: impl IntoIterator<Item = &'a str>,
 ) -> Option<String> {
+    // Names this long are not typos of anything; the distance is quadratic.
+    if name.len() > MAX_SUGGEST_LEN {
+        return None;
+    }
     let mut best: Option<(usize, &str)> = None;
     for c in candidates {
-        let d = edit_distance(name, c);
         let limit = (name.len().max(c.len()) / 3).max(1);
+        // The distance is at least the difference in length: skip without computing.
+        if c.len() > MAX_SUGGEST_LEN || name.len().abs_diff(c.len()) > limit {
+            continue;
+        }
+        let d = edit_distance(name, c);
         if d <= limit && best.is_none_or(|(bd, _)| d < bd) {
             best = Some((d, c));
         }

@@ -13,6 +13,18 @@ pub enum Problem {
         span: Span,
         text: String,
     },
+    /// Brackets, chained operators, constants or layers nested past a limit.
+    TooDeep {
+        span: Span,
+        what: &'static str,
+        depth: usize,
+        limit: usize,
+    },
+    /// A source file that is not UTF-8 text: where its first bad byte is.
+    NotUtf8 {
+        span: Span,
+        offset: usize,
+    },
     UnknownName {
         span: Span,
         name: String,
@@ -287,6 +299,17 @@ fn list(v: &[String]) -> String {
         .join(", ")
 }
 
+/// A name as a message quotes it: names past 80 characters are abbreviated
+/// (a generated 100,000-character identifier would flood the terminal).
+fn short(name: &str) -> String {
+    const MAX: usize = 80;
+    if name.chars().count() <= MAX {
+        return name.to_string();
+    }
+    let head: String = name.chars().take(MAX / 2).collect();
+    format!("{head}… ({} characters)", name.chars().count())
+}
+
 impl Problem {
     pub fn code(&self) -> Code {
         self.diagnostic().code
@@ -299,16 +322,18 @@ impl Problem {
         };
         match self {
             Syntax { span, message } => d(Code::E0001, format!("syntax error: {message}"), *span, "here".into()),
+            TooDeep { span, what, depth, limit } => d(Code::E0003, format!("{what} nested too deeply: {depth} levels, at most {limit}"), *span, format!("{what} past the limit start here")).help("split the expression with `let` bindings, or the declarations into fewer levels"),
+            NotUtf8 { span, offset } => d(Code::E0004, format!("the file is not UTF-8 text: byte {offset} is not valid UTF-8"), *span, "here".into()).help("save the file as UTF-8"),
             BadLiteral { span, text } => d(Code::E0002, format!("invalid number `{text}`"), *span, "does not fit in 64 bits".into())
                 .help("sizes are integers below 2^63"),
             UnknownName { span, name, what, suggestion } => {
-                let mut x = d(Code::E0100, format!("unknown {what} `{name}`"), *span, "not found in this scope".into());
+                let mut x = d(Code::E0100, format!("unknown {what} `{}`", short(name)), *span, "not found in this scope".into());
                 if let Some(s) = suggestion {
                     x = x.help(format!("a {what} with a similar name exists: `{s}`")).fix(*span, s.clone());
                 }
                 x
             }
-            Duplicate { span, name, first } => d(Code::E0101, format!("`{name}` is defined more than once"), *span, "defined again here".into())
+            Duplicate { span, name, first } => d(Code::E0101, format!("`{}` is defined more than once", short(name)), *span, "defined again here".into())
                 .secondary(*first, "first defined here")
                 .help("rename one of them"),
             ImportNotFound { span, target, tried, reason } => d(Code::E0102, format!("cannot import `{target}`"), *span, reason.clone())

@@ -117,8 +117,62 @@ fn view(d: &Diagnostic, sources: &SourceMap) -> MietteView {
     }
 }
 
+/// Lines longer than this are not quoted: the report names the place instead
+/// (a snippet would be unreadable, and the renderers' column arithmetic is
+/// bounded).
+pub const MAX_QUOTED_LINE: usize = 1_000;
+
+/// Whether every place the diagnostic points at can be shown as a snippet: in a
+/// `.shard` file (the contents of any other file the model named are never
+/// echoed), on a line of reasonable length.
+fn quotable(d: &Diagnostic, sources: &SourceMap) -> bool {
+    let spans = std::iter::once(&d.primary)
+        .chain(&d.secondary)
+        .chain(&d.trace)
+        .map(|l| l.span);
+    spans.into_iter().all(|s| {
+        let f = sources.get(s.file);
+        let text = &f.text;
+        let (start, end) = (s.start as usize, s.end as usize);
+        let line_start = text
+            .get(..start.min(text.len()))
+            .map_or(0, |t| t.rfind('\n').map_or(0, |i| i + 1));
+        let line_end = text
+            .get(end.min(text.len())..)
+            .map_or(text.len(), |t| t.find('\n').map_or(text.len(), |i| end + i));
+        f.name.ends_with(".shard") && line_end.saturating_sub(line_start) <= MAX_QUOTED_LINE
+    })
+}
+
+/// The report without snippets: message, place, labels and help as text.
+fn compact(d: &Diagnostic, sources: &SourceMap) -> String {
+    let mut out = format!(
+        "{}[{}]: {}\n  --> {}: {}\n",
+        d.severity_word(),
+        d.code.as_str(),
+        d.message,
+        sources.describe(d.primary.span),
+        d.primary.text
+    );
+    for l in &d.secondary {
+        out.push_str(&format!("  --> {}: {}\n", sources.describe(l.span), l.text));
+    }
+    if let Some(h) = &d.help {
+        out.push_str(&format!("  help: {h}\n"));
+    }
+    out.push('\n');
+    out
+}
+
 /// Render one diagnostic for people.
 pub fn human(d: &Diagnostic, sources: &SourceMap, style: Style) -> String {
+    if !quotable(d, sources) {
+        let mut out = compact(d, sources);
+        for n in &d.notes {
+            out.push_str(&format!("  note: {n}\n"));
+        }
+        return out;
+    }
     let theme = match style {
         Style::Color => GraphicalTheme::unicode(),
         Style::Plain => GraphicalTheme::unicode_nocolor(),
