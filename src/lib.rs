@@ -5,7 +5,7 @@
 //! earlier ones (`tests/stages.rs` enforces this list); each stage returns one
 //! typed result to the next, and [`world::compile`] drives them.
 //!
-//! 0. foundation: [`source`], [`diag`], [`units`], [`files`], [`arrays`]
+//! 0. foundation: [`source`], [`diag`], [`units`], [`files`], [`access`], [`arrays`]
 //! 1. syntax: [`ast`], [`parse`], [`fmt`]
 //! 2. core: [`types`], [`mesh`], [`init`], [`embed`], [`schedule`]
 //! 3. resolve: [`resolve`]
@@ -32,6 +32,7 @@
 //! a pass over that program; the data stage reads and checks the training data;
 //! the runtime trains the program on a mesh of devices.
 
+pub mod access;
 pub mod arrays;
 pub mod ast;
 pub mod check;

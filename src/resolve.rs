@@ -164,7 +164,13 @@ impl<'a> Loader<'a> {
                 .map(Path::to_path_buf)
                 .unwrap_or_default();
             let p = base.join(&imp.target);
-            let text = self.fs.read_text(&p).map_err(|e| e.to_string());
+            // Only `.shard` files: a diagnostic quotes the file it is about, and
+            // nothing else a model names may be echoed (`import "/etc/shadow"`).
+            let text = if p.extension().is_some_and(|e| e == "shard") {
+                self.fs.read_text(&p).map_err(|e| e.to_string())
+            } else {
+                Err("imports name `.shard` files; this file was not read".to_string())
+            };
             let name = p.display().to_string();
             (p, name, text)
         };

@@ -19,6 +19,9 @@ pub struct Options {
     pub mesh: Vec<(String, i64)>,
     /// `--data PATH`: an array file that replaces every `train`'s `data:` source.
     pub data: Option<PathBuf>,
+    /// `--allow-path DIR`: directories outside the model's own that it may read
+    /// (imports, data) and write (absolute checkpoint and FDO directories).
+    pub grants: Vec<PathBuf>,
 }
 
 pub struct Compilation {
@@ -227,6 +230,20 @@ pub fn compile_text(files: &dyn Files, path: &Path, text: String, opts: &Options
 }
 
 fn compile_here(files: &dyn Files, path: &Path, text: String, opts: &Options) -> Compilation {
+    // Everything the model names is read through the access policy: its own
+    // directory, the granted ones, and what the command line named.
+    let own = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let allowed = crate::access::Allowed::new(
+        files,
+        std::iter::once(own)
+            .chain(opts.grants.iter().cloned())
+            .chain(opts.data.iter().cloned()),
+    );
+    let confined = crate::access::Confined::new(files, allowed);
+    let files: &dyn Files = &confined;
     let mut sources = SourceMap::default();
     let mut diagnostics = Vec::new();
     let name = display_name(path);
@@ -245,6 +262,7 @@ fn compile_here(files: &dyn Files, path: &Path, text: String, opts: &Options) ->
     }
     let (spec, diags) = crate::spec::build(&program, &sources);
     diagnostics.extend(diags);
+    diagnostics.extend(output_dirs(&spec, &opts.grants));
     let (diags, checked) = Checker::new(&program, &spec, opts.strict).run();
     diagnostics.extend(diags);
     let lowered: Vec<crate::spmd::Program> = checked
@@ -280,6 +298,39 @@ fn compile_here(files: &dyn Files, path: &Path, text: String, opts: &Options) ->
         read,
         data,
     }
+}
+
+/// The access policy's write side: each `train`'s checkpoint and FDO directory
+/// must stay inside the run directory, or under a granted one.
+fn output_dirs(spec: &crate::spec::Spec, grants: &[PathBuf]) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    for t in &spec.trains {
+        let dirs = [
+            (
+                t.checkpoint.as_ref().map(|c| &c.dir),
+                t.checkpoint_dir_span,
+                "checkpoint",
+            ),
+            (t.fdo.as_ref().map(|f| &f.dir), t.fdo_dir_span, "fdo"),
+        ];
+        for (dir, span, what) in dirs {
+            let (Some(dir), Some(span)) = (dir, span) else {
+                continue;
+            };
+            if let Err(escape) = crate::access::output_dir(&dir.to_string_lossy(), grants) {
+                out.push(
+                    crate::diag::Problem::OutputEscapes {
+                        span,
+                        what,
+                        dir: dir.display().to_string(),
+                        escape,
+                    }
+                    .diagnostic(),
+                );
+            }
+        }
+    }
+    out
 }
 
 /// Stage 1 alone on one file (no imports, checks or data): its syntax error as

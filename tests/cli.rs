@@ -10,6 +10,13 @@ const CLS: &str = "import nn\nmesh m(data: 2)\nmodel C {\n  a = Dense(6 -> 3)\n 
 fn shardc() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_shardc"));
     c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    // These tests write their models and checkpoints to the temporary directory
+    // and name the repository's data files absolutely: grant both (the access
+    // policy itself is tested in tests/access.rs).
+    c.arg("--allow-path")
+        .arg(std::env::temp_dir())
+        .arg("--allow-path")
+        .arg(env!("CARGO_MANIFEST_DIR"));
     c
 }
 

@@ -44,7 +44,10 @@ fn formatting_every_shard_file_keeps_its_meaning_and_is_idempotent() {
     let files = shard_files();
     assert!(files.len() > 100, "found only {} .shard files", files.len());
     for f in files {
-        let src = std::fs::read_to_string(&f).expect("readable");
+        // (A file that is not UTF-8 is a UI test of E0004.)
+        let Ok(src) = std::fs::read_to_string(&f) else {
+            continue;
+        };
         let out = shardc::fmt::format(&src);
         assert_eq!(
             shardc::fmt::format(&out),

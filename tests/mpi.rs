@@ -89,6 +89,8 @@ fn mpirun(bin: &Path, np: usize, mca_tcp: bool, args: &[&str]) -> Output {
         c.args(["--mca", "btl", "tcp,self"]);
     }
     c.arg(bin)
+        .arg("--allow-path")
+        .arg(std::env::temp_dir())
         .args(["run", "--backend", "mpi"])
         .args(args)
         .output()
@@ -98,6 +100,8 @@ fn mpirun(bin: &Path, np: usize, mca_tcp: bool, args: &[&str]) -> Output {
 fn virtual_run(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_shardc"))
         .current_dir(root())
+        .arg("--allow-path")
+        .arg(std::env::temp_dir())
         .arg("run")
         .args(args)
         .output()

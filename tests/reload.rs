@@ -11,7 +11,11 @@ use std::path::{Path, PathBuf};
 
 fn setup(text: &str) -> (Program, Config, shardc::runtime::data::Source) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("reload.shard");
-    let c = world::compile_source(&path, text.to_string(), &Options::default());
+    let opts = Options {
+        grants: vec![std::env::temp_dir()],
+        ..Options::default()
+    };
+    let c = world::compile_source(&path, text.to_string(), &opts);
     assert!(
         !c.has_errors(),
         "{:?}",

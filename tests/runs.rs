@@ -31,7 +31,10 @@ fn everything_that_checks_clean_runs_one_step() {
     let (mut ran, mut skipped, mut failures) = (Vec::new(), Vec::new(), Vec::new());
     for path in files() {
         let rel = path.strip_prefix(root).unwrap_or(&path).to_path_buf();
-        let text = std::fs::read_to_string(&path).expect("readable");
+        // (A file that is not UTF-8 is a UI test of E0004.)
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
         let c = world::compile_source(&rel, text, &Options::default());
         if c.has_errors() {
             continue;

@@ -69,6 +69,7 @@ codes! {
     E0304 => "data file cannot be read",
     E0305 => "data does not fit the model",
     E0306 => "id outside the vocabulary",
+    E0307 => "output directory outside the run directory",
     E0400 => "unknown combiner",
     E0401 => "invalid embedding table",
     E0402 => "feature inconsistent with its table",

@@ -20,6 +20,13 @@ pub enum Problem {
         depth: usize,
         limit: usize,
     },
+    /// An output directory in a model file that would leave the run directory.
+    OutputEscapes {
+        span: Span,
+        what: &'static str,
+        dir: String,
+        escape: crate::access::Escape,
+    },
     /// A source file that is not UTF-8 text: where its first bad byte is.
     NotUtf8 {
         span: Span,
@@ -322,6 +329,16 @@ impl Problem {
         };
         match self {
             Syntax { span, message } => d(Code::E0001, format!("syntax error: {message}"), *span, "here".into()),
+            OutputEscapes { span, what, dir, escape } => {
+                use crate::access::Escape;
+                let why = match escape {
+                    Escape::Absolute => "an absolute path outside every granted directory",
+                    Escape::Parent => "it climbs out of the run directory",
+                    Escape::Empty => "it is the run directory itself",
+                };
+                d(Code::E0307, format!("the {what} directory `{dir}` is outside the run directory"), *span, why.into())
+                    .help("name a directory inside the run directory (e.g. `\"ckpt\"`, placed under `--out`); to write elsewhere, grant the place on the command line with `--allow-path DIR` and name it absolutely")
+            }
             TooDeep { span, what, depth, limit } => d(Code::E0003, format!("{what} nested too deeply: {depth} levels, at most {limit}"), *span, format!("{what} past the limit start here")).help("split the expression with `let` bindings, or the declarations into fewer levels"),
             NotUtf8 { span, offset } => d(Code::E0004, format!("the file is not UTF-8 text: byte {offset} is not valid UTF-8"), *span, "here".into()).help("save the file as UTF-8"),
             BadLiteral { span, text } => d(Code::E0002, format!("invalid number `{text}`"), *span, "does not fit in 64 bits".into())

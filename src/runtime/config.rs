@@ -32,6 +32,9 @@ pub struct Config {
     pub checkpoint: Option<spec::Checkpoint>,
     /// Steps already done (a resumed run starts after them).
     pub start_step: usize,
+    /// The run series its checkpoints belong to (a resumed run keeps its
+    /// checkpoint's); empty: a fresh series is drawn when the run starts.
+    pub run: String,
     /// Optimizer slots to start from (`opt_m/NAME`, `opt_v/NAME`, global arrays).
     pub init_opt: HashMap<String, Vec<f64>>,
     /// Embedding tables' SparseCore input processing and FDO.
@@ -62,9 +65,26 @@ impl Config {
                 .collect(),
             checkpoint: t.checkpoint.clone(),
             start_step: 0,
+            run: String::new(),
             init_opt: Default::default(),
             sparse: sparse_config(spec, prog, t),
             eval: t.eval,
+        }
+    }
+
+    /// Put the output directories the model file names (relative ones: a
+    /// checkpoint's, FDO's) under the run directory. The access policy already
+    /// refused relative paths that climb out and absolute ones not granted.
+    pub fn place(&mut self, run_dir: &std::path::Path) {
+        if let Some(c) = &mut self.checkpoint {
+            if c.dir.is_relative() {
+                c.dir = run_dir.join(&c.dir);
+            }
+        }
+        if let Some(f) = &mut self.sparse.fdo {
+            if f.dir.is_relative() {
+                f.dir = run_dir.join(&f.dir);
+            }
         }
     }
 

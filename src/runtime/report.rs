@@ -2,11 +2,11 @@
 //! `loss.svg` (the loss curve), in the run directory.
 
 use plotters::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::Path;
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Record {
     pub step: usize,
     pub loss: f64,
@@ -14,27 +14,63 @@ pub struct Record {
     pub grad_norm: f64,
     pub step_ms: f64,
     pub examples_per_s: f64,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_loss: Option<f64>,
     /// SparseCore limits and FDO events of this step.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<String>,
 }
 
-pub fn write_metrics(dir: &Path, records: &[Record]) -> std::io::Result<()> {
-    let mut f = std::io::BufWriter::new(std::fs::File::create(dir.join("metrics.jsonl"))?);
-    for r in records {
-        writeln!(f, "{}", serde_json::to_string(r).unwrap_or_default())?;
+/// The records a resumed run continues: those of `metrics.jsonl` up to the step
+/// it resumes after (a run killed after its checkpoint logged steps it will redo).
+pub fn earlier(dir: &Path, resumed_after: usize) -> Vec<Record> {
+    if resumed_after == 0 {
+        return vec![];
     }
-    f.flush()
+    let Ok(bytes) = crate::files::read_regular(&dir.join("metrics.jsonl"), 1 << 30) else {
+        return vec![];
+    };
+    String::from_utf8_lossy(&bytes)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Record>(l).ok())
+        .filter(|r| r.step <= resumed_after)
+        .collect()
 }
 
-/// The training loss against the step, as an SVG.
+/// Write `metrics.jsonl` (replacing the file, never following a link there).
+pub fn write_metrics(dir: &Path, records: &[Record]) -> std::io::Result<()> {
+    let mut out = Vec::new();
+    for r in records {
+        writeln!(out, "{}", serde_json::to_string(r).unwrap_or_default())?;
+    }
+    crate::files::write_replace(&dir.join("metrics.jsonl"), &out)
+}
+
+/// The training loss against the step, as an SVG (x is the step number, with
+/// integer ticks from the first step recorded to the last).
 pub fn write_loss_curve(dir: &Path, title: &str, records: &[Record]) -> Result<(), String> {
-    let path = dir.join("loss.svg");
-    let root = SVGBackend::new(&path, (800, 480)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
-    let n = records.len().max(2) as f64;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (800, 480)).into_drawing_area();
+        draw(&root, title, records).map_err(|e| e.to_string())?;
+        root.present().map_err(|e| e.to_string())?;
+    }
+    crate::files::write_replace(&dir.join("loss.svg"), svg.as_bytes()).map_err(|e| e.to_string())
+}
+
+fn draw<DB: DrawingBackend>(
+    root: &DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    records: &[Record],
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    root.fill(&WHITE)?;
+    let first = records.iter().map(|r| r.step as i64).min().unwrap_or(1);
+    let last = records
+        .iter()
+        .map(|r| r.step as i64)
+        .max()
+        .unwrap_or(1)
+        .max(first + 1);
     let (lo, hi) = records
         .iter()
         .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), r| {
@@ -46,24 +82,22 @@ pub fn write_loss_curve(dir: &Path, title: &str, records: &[Record]) -> Result<(
         (0.0, 1.0)
     };
     let pad = (hi - lo) * 0.05;
-    let mut chart = ChartBuilder::on(&root)
+    let mut chart = ChartBuilder::on(root)
         .caption(title, ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(56)
-        .build_cartesian_2d(1f64..n, (lo - pad)..(hi + pad))
-        .map_err(|e| e.to_string())?;
+        .build_cartesian_2d(first..last, (lo - pad)..(hi + pad))?;
     chart
         .configure_mesh()
         .x_desc("step")
         .y_desc("training loss")
-        .draw()
-        .map_err(|e| e.to_string())?;
-    chart
-        .draw_series(LineSeries::new(
-            records.iter().map(|r| (r.step as f64 + 1.0, r.loss)),
-            &BLUE,
-        ))
-        .map_err(|e| e.to_string())?;
-    root.present().map_err(|e| e.to_string())
+        .x_labels(((last - first + 1) as usize).min(10))
+        .x_label_formatter(&|x| x.to_string())
+        .draw()?;
+    chart.draw_series(LineSeries::new(
+        records.iter().map(|r| (r.step as i64, r.loss)),
+        &BLUE,
+    ))?;
+    Ok(())
 }

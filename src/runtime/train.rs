@@ -323,6 +323,13 @@ pub fn run_on(
     drop(last);
     let sparse = &sparse;
     let (tx, rx) = mpsc::channel::<StepReport>();
+    // The run series its checkpoints belong to: the resumed one, or a fresh one.
+    let run_id = if cfg.run.is_empty() {
+        super::checkpoint::new_run_id()
+    } else {
+        cfg.run.clone()
+    };
+    let run_id = &run_id;
     let mut result: Result<RunOutput, RunError> = Err("no device ran".into());
     // Replicas of a parameter piece hold the same values: the first device to
     // need a piece computes it and the others share it (the optimizer copies a
@@ -584,6 +591,7 @@ pub fn run_on(
                                 let manifest = super::checkpoint::Manifest {
                                     format: super::checkpoint::FORMAT.into(),
                                     model: prog.model.clone(),
+                                    run: run_id.clone(),
                                     step: step + 1,
                                     seed: cfg.seed,
                                     rng: format!("counter-based: seed {}, counter = step; dropout streams from (seed, step, microbatch)", cfg.seed),
@@ -595,13 +603,14 @@ pub fn run_on(
                                         .iter()
                                         .map(|(n, s, _)| {
                                             let layout = prog.params.iter().find(|p| n.ends_with(&format!("/{}", p.name))).map(|p| p.stored.to_string()).unwrap_or_default();
-                                            super::checkpoint::TensorInfo { name: n.clone(), shape: s.clone(), layout }
+                                            super::checkpoint::TensorInfo { name: n.clone(), shape: s.clone(), layout, sha256: String::new() }
                                         })
                                         .collect(),
                                 };
-                                // A failed save must not stop the other devices mid-collective.
+                                // A failed save stops the run (the other devices are
+                                // told to stop too, below): it must not go on unsaved.
                                 if let Err(e) = super::checkpoint::save(dir, *keep, &manifest, &arrays, cfg.dtype == DType::F64) {
-                                    eprintln!("warning: the checkpoint after step {} was not written: {e}", step + 1);
+                                    return Err(format!("the checkpoint after step {} was not written: {e}", step + 1).into());
                                 }
                             }
                         }

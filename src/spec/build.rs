@@ -536,8 +536,8 @@ impl Builder<'_> {
                             "dir" => match v {
                                 OptValue::Expr(Expr {
                                     kind: ExprKind::Str(s),
-                                    ..
-                                }) => dir_v = dir_v.or(Some(s.clone())),
+                                    span,
+                                }) => dir_v = dir_v.or(Some((s.clone(), *span))),
                                 _ => b.report(Problem::BadValue {
                                     span: v.span(),
                                     message: "`dir` must be a string".into(),
@@ -569,8 +569,9 @@ impl Builder<'_> {
             &["every", "keep", "dir"],
             &["every", "dir"],
         );
+        let checkpoint_dir_span = cdir.as_ref().map(|d| d.1);
         let checkpoint = match (every, cdir) {
-            (Some(every), Some(d)) => Some(Checkpoint {
+            (Some(every), Some((d, _))) => Some(Checkpoint {
                 every,
                 keep: keep.unwrap_or(1),
                 dir: d.into(),
@@ -583,9 +584,10 @@ impl Builder<'_> {
             &["every", "dir", "headroom"],
             &["every", "dir"],
         );
+        let fdo_dir_span = fdir.as_ref().map(|d| d.1);
         let fdo = every.map(|every| Fdo {
             every,
-            dir: fdir.unwrap_or_else(|| "fdo".into()).into(),
+            dir: fdir.map_or_else(|| "fdo".into(), |d| d.0).into(),
             headroom: headroom.unwrap_or(1.0),
         });
         Some(Train {
@@ -609,9 +611,11 @@ impl Builder<'_> {
             eval,
             eval_span: o.get("eval").map(|v| v.span()),
             checkpoint,
+            checkpoint_dir_span,
             data,
             data_span: o.get("data").map(|v| v.span()),
             fdo,
+            fdo_dir_span,
         })
     }
 

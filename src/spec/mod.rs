@@ -140,10 +140,13 @@ pub struct Train {
     pub eval: Option<Eval>,
     pub eval_span: Option<Span>,
     pub checkpoint: Option<Checkpoint>,
+    /// Where the checkpoint's `dir` is written (the access policy's diagnostics).
+    pub checkpoint_dir_span: Option<Span>,
     /// `None`: synthetic data (the default).
     pub data: Option<Data>,
     pub data_span: Option<Span>,
     pub fdo: Option<Fdo>,
+    pub fdo_dir_span: Option<Span>,
 }
 
 impl Train {

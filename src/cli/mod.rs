@@ -1,0 +1,575 @@
+//! Command-line interface (clap). Exit codes: 0 clean, 1 diagnostics with errors,
+//! 2 usage or I/O error.
+
+use crate::diag::render::{self, Style};
+use crate::diag::Code;
+use crate::world::{self, Compilation, Options};
+use clap::{Parser, Subcommand, ValueEnum};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+// Writing to a closed pipe (`shardc lower f | head`) is not an error worth a panic.
+macro_rules! out {
+    ($($t:tt)*) => {{
+        let _ = write!(std::io::stdout().lock(), $($t)*);
+    }};
+}
+macro_rules! outln {
+    ($($t:tt)*) => {{
+        let _ = writeln!(std::io::stdout().lock(), $($t)*);
+    }};
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "shardc",
+    version,
+    about = "Check and run sharded model definitions (.shard files)"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// Let a model file read (imports, data) or write (absolute checkpoint and
+    /// FDO directories) under DIR, outside its own directory and the run
+    /// directory. Repeatable.
+    #[arg(long = "allow-path", value_name = "DIR", global = true)]
+    pub allow_path: Vec<PathBuf>,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Human,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum FdoAction {
+    /// Print the statistics in a directory of `fdo_stats_*.npz` files (each
+    /// process's newest, merged by maximum), as `shardc run` would load them.
+    Show { dir: PathBuf },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Check shapes, dtypes and shardings without running anything.
+    Check {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Print the inferred type of every weight, parameter and binding.
+        #[arg(long)]
+        types: bool,
+        /// Output format for diagnostics.
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+        /// Every collective must be written explicitly (like `pragma strict`).
+        #[arg(long)]
+        strict: bool,
+        /// Never use colour.
+        #[arg(long)]
+        no_color: bool,
+        /// Check this array file (.safetensors, .npz, or a directory of .npy) as
+        /// every `train`'s data, as `run --data` would use it.
+        #[arg(long)]
+        data: Option<PathBuf>,
+    },
+    /// Re-check a file on every save of it or anything it imports.
+    Watch {
+        file: PathBuf,
+        #[arg(long)]
+        strict: bool,
+    },
+    /// Per-device memory, FLOPs and communication per step, from types alone.
+    Plan {
+        file: PathBuf,
+        /// Override mesh axis sizes, e.g. `--mesh dp=16,pp=8,tp=8`.
+        #[arg(long, value_parser = parse_mesh)]
+        mesh: Option<MeshArg>,
+        /// Print the plan as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the SPMD program each `train` declaration lowers to, and verify it.
+    Lower {
+        file: PathBuf,
+        #[arg(long, value_parser = parse_mesh)]
+        mesh: Option<MeshArg>,
+    },
+    /// Draw how tensors lie on the mesh, as grids of the devices holding each piece
+    ///
+    /// Every parameter (or the named ones, e.g. `w1` or `blocks.0.attn`), the
+    /// inputs and the output: what is split, what is replicated, FSDP's gathered
+    /// layout and pipeline stages.
+    Show {
+        file: PathBuf,
+        /// Parameter names or their last parts; `input`, `output`. None: all.
+        names: Vec<String>,
+        #[arg(long, value_parser = parse_mesh)]
+        mesh: Option<MeshArg>,
+        /// Which model, when the file has several `train` declarations.
+        #[arg(long)]
+        model: Option<String>,
+    },
+    /// Train a model on a mesh of virtual devices (or one device per MPI process).
+    Run(RunArgs),
+    /// Language server on stdio (diagnostics on every edit, types on hover).
+    Lsp,
+    /// Feedback-directed optimization files of embedding tables.
+    Fdo {
+        #[command(subcommand)]
+        action: FdoAction,
+    },
+    /// Explain a diagnostic code, e.g. `shardc explain E0203`.
+    Explain { code: Option<String> },
+    /// Format files in place: indentation by nesting, a space after `,` and `:`
+    /// and around `=` `->` and braces, no trailing space, at most one blank line;
+    /// hand-aligned gaps stay. Only whitespace inside lines changes. `-` (or no
+    /// file) formats stdin to stdout. A file that does not parse is left alone.
+    Fmt {
+        files: Vec<PathBuf>,
+        /// Write nothing; list the files that are not formatted and exit 1 if any.
+        #[arg(long)]
+        check: bool,
+    },
+}
+
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let grants = cli.allow_path;
+    match cli.command {
+        Command::Check {
+            files,
+            types,
+            format,
+            strict,
+            no_color,
+            data,
+        } => {
+            let style = if !no_color && std::io::stderr().is_terminal() {
+                Style::Color
+            } else {
+                Style::Plain
+            };
+            check(
+                &files,
+                types,
+                format,
+                &Options {
+                    strict,
+                    data,
+                    grants,
+                    ..Options::default()
+                },
+                style,
+            )
+        }
+        Command::Watch { file, strict } => crate::watch::run(
+            &file,
+            &Options {
+                strict,
+                grants,
+                ..Options::default()
+            },
+        ),
+        Command::Explain { code } => explain(code.as_deref()),
+        Command::Fmt { files, check } => fmt(&files, check),
+        Command::Lsp => crate::lsp::run(),
+        Command::Fdo {
+            action: FdoAction::Show { dir },
+        } => match crate::embed::load(&dir) {
+            Ok((stats, files)) => {
+                out!("{}", crate::embed::render(&stats, &files));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(1)
+            }
+        },
+        Command::Run(args) => run::run(args, grants),
+        Command::Show {
+            file,
+            names,
+            mesh,
+            model,
+        } => show(
+            &grants,
+            &file,
+            &names,
+            mesh.map(|m| m.0).unwrap_or_default(),
+            model.as_deref(),
+        ),
+        Command::Lower { file, mesh } => {
+            lower(&grants, &file, mesh.map(|m| m.0).unwrap_or_default())
+        }
+        Command::Plan { file, mesh, json } => {
+            plan(&grants, &file, mesh.map(|m| m.0).unwrap_or_default(), json)
+        }
+    }
+}
+
+/// `shardc fmt`: exit 0 when all is formatted (or was rewritten), 1 when
+/// `--check` found a file to format, 2 when a file could not be read or written.
+fn fmt(files: &[PathBuf], check: bool) -> ExitCode {
+    use std::io::Read;
+    if files.is_empty() || files.iter().any(|f| f.as_os_str() == "-") {
+        let mut src = String::new();
+        if let Err(e) = std::io::stdin().read_to_string(&mut src) {
+            eprintln!("error: cannot read standard input: {e}");
+            return ExitCode::from(2);
+        }
+        if let Some(errors) = syntax_errors(std::path::Path::new("<stdin>"), &src) {
+            eprint!("{errors}");
+            eprintln!("error: standard input was not formatted: it does not parse");
+            return ExitCode::from(2);
+        }
+        let out = crate::fmt::format(&src);
+        if check {
+            return ExitCode::from(u8::from(out != src));
+        }
+        print!("{out}");
+        return ExitCode::SUCCESS;
+    }
+    let mut code = 0u8;
+    for f in files {
+        let src = match std::fs::read_to_string(f) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("error: cannot read `{}`: {e}", f.display());
+                code = 2;
+                continue;
+            }
+        };
+        // Like rustfmt, leave a file that does not parse alone, and say why.
+        if let Some(errors) = syntax_errors(f, &src) {
+            eprint!("{errors}");
+            eprintln!(
+                "error: `{}` was not formatted: it does not parse",
+                f.display()
+            );
+            code = 2;
+            continue;
+        }
+        let out = crate::fmt::format(&src);
+        if out == src {
+            continue;
+        }
+        if check {
+            out!("{} is not formatted", f.display());
+            code = code.max(1);
+        } else if let Err(e) = std::fs::write(f, &out) {
+            eprintln!("error: cannot write `{}`: {e}", f.display());
+            code = 2;
+        } else {
+            out!("formatted {}", f.display());
+        }
+    }
+    ExitCode::from(code)
+}
+
+/// The rendered syntax error of a source, if it has one (stage 1 of the one
+/// compile path, so it reads exactly as `shardc check` prints it).
+fn syntax_errors(path: &std::path::Path, src: &str) -> Option<String> {
+    let (sources, d) = world::syntax(path, src.to_string());
+    d.map(|d| render::human(&d, &sources, Style::Plain))
+}
+
+fn check(files: &[PathBuf], types: bool, format: Format, opts: &Options, style: Style) -> ExitCode {
+    let mut worst = 0u8;
+    let mut json_out = Vec::new();
+    for f in files {
+        let c = match world::compile(f, opts) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("error: cannot read `{}`: {e}", f.display());
+                worst = 2;
+                continue;
+            }
+        };
+        if c.has_errors() {
+            worst = worst.max(1);
+        }
+        match format {
+            Format::Json => {
+                let diags: Vec<serde_json::Value> = c
+                    .diagnostics
+                    .iter()
+                    .map(|d| render::json(d, &c.sources))
+                    .collect();
+                let mut obj =
+                    serde_json::json!({ "file": f.display().to_string(), "diagnostics": diags });
+                if types {
+                    obj["types"] = serde_json::to_value(&c.checked.types).unwrap_or_default();
+                }
+                json_out.push(obj);
+            }
+            Format::Human => {
+                let mut err = std::io::stderr().lock();
+                for d in &c.diagnostics {
+                    let _ = write!(err, "{}", render::human(d, &c.sources, style));
+                }
+                if types {
+                    out!("{}", types_table(&c));
+                }
+                let _ = writeln!(err, "{}", c.summary(&f.display().to_string()));
+            }
+        }
+    }
+    if format == Format::Json {
+        let v = if json_out.len() == 1 {
+            json_out.remove(0)
+        } else {
+            serde_json::Value::Array(json_out)
+        };
+        outln!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+    }
+    ExitCode::from(worst)
+}
+
+/// The `--types` listing, grouped by layer instance and function.
+pub fn types_table(c: &Compilation) -> String {
+    let mut scopes: Vec<&str> = Vec::new();
+    for t in &c.checked.types {
+        if !scopes.contains(&t.scope.as_str()) {
+            scopes.push(&t.scope);
+        }
+    }
+    let mut out = String::new();
+    for s in scopes {
+        out.push_str(&format!("── {s}\n"));
+        let rows: Vec<_> = c.checked.types.iter().filter(|t| t.scope == s).collect();
+        let nw = rows.iter().map(|t| t.name.len()).max().unwrap_or(0);
+        let tw = rows.iter().map(|t| t.ty.chars().count()).max().unwrap_or(0);
+        for t in rows {
+            let f = c.sources.get(t.span.file);
+            let (line, _) = f.line_col(t.span.start as usize);
+            let at = if t.span.file == c.program.root {
+                format!(":{line}")
+            } else {
+                format!("{}:{line}", f.name)
+            };
+            // Padding by hand: a format width is limited to 65,535.
+            let pad = tw.saturating_sub(t.ty.chars().count());
+            let name_pad = nw.saturating_sub(t.name.len());
+            out.push_str(&format!(
+                "  {:<6} {}{}  {}{}   per device {}",
+                t.kind,
+                t.name,
+                " ".repeat(name_pad),
+                t.ty,
+                " ".repeat(pad),
+                t.local
+            ));
+            if let Some(u) = &t.used_as {
+                out.push_str(&format!("   (gathered for use: {u})"));
+            }
+            out.push_str(&format!("   {at}\n"));
+        }
+    }
+    out
+}
+
+#[derive(Clone, Debug)]
+pub struct MeshArg(Vec<(String, i64)>);
+
+fn parse_mesh(s: &str) -> Result<MeshArg, String> {
+    let mut v = Vec::new();
+    for part in s.split(',').filter(|p| !p.trim().is_empty()) {
+        let (a, n) = part
+            .split_once('=')
+            .ok_or_else(|| format!("`{part}`: write axis=size, e.g. dp=4"))?;
+        let n: i64 = n
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{part}`: the size must be a positive integer"))?;
+        if n < 1 {
+            return Err(format!("`{part}`: the size must be at least 1"));
+        }
+        v.push((a.trim().to_string(), n));
+    }
+    Ok(MeshArg(v))
+}
+
+/// Compile for a command that needs a clean program: checks `--mesh` names and
+/// reports errors (exit 1) or unreadable files (exit 2).
+fn compile_clean(
+    grants: &[PathBuf],
+    file: &std::path::Path,
+    mesh: Vec<(String, i64)>,
+    data: Option<PathBuf>,
+    speak: bool,
+) -> Result<Compilation, ExitCode> {
+    // Every process of a multi-process run compiles the same file; one reports.
+    macro_rules! eprintln {
+        ($($t:tt)*) => {{
+            if speak {
+                std::eprintln!($($t)*);
+            }
+        }};
+    }
+    macro_rules! eprint {
+        ($($t:tt)*) => {{
+            if speak {
+                std::eprint!($($t)*);
+            }
+        }};
+    }
+    let opts = Options {
+        mesh: mesh.clone(),
+        data,
+        grants: grants.to_vec(),
+        ..Options::default()
+    };
+    let c = world::compile(file, &opts).map_err(|e| {
+        eprintln!("error: cannot read `{}`: {e}", file.display());
+        ExitCode::from(2)
+    })?;
+    for (axis, _) in &mesh {
+        if !c.program.meshes.iter().any(|m| m.axis(axis).is_some()) {
+            eprintln!(
+                "error: --mesh names axis `{axis}`, which no mesh in `{}` has",
+                file.display()
+            );
+            return Err(ExitCode::from(2));
+        }
+    }
+    if c.has_errors() {
+        let style = if std::io::stderr().is_terminal() {
+            Style::Color
+        } else {
+            Style::Plain
+        };
+        for d in c.diagnostics.iter().filter(|d| d.is_error()) {
+            eprint!("{}", render::human(d, &c.sources, style));
+        }
+        eprintln!("{}", c.summary(&file.display().to_string()));
+        return Err(ExitCode::from(1));
+    }
+    Ok(c)
+}
+
+mod run;
+pub use run::{Backend, RunArgs};
+
+fn plan(
+    grants: &[PathBuf],
+    file: &std::path::Path,
+    mesh: Vec<(String, i64)>,
+    json: bool,
+) -> ExitCode {
+    let c = match compile_clean(grants, file, mesh, None, true) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    if c.plans.is_empty() {
+        eprintln!(
+            "error: `{}` has no `train` declaration to plan",
+            file.display()
+        );
+        return ExitCode::from(2);
+    }
+    if json {
+        outln!(
+            "{}",
+            serde_json::to_string_pretty(&c.plans).unwrap_or_default()
+        );
+    } else {
+        for p in &c.plans {
+            outln!("{}", crate::plan::render(p, &c.sources));
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+fn show(
+    grants: &[PathBuf],
+    file: &std::path::Path,
+    names: &[String],
+    mesh: Vec<(String, i64)>,
+    model: Option<&str>,
+) -> ExitCode {
+    let c = match compile_clean(grants, file, mesh, None, true) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let prog = match c.settings(model) {
+        Ok((p, ..)) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let text = crate::layout::show(prog, names);
+    if text.is_empty() {
+        let known: Vec<&str> = prog.params.iter().map(|p| p.name.as_str()).collect();
+        eprintln!(
+            "error: `{}` has no parameter named {}; it has {}",
+            prog.model,
+            names
+                .iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(" or "),
+            known.join(", ")
+        );
+        return ExitCode::from(2);
+    }
+    let mesh: Vec<String> = prog.mesh.iter().map(|(a, n)| format!("{a}={n}")).collect();
+    outln!("{} on {}\n", prog.model, mesh.join(", "));
+    out!("{text}");
+    ExitCode::SUCCESS
+}
+
+fn lower(grants: &[PathBuf], file: &std::path::Path, mesh: Vec<(String, i64)>) -> ExitCode {
+    let c = match compile_clean(grants, file, mesh, None, true) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let mut ok = true;
+    for p in &c.programs {
+        out!("{}", p.render(&c.sources));
+        let errs = p.verify();
+        if errs.is_empty() {
+            outln!(
+                "verified: {} ops, {} collectives per step (same sequence on every device)\n",
+                p.nodes.len(),
+                p.collectives().len()
+            );
+        } else {
+            ok = false;
+            for e in errs {
+                outln!("verify error: {e}");
+            }
+        }
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn explain(code: Option<&str>) -> ExitCode {
+    let Some(code) = code else {
+        for c in Code::ALL {
+            outln!("{}  {}", c.as_str(), c.title());
+        }
+        return ExitCode::SUCCESS;
+    };
+    match Code::parse(code) {
+        Some(c) => {
+            out!("{}", c.explanation());
+            ExitCode::SUCCESS
+        }
+        None => {
+            eprintln!("error: unknown diagnostic code `{code}`; `shardc explain` lists them all");
+            ExitCode::from(2)
+        }
+    }
+}

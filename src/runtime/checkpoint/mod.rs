@@ -1,0 +1,472 @@
+//! Checkpoints: global (unsharded) arrays in safetensors plus a JSON manifest,
+//! written to a temporary directory and renamed into place, so a process killed
+//! mid-save leaves the previous checkpoint intact. Global arrays make restoring
+//! onto a different mesh a matter of taking other pieces. Nothing is trusted
+//! blindly: each tensor carries a SHA-256 in the manifest, a save is read back
+//! before older checkpoints are rotated away, and a resume checks the files
+//! against each other and against the program (`verify`).
+
+mod error;
+
+pub use error::{CheckpointError, ParamProblem};
+use safetensors::tensor::{Dtype, TensorView};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Version 2 added the run id and a checksum per tensor.
+pub const FORMAT: &str = "shardc-checkpoint-2";
+
+type Res<T> = Result<T, CheckpointError>;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TensorInfo {
+    pub name: String,
+    pub shape: Vec<usize>,
+    /// The stored layout on the mesh that wrote it, e.g. `f32[784@data, 512]`.
+    pub layout: String,
+    /// SHA-256 of the tensor's stored bytes (little-endian, in the file's dtype).
+    #[serde(default)]
+    pub sha256: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    pub model: String,
+    /// The run series that wrote it: a fresh run draws one, a resumed run keeps
+    /// its checkpoint's. Rotation deletes only its own series' checkpoints.
+    #[serde(default)]
+    pub run: String,
+    /// Steps completed: a resumed run starts with step `step + 1`.
+    pub step: usize,
+    pub seed: u64,
+    /// The random state: every random draw is a pure function of the seed and a
+    /// counter (the step), so the seed and step restore it exactly.
+    #[serde(default)]
+    pub rng: String,
+    /// Training examples consumed so far (step × batch): where the data continues.
+    #[serde(default)]
+    pub data_position: usize,
+    pub mesh: Vec<(String, i64)>,
+    pub dtype: String,
+    pub optimizer: String,
+    pub tensors: Vec<TensorInfo>,
+}
+
+/// Named global arrays: `param/NAME`, `opt_m/NAME`, `opt_v/NAME`.
+pub type Arrays = Vec<(String, Vec<usize>, Vec<f64>)>;
+
+fn step_dir(dir: &Path, step: usize) -> PathBuf {
+    dir.join(format!("step-{step:08}"))
+}
+
+/// A fresh run series' id: distinct for every run started (time, process, a
+/// counter), stable across its resumes.
+pub fn new_run_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut h = Sha256::new();
+    h.update(now.to_le_bytes());
+    h.update(std::process::id().to_le_bytes());
+    h.update(COUNT.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+    hex(&h.finalize()[..8])
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn sha256(b: &[u8]) -> String {
+    hex(&Sha256::digest(b))
+}
+
+/// Write one checkpoint, read it back to verify it, and keep the newest `keep`
+/// of this run series (older ones only; never another series', never one newer
+/// than this, which a fallback resume left behind).
+pub fn save(
+    dir: &Path,
+    keep: usize,
+    manifest: &Manifest,
+    arrays: &Arrays,
+    f64: bool,
+) -> Res<PathBuf> {
+    let werr = |path: &Path, e: &dyn std::fmt::Display| CheckpointError::Write {
+        path: path.to_path_buf(),
+        error: e.to_string(),
+    };
+    std::fs::create_dir_all(dir).map_err(|e| werr(dir, &e))?;
+    // Fault injection for the failed-save test (a full disk, a lost mount).
+    if std::env::var_os("SHARDC_FAULT_SAVE_FAIL").is_some() {
+        return Err(werr(dir, &"injected failure (SHARDC_FAULT_SAVE_FAIL)"));
+    }
+    let tmp = dir.join(format!(
+        ".tmp-step-{:08}-{}",
+        manifest.step,
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(|e| werr(&tmp, &e))?;
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = arrays
+        .iter()
+        .map(|(n, shape, v)| {
+            let b: Vec<u8> = if f64 {
+                v.iter().flat_map(|x| x.to_le_bytes()).collect()
+            } else {
+                v.iter().flat_map(|x| (*x as f32).to_le_bytes()).collect()
+            };
+            (n.clone(), shape.clone(), b)
+        })
+        .collect();
+    let mut manifest = manifest.clone();
+    for t in &mut manifest.tensors {
+        if let Some((_, _, b)) = bytes.iter().find(|(n, _, _)| *n == t.name) {
+            t.sha256 = sha256(b);
+        }
+    }
+    let dtype = if f64 { Dtype::F64 } else { Dtype::F32 };
+    let views: Vec<(String, TensorView)> = bytes
+        .iter()
+        .map(|(n, s, b)| {
+            TensorView::new(dtype, s.clone(), b)
+                .map(|v| (n.clone(), v))
+                .map_err(|e| werr(&tmp, &e))
+        })
+        .collect::<Res<_>>()?;
+    let mut meta = HashMap::new();
+    meta.insert("format".to_string(), FORMAT.to_string());
+    meta.insert("step".to_string(), manifest.step.to_string());
+    let file = tmp.join("tensors.safetensors");
+    safetensors::tensor::serialize_to_file(views, Some(meta), &file)
+        .map_err(|e| werr(&file, &e))?;
+    // Fault injection for the kill-during-save test: hold the half-written state.
+    if let Some(ms) = std::env::var("SHARDC_FAULT_SAVE_PAUSE_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+    let json = serde_json::to_string_pretty(&manifest).map_err(|e| werr(&tmp, &e))?;
+    let mpath = tmp.join("manifest.json");
+    std::fs::write(&mpath, json).map_err(|e| werr(&mpath, &e))?;
+    let dest = step_dir(dir, manifest.step);
+    let _ = std::fs::remove_dir_all(&dest);
+    std::fs::rename(&tmp, &dest).map_err(|e| werr(&dest, &e))?;
+    // Trust what is on the disk, not what was meant to be: read it back.
+    load(&dest)?;
+    // Half-written directories of processes killed mid-save are garbage now
+    // (only ones that hold nothing but a checkpoint's files).
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.filter_map(|e| e.ok()) {
+            if e.file_name().to_string_lossy().starts_with(".tmp-step-") && only_ours(&e.path()) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    let mut older: Vec<(usize, PathBuf)> = list(dir)
+        .into_iter()
+        .filter(|(s, p)| {
+            *s < manifest.step
+                && read_manifest(p).is_ok_and(|m| m.run == manifest.run)
+                && p.join("tensors.safetensors").is_file()
+        })
+        .collect();
+    older.sort();
+    let keep_older = keep.max(1) - 1;
+    while older.len() > keep_older {
+        let (_, p) = older.remove(0);
+        let _ = std::fs::remove_dir_all(p);
+    }
+    Ok(dest)
+}
+
+/// A directory holding nothing but a checkpoint's two files.
+fn only_ours(dir: &Path) -> bool {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    rd.filter_map(|e| e.ok()).all(|e| {
+        let n = e.file_name();
+        e.file_type().is_ok_and(|t| t.is_file())
+            && (n == "tensors.safetensors" || n == "manifest.json")
+    })
+}
+
+/// Complete checkpoints in `dir`, by step (temporary directories are ignored).
+pub fn list(dir: &Path) -> Vec<(usize, PathBuf)> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return vec![];
+    };
+    rd.filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            let step = name.strip_prefix("step-")?.parse::<usize>().ok()?;
+            e.path()
+                .join("manifest.json")
+                .exists()
+                .then(|| (step, e.path()))
+        })
+        .collect()
+}
+
+fn read_manifest(path: &Path) -> Res<Manifest> {
+    let mpath = path.join("manifest.json");
+    let m = crate::files::read_regular(&mpath, 64 << 20).map_err(|e| CheckpointError::Io {
+        path: mpath.clone(),
+        error: e.to_string(),
+    })?;
+    serde_json::from_slice(&m).map_err(|e| CheckpointError::NotManifest {
+        path: mpath,
+        error: e.to_string(),
+    })
+}
+
+/// Read a checkpoint and verify it: its manifest's format and step, every listed
+/// tensor present with its shape and checksum, nothing unlisted.
+pub fn load(path: &Path) -> Res<(Manifest, Arrays)> {
+    let manifest = read_manifest(path)?;
+    if manifest.format != FORMAT {
+        return Err(CheckpointError::Format {
+            path: path.to_path_buf(),
+            found: manifest.format,
+        });
+    }
+    let named = path
+        .file_name()
+        .and_then(|n| n.to_str()?.strip_prefix("step-")?.parse::<usize>().ok());
+    if let Some(named) = named.filter(|n| *n != manifest.step) {
+        return Err(CheckpointError::StepMismatch {
+            path: path.to_path_buf(),
+            named,
+            manifest: manifest.step,
+        });
+    }
+    let file = path.join("tensors.safetensors");
+    let buf = crate::files::read_regular(&file, crate::files::DATA_CAP).map_err(|e| {
+        CheckpointError::Io {
+            path: file.clone(),
+            error: e.to_string(),
+        }
+    })?;
+    let corrupt = |e: &dyn std::fmt::Display| CheckpointError::Corrupt {
+        path: file.clone(),
+        error: e.to_string(),
+    };
+    let st = safetensors::SafeTensors::deserialize(&buf).map_err(|e| corrupt(&e))?;
+    for name in st.names() {
+        if !manifest.tensors.iter().any(|t| t.name == *name) {
+            return Err(CheckpointError::Unlisted {
+                path: file.clone(),
+                tensor: name.to_string(),
+            });
+        }
+    }
+    let mut arrays = Vec::new();
+    for t in &manifest.tensors {
+        let v = st.tensor(&t.name).map_err(|_| CheckpointError::Missing {
+            path: file.clone(),
+            tensor: t.name.clone(),
+        })?;
+        if v.shape() != t.shape.as_slice() {
+            return Err(CheckpointError::Shape {
+                path: file.clone(),
+                tensor: t.name.clone(),
+                file: v.shape().to_vec(),
+                manifest: t.shape.clone(),
+            });
+        }
+        if sha256(v.data()) != t.sha256 {
+            return Err(CheckpointError::Checksum {
+                path: file.clone(),
+                tensor: t.name.clone(),
+            });
+        }
+        let data = crate::arrays::decode_float(&v, &t.name).map_err(|e| corrupt(&e))?;
+        arrays.push((t.name.clone(), t.shape.clone(), data));
+    }
+    Ok((manifest, arrays))
+}
+
+/// A fresh run's claim on its checkpoint directory: refused when the directory
+/// holds another run's checkpoints, unless `overwrite` (then they are deleted).
+/// `root` is the run directory: the checkpoint directory, symlinks resolved,
+/// must stay inside it (or a granted directory).
+pub fn claim(dir: &Path, root: &Path, grants: &[PathBuf], fresh: bool, overwrite: bool) -> Res<()> {
+    std::fs::create_dir_all(dir).map_err(|e| CheckpointError::Write {
+        path: dir.to_path_buf(),
+        error: e.to_string(),
+    })?;
+    if !crate::access::stays_inside(dir, root, grants) {
+        return Err(CheckpointError::Escapes {
+            dir: dir.to_path_buf(),
+        });
+    }
+    if !fresh {
+        return Ok(());
+    }
+    let mut found = list(dir);
+    found.sort();
+    if found.is_empty() {
+        return Ok(());
+    }
+    if !overwrite {
+        return Err(CheckpointError::Foreign {
+            dir: dir.to_path_buf(),
+            steps: found.iter().map(|f| f.0).collect(),
+        });
+    }
+    for (_, p) in found {
+        if only_ours(&p) {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+    Ok(())
+}
+
+/// What to do when the newest checkpoint fails verification.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fallback {
+    /// Refuse, naming the problem (the default).
+    Refuse,
+    /// Warn and resume from the newest checkpoint that passes.
+    NewestValid,
+}
+
+/// Load the newest checkpoint into `cfg`: parameters, optimizer slots, step, run.
+pub fn resume(
+    prog: &crate::spmd::Program,
+    cfg: &mut super::config::Config,
+) -> Result<String, CheckpointError> {
+    resume_with(prog, cfg, Fallback::Refuse)
+}
+
+/// [`resume`], choosing what a failed verification does.
+pub fn resume_with(
+    prog: &crate::spmd::Program,
+    cfg: &mut super::config::Config,
+    fallback: Fallback,
+) -> Result<String, CheckpointError> {
+    let dir = cfg
+        .checkpoint
+        .as_ref()
+        .map(|c| c.dir.clone())
+        .ok_or(CheckpointError::NoBlock)?;
+    let mut all = list(&dir);
+    all.sort();
+    let mut skipped: Vec<(PathBuf, CheckpointError)> = Vec::new();
+    let mut newest_error = None;
+    while let Some((_, path)) = all.pop() {
+        let checked = load(&path).and_then(|(m, a)| {
+            verify::fits(&path, &m, &a, prog, cfg)?;
+            Ok((m, a))
+        });
+        match checked {
+            Ok((m, arrays)) => {
+                verify::apply(&m, arrays, cfg);
+                let mesh: Vec<String> = m.mesh.iter().map(|(a, n)| format!("{a}={n}")).collect();
+                let mut msg = String::new();
+                for (p, e) in &skipped {
+                    msg += &format!("warning: skipped `{}`: {e}\n", p.display());
+                }
+                msg += &format!(
+                    "resuming from `{}` (step {}, saved on {})",
+                    path.display(),
+                    m.step,
+                    mesh.join(", ")
+                );
+                return Ok(msg);
+            }
+            Err(e) if fallback == Fallback::NewestValid => {
+                newest_error.get_or_insert_with(|| e.clone());
+                skipped.push((path, e));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(match newest_error {
+        Some(e) => CheckpointError::NoneValid {
+            dir,
+            newest: Box::new(e),
+        },
+        None => CheckpointError::NoCheckpoint { dir },
+    })
+}
+
+mod verify;
+
+/// `--dump-init`: the initial global parameters, by dotted layer path, as they would
+/// be on any mesh (initialisation does not depend on the layout).
+pub fn dump_init(prog: &crate::spmd::Program, seed: u64, path: &Path) -> Result<usize, String> {
+    let mut arrays: Arrays = Vec::new();
+    for p in &prog.params {
+        let shape: Vec<usize> = p.stored.known_shape();
+        let n: usize = shape.iter().product();
+        let idx: Vec<u64> = (0..n as u64).collect();
+        let v = p.init.values(
+            &p.stored,
+            seed ^ crate::init::hash_str(&p.name),
+            &idx,
+            &prog.bound,
+        );
+        arrays.push((p.name.clone(), shape, v));
+    }
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = arrays
+        .iter()
+        .map(|(n, s, v)| {
+            (
+                n.clone(),
+                s.clone(),
+                v.iter().flat_map(|x| (*x as f32).to_le_bytes()).collect(),
+            )
+        })
+        .collect();
+    let views: Vec<(String, TensorView)> = bytes
+        .iter()
+        .map(|(n, s, b)| {
+            TensorView::new(Dtype::F32, s.clone(), b)
+                .map(|v| (n.clone(), v))
+                .map_err(|e| e.to_string())
+        })
+        .collect::<Result<_, _>>()?;
+    safetensors::tensor::serialize_to_file(views, None, path)
+        .map_err(|e| format!("cannot write `{}`: {e}", path.display()))?;
+    Ok(arrays.len())
+}
+
+/// `--init`: initial parameters from a safetensors file with those names. Every
+/// parameter must be there with its global shape.
+pub fn load_init(
+    prog: &crate::spmd::Program,
+    path: &Path,
+) -> Result<HashMap<String, Vec<f64>>, String> {
+    let buf = crate::files::read_regular(path, crate::files::DATA_CAP)
+        .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+    let st = safetensors::SafeTensors::deserialize(&buf)
+        .map_err(|e| format!("`{}` is not a safetensors file: {e}", path.display()))?;
+    let mut out = HashMap::new();
+    for p in &prog.params {
+        let shape: Vec<usize> = p.stored.known_shape();
+        let v = st.tensor(&p.name).map_err(|_| {
+            format!(
+                "`{}` has no tensor `{}` (shape {shape:?})",
+                path.display(),
+                p.name
+            )
+        })?;
+        if v.shape() != shape.as_slice() {
+            return Err(format!(
+                "tensor `{}` in `{}` has shape {:?}, but the model's is {shape:?}",
+                p.name,
+                path.display(),
+                v.shape()
+            ));
+        }
+        let data = crate::arrays::decode_float(&v, &p.name)?;
+        out.insert(p.name.clone(), data);
+    }
+    Ok(out)
+}
