@@ -20,7 +20,9 @@ impl Topology {
         }
     }
     pub fn devices(&self) -> usize {
-        self.axes.iter().map(|a| a.1).product()
+        self.axes
+            .iter()
+            .fold(1usize, |acc, a| acc.saturating_mul(a.1))
     }
     pub fn size(&self, axis: &str) -> usize {
         self.axes.iter().find(|a| a.0 == axis).map_or(1, |a| a.1)
@@ -64,7 +66,9 @@ impl Topology {
             .filter(|(a, n)| *n > 1 && !used.contains(&a.as_str()) && Some(a.as_str()) != except)
             .map(|a| a.0.clone())
             .collect();
-        let n = axes.iter().map(|a| self.size(a)).product();
+        let n = axes
+            .iter()
+            .fold(1usize, |acc, a| acc.saturating_mul(self.size(a)));
         (axes, n)
     }
 

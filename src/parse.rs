@@ -733,8 +733,9 @@ impl Cx {
         let span = self.span(&p);
         let kind = match p.as_rule() {
             Rule::float => match p.as_str().replace('_', "").parse::<f64>() {
-                Ok(v) => ExprKind::Float(v),
-                Err(_) => {
+                // `1e400` parses as infinity: refused like any unrepresentable literal.
+                Ok(v) if v.is_finite() => ExprKind::Float(v),
+                _ => {
                     return Err(Box::new(Problem::BadLiteral {
                         span,
                         text: p.as_str().into(),

@@ -14,6 +14,9 @@ use std::sync::Arc;
 pub const STDLIB: &[(&str, &str)] = &[("nn", include_str!("../stdlib/nn.shard"))];
 
 /// The most SparseCores a device may declare (real chips have 2 or 4).
+/// The most devices a mesh may have (2^24): every size computed from a mesh
+/// (device counts, per-device shards) stays far from overflowing.
+pub const MAX_DEVICES: i64 = 1 << 24;
 /// Imports nest at most this many files deep (loading recurses along them).
 pub const MAX_IMPORT_DEPTH: usize = 64;
 pub const MAX_SPARSECORES: i64 = 1 << 16;
@@ -583,6 +586,21 @@ fn eval_mesh(
                 }
             }
         }
+    }
+    let devices = axes.iter().fold(1i64, |acc, a| acc.saturating_mul(a.1));
+    if ok && devices > MAX_DEVICES {
+        diags.push(
+            Problem::BadMesh {
+                span: m.name.span,
+                message: format!(
+                    "mesh `{}` has {devices} devices, more than the {MAX_DEVICES} shardc plans for",
+                    m.name.name
+                ),
+                help: Some("the largest machines today have tens of thousands of devices; check the axis sizes".into()),
+            }
+            .diagnostic(),
+        );
+        ok = false;
     }
     ok.then(|| Mesh {
         name: m.name.name.clone(),

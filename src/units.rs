@@ -2,7 +2,7 @@
 //! diagnostics, plans and run reports.
 
 pub fn human_bytes(b: f64) -> String {
-    const U: &[&str] = &["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    const U: &[&str] = &["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"];
     let mut v = b;
     let mut i = 0;
     while v >= 1024.0 && i + 1 < U.len() {

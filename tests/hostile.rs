@@ -205,3 +205,88 @@ fn hostile_sources_get_the_right_answers() {
     assert_eq!(json(&out)["diagnostics"][0]["code"], "E0004", "{out}");
     assert!(out.contains("byte 6"), "{out}");
 }
+
+/// Sizes past every machine are planned as the huge numbers they are and
+/// refused before anything is allocated; limits are diagnostics, not panics.
+#[test]
+fn size_arithmetic_saturates_or_refuses() {
+    let dir = scratch("sizes");
+    let w = |name: &str, text: String| {
+        std::fs::write(dir.join(name), text).expect("write");
+        name.to_string()
+    };
+    let train = |mesh: &str, body: &str, opts: &str| {
+        format!("import nn\nmesh m({mesh})\nmodel C {{\n  a = Dense(6 -> 3)\n  fn forward(x: f32[B@data, 6]) -> f32[B@data, 3] {{ {body} }}\n}}\ntrain C on m {{ data: synthetic(classes: 3), optimizer: sgd(lr: 0.1), {opts} }}\n")
+    };
+    let out = |args: &[&str]| {
+        let o = Command::new(bin())
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .expect("run");
+        let t =
+            String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+        assert!(!t.contains("panicked"), "{args:?}: {t}");
+        (o.status.code(), t)
+    };
+    // 2^32 × 2^32 weights: 64 EiB planned, not 0 B; the run refuses.
+    let big = w(
+        "big.shard",
+        "import nn\nmesh m(data: 2)\nmodel C {\n  a = Dense(4294967296 -> 4294967296)\n  fn forward(x: f32[B@data, 4294967296]) -> f32[B@data, 4294967296] { a(x) }\n}\ntrain C on m { data: synthetic(classes: 3), batch: 8, steps: 1, optimizer: sgd(lr: 0.1) }\n".into(),
+    );
+    let (code, t) = out(&["plan", &big]);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("EiB"), "{t}");
+    let (code, t) = out(&["run", &big, "--out", "r"]);
+    assert_eq!(code, Some(1), "{t}");
+    assert!(t.contains("nothing was allocated"), "{t}");
+    // Option limits, each a coded diagnostic.
+    for (name, text, code) in [
+        (
+            "batch",
+            train("data: 2", "a(x)", "batch: 4611686018427387904, steps: 1"),
+            "E0302",
+        ),
+        (
+            "steps",
+            train("data: 2", "a(x)", "batch: 8, steps: 100000000"),
+            "E0302",
+        ),
+        (
+            "lr",
+            train("data: 2", "a(x)", "batch: 8, steps: 1").replace("lr: 0.1", "lr: 1e400"),
+            "E0002",
+        ),
+        (
+            "dropout",
+            train("data: 2", "a(dropout(x, -1))", "batch: 8, steps: 1"),
+            "E0302",
+        ),
+        (
+            "devices",
+            train(
+                "data: 100000, mp: 100000, pp: 100000",
+                "a(x)",
+                "batch: 100000, steps: 1",
+            ),
+            "E0202",
+        ),
+    ] {
+        let f = w(&format!("{name}.shard"), text);
+        let (c, t) = out(&["check", &f]);
+        assert_eq!(c, Some(1), "{name}: {t}");
+        assert!(t.contains(code), "{name}: {t}");
+    }
+    // Command-line limits.
+    let ok = w("ok.shard", train("data: 2", "a(x)", "batch: 8, steps: 1"));
+    let (c, t) = out(&["run", &ok, "--steps", "18446744073709551615", "--out", "r"]);
+    assert_eq!(c, Some(2), "{t}");
+    assert!(t.contains("steps from 1 to"), "{t}");
+    let wide = w(
+        "wide.shard",
+        train("data: 40000", "a(x)", "batch: 40000, steps: 1"),
+    );
+    let (c, t) = out(&["run", &wide, "--out", "r"]);
+    assert_eq!(c, Some(2), "{t}");
+    assert!(t.contains("virtual mesh runs at most"), "{t}");
+}

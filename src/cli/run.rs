@@ -9,8 +9,8 @@ pub struct RunArgs {
     /// Override mesh axis sizes, e.g. `--mesh dp=2,mp=4` (the checker re-validates).
     #[arg(long, value_parser = parse_mesh)]
     mesh: Option<MeshArg>,
-    /// Steps to train (default: the file's `steps`).
-    #[arg(long)]
+    /// Steps to train (default: the file's `steps`; at most 10,000,000).
+    #[arg(long, value_parser = parse_steps)]
     steps: Option<usize>,
     /// Random seed for initialisation, data and dropout (default: the file's `seed`).
     #[arg(long)]
@@ -72,6 +72,18 @@ pub struct RunArgs {
     #[arg(long)]
     watch: bool,
 }
+
+fn parse_steps(s: &str) -> Result<usize, String> {
+    let max = crate::spec::MAX_STEPS;
+    match s.parse::<u64>() {
+        Ok(n) if (1..=max as u64).contains(&n) => Ok(n as usize),
+        _ => Err(format!("a number of steps from 1 to {max}")),
+    }
+}
+
+/// The most devices the virtual mesh runs (a thread and a copy of the step's
+/// state each); larger meshes check and plan, and run over MPI.
+const MAX_VIRTUAL_DEVICES: i64 = 4096;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -201,7 +213,19 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let devices: i64 = prog.mesh.iter().map(|m| m.1).product();
+    let devices: i64 = prog
+        .mesh
+        .iter()
+        .fold(1i64, |acc, m| acc.saturating_mul(m.1));
+    if backend == Backend::Virtual && devices > MAX_VIRTUAL_DEVICES {
+        if lead {
+            eprintln!(
+                "error: the mesh of `{}` has {devices} devices; the virtual mesh runs at most {MAX_VIRTUAL_DEVICES} (each is a thread of this process). `shardc plan` plans it; `--mesh` runs a smaller one, and `--backend mpi` spreads devices over processes",
+                prog.model
+            );
+        }
+        return ExitCode::from(2);
+    }
     if backend == Backend::Virtual {
         // (Under MPI this was done before MPI started its threads.)
         crate::runtime::mesh::share_cores(devices as usize);

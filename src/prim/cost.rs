@@ -111,12 +111,22 @@ pub fn axis_size(mesh: &[(String, i64)], a: &str) -> i64 {
 }
 
 /// Elements of one device's piece of `t`, when all sizes are known.
+/// The elements of `t` with its sizes bound, as a float: a product of sizes
+/// that would overflow an integer is still the right (huge) number, so a plan
+/// reports it and the run's memory check refuses it.
+pub fn global_numel(t: &TType, bound: &BTreeMap<String, Poly>) -> Option<f64> {
+    t.dims
+        .iter()
+        .map(|d| Some(d.size.substitute(bound)?.as_const()?.max(0) as f64))
+        .product()
+}
+
 pub fn local_numel(
     t: &TType,
     bound: &BTreeMap<String, Poly>,
     axis_size: &dyn Fn(&str) -> i64,
 ) -> Option<f64> {
-    let n = t.numel()?.substitute(bound)?.as_const()? as f64;
+    let n = global_numel(t, bound)?;
     let shards: f64 = t
         .dims
         .iter()
@@ -144,21 +154,20 @@ pub fn bytes(
                 .fold(1i64, |acc, a| acc.saturating_mul(axis_size(a))),
         )
     });
-    let Some(numel) = t.numel().and_then(|n| n.substitute(bound)) else {
-        return Bytes {
+    let numel = t.numel().and_then(|n| n.substitute(bound));
+    match (global_numel(t, bound), numel) {
+        (None, None) => Bytes {
             text: "unknown bytes".into(),
             num: None,
-        };
-    };
-    match numel.as_const() {
-        Some(n) => {
-            let b = n as f64 * t.dtype.bytes() as f64 / shards.max(1) as f64 * factor;
+        },
+        (Some(n), _) => {
+            let b = n * t.dtype.bytes() as f64 / shards.max(1) as f64 * factor;
             Bytes {
                 text: crate::units::human_bytes(b),
                 num: Some(b),
             }
         }
-        None => {
+        (None, Some(numel)) => {
             let per = t.dtype.bytes() as f64 * factor / shards.max(1) as f64;
             let text = if per.fract() == 0.0 && per >= 1.0 {
                 let scaled = numel.mul(&Poly::constant(per as i64)).unwrap_or(numel);

@@ -419,6 +419,19 @@ impl Builder<'_> {
         );
         let o = &t.options;
         let mut batch = o.get("batch").and_then(|v| self.opt_int(v, "batch", 1));
+        if let (Some(b), Some(v)) = (batch, o.get("batch")) {
+            if b > super::MAX_BATCH {
+                self.report(Problem::BadValue {
+                    span: v.span(),
+                    message: format!(
+                        "batch {b} is more than the {} examples a step may hold",
+                        super::MAX_BATCH
+                    ),
+                    help: Some("use a smaller batch, or `accumulate` microbatches".into()),
+                });
+                batch = None;
+            }
+        }
         let mut accumulate = 1;
         if let (Some(b), Some(v)) = (batch, o.get("accumulate")) {
             if let Some(k) = self.opt_int(v, "accumulate", 1) {
@@ -436,7 +449,18 @@ impl Builder<'_> {
             if let Some(v) = o.get(f) {
                 if let Some(n) = self.opt_int(v, f, 1) {
                     let n = usize::try_from(n).unwrap_or(usize::MAX);
-                    if f == "steps" {
+                    if f == "steps" && n > super::MAX_STEPS {
+                        self.report(Problem::BadValue {
+                            span: v.span(),
+                            message: format!(
+                                "{n} steps are more than the {} one run may take",
+                                super::MAX_STEPS
+                            ),
+                            help: Some(
+                                "train in several runs with `checkpoint` and `--resume`".into(),
+                            ),
+                        });
+                    } else if f == "steps" {
                         steps = n;
                     } else {
                         log_every = n;

@@ -97,6 +97,12 @@ pub struct Eval {
     pub steps: usize,
 }
 
+/// The most steps one run takes (per-step bookkeeping is sized by it); longer
+/// trainings resume from checkpoints.
+pub const MAX_STEPS: usize = 10_000_000;
+/// The most examples one step holds.
+pub const MAX_BATCH: i64 = 1 << 31;
+
 /// `checkpoint: { every, keep, dir }`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Checkpoint {
