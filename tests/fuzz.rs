@@ -1,6 +1,10 @@
-//! Robustness: random bytes, token soups, truncations and single-token mutations of
-//! every model must never panic or hang the checker, and every error must carry a
-//! code and a span inside its file.
+//! Robustness: random bytes, token soups, truncations, single-token mutations and
+//! long repetitions of every model and UI test must never panic, abort or hang
+//! the parser, the checker, the planner or the formatter (10 s guard per input),
+//! and every error must carry a code and a span inside its file.
+//!
+//! `cargo test` runs a short campaign; `SHARDC_FUZZ_CASES=N` sets the inputs per
+//! target (`scripts/fuzz.sh` runs long campaigns in release mode).
 
 use proptest::prelude::*;
 use shardc::world::{self, Options};
@@ -8,15 +12,25 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
+/// Inputs per target: `SHARDC_FUZZ_CASES`, or a short run.
+fn cases() -> u32 {
+    std::env::var("SHARDC_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200)
+}
+
+/// The seeds: every model and every UI test (UTF-8 ones).
 fn models() -> Vec<(PathBuf, String)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
-    let mut v: Vec<(PathBuf, String)> = std::fs::read_dir(dir)
-        .expect("models/")
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut v: Vec<(PathBuf, String)> = ["models", "tests/ui"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(root.join(d)).into_iter().flatten())
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "shard"))
-        .map(|p| {
-            let t = std::fs::read_to_string(&p).expect("readable model");
-            (p, t)
+        .filter_map(|p| {
+            let t = std::fs::read_to_string(&p).ok()?;
+            Some((p, t))
         })
         .collect();
     v.sort();
@@ -60,11 +74,15 @@ fn check_robust(path: &Path, text: String) -> Result<(), TestCaseError> {
                     shardc::diag::render::human(d, &c.sources, shardc::diag::render::Style::Plain);
                 let _ = shardc::diag::render::json(d, &c.sources);
             }
+            // The planner, on what checked clean.
+            for p in &c.plans {
+                let _ = shardc::plan::render(p, &c.sources);
+            }
             bad
         });
         let _ = tx.send(r);
     });
-    match rx.recv_timeout(Duration::from_secs(20)) {
+    match rx.recv_timeout(Duration::from_secs(10)) {
         Ok(Ok(bad)) if bad.is_empty() => Ok(()),
         Ok(Ok(bad)) => Err(TestCaseError::fail(format!(
             "bad spans: {bad:?}\ninput:\n{text}"
@@ -167,7 +185,19 @@ fn tokens_of(text: &str) -> Vec<(usize, usize)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// A token repeated thousands of times somewhere in a model: the flat
+    /// chains (`- - - x`, `x + x + …`, `f()()…`) that used to overflow the stack.
+    #[test]
+    fn long_repetitions(which in 0usize..256, at in 0usize..10_000, tok in proptest::sample::select(TOKENS), n in 100usize..20_000) {
+        let ms = models();
+        let (p, t) = &ms[which % ms.len()];
+        let toks = tokens_of(t);
+        let (s, _) = toks[at % toks.len()];
+        let text = format!("{}{}{}", &t[..s], format!("{tok} ").repeat(n), &t[s..]);
+        check_robust(p, text)?;
+    }
 
     #[test]
     fn random_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
@@ -181,7 +211,7 @@ proptest! {
     }
 
     #[test]
-    fn truncated_models(which in 0usize..64, frac in 0.0f64..1.0) {
+    fn truncated_models(which in 0usize..256, frac in 0.0f64..1.0) {
         let ms = models();
         let (p, t) = &ms[which % ms.len()];
         let mut cut = (t.len() as f64 * frac) as usize;
@@ -190,7 +220,7 @@ proptest! {
     }
 
     #[test]
-    fn mutated_models(which in 0usize..64, at in 0usize..10_000, tok in proptest::sample::select(TOKENS), mode in 0u8..3) {
+    fn mutated_models(which in 0usize..256, at in 0usize..10_000, tok in proptest::sample::select(TOKENS), mode in 0u8..3) {
         let ms = models();
         let (p, t) = &ms[which % ms.len()];
         let toks = tokens_of(t);

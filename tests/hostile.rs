@@ -290,3 +290,56 @@ fn size_arithmetic_saturates_or_refuses() {
     assert_eq!(c, Some(2), "{t}");
     assert!(t.contains("virtual mesh runs at most"), "{t}");
 }
+
+/// Files that never end or never answer: a FIFO named like a model or a text
+/// corpus, `/dev/zero`, `/dev/stdin`. Each is refused before it is read.
+#[cfg(unix)]
+#[test]
+fn fifos_and_devices_are_refused_without_reading() {
+    let dir = scratch("fifo");
+    for name in ["fifo.shard", "fifo.txt"] {
+        let ok = Command::new("mkfifo")
+            .arg(dir.join(name))
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("skipped: no mkfifo here");
+            return;
+        }
+    }
+    let model = "import nn\nmesh m(data: 2)\nmodel C {\n  a = Dense(6 -> 3)\n  fn forward(x: f32[B@data, 6]) -> f32[B@data, 3] { a(x) }\n}\n";
+    let cases = [
+        ("import \"fifo.shard\"\n".to_string(), vec![], "E0102"),
+        ("import \"/dev/zero.shard\"\n".to_string(), vec!["--allow-path", "/dev"], "E0102"),
+        (
+            format!("{model}train C on m {{ data: text(path: \"fifo.txt\"), batch: 8, steps: 1, optimizer: sgd(lr: 0.1) }}\n"),
+            vec![],
+            "E0304",
+        ),
+        (
+            format!("{model}train C on m {{ data: text(path: \"/dev/zero\"), batch: 8, steps: 1, optimizer: sgd(lr: 0.1) }}\n"),
+            vec!["--allow-path", "/dev"],
+            "E0304",
+        ),
+        (
+            format!("{model}train C on m {{ data: text(path: \"/dev/stdin\"), batch: 8, steps: 1, optimizer: sgd(lr: 0.1) }}\n"),
+            vec!["--allow-path", "/dev"],
+            "E0304",
+        ),
+    ];
+    for (src, grant, code) in cases {
+        std::fs::write(dir.join("m.shard"), &src).expect("write");
+        let mut args: Vec<&str> = grant.clone();
+        args.extend(["check", "m.shard"]);
+        assert_eq!(run(&args, &dir), Ok(1), "{src}");
+        let o = Command::new(bin())
+            .args(&args)
+            .current_dir(&dir)
+            .stdin(Stdio::piped())
+            .output()
+            .expect("run");
+        let t =
+            String::from_utf8_lossy(&o.stderr).into_owned() + &String::from_utf8_lossy(&o.stdout);
+        assert!(t.contains(code), "{src}: {t}");
+    }
+}
