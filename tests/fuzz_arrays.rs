@@ -274,6 +274,7 @@ proptest! {
         read_guarded(&npy_dir)?;
         read_guarded(&d.join("d.npz"))?;
         read_guarded(&d.join("d.safetensors"))?;
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     /// Generated `.npy` headers with data of the declared length or not, then
@@ -306,6 +307,7 @@ proptest! {
             // Data that does not match the header is never accepted.
             prop_assert!(got.is_none() || !ms.is_empty(), "{:?} with {} bytes was accepted", h, len);
         }
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     /// `.npz` archives of generated entries, mutated at the byte level (sizes
@@ -333,6 +335,7 @@ proptest! {
         std::fs::create_dir_all(&fdo).expect("dir");
         std::fs::write(fdo.join("fdo_stats_0_1.npz"), &bytes).expect("write");
         load_fdo_guarded(&fdo)?;
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     /// Safetensors headers with any dtype, shape and offsets, then mutated.
@@ -348,5 +351,6 @@ proptest! {
         let bytes = mutate(safetensors(dtype, &shape, offsets, &vec![0u8; data_len]), &ms);
         std::fs::write(d.join("d.safetensors"), &bytes).expect("write");
         read_guarded(&d.join("d.safetensors"))?;
+        let _ = std::fs::remove_dir_all(&d);
     }
 }
