@@ -1,9 +1,21 @@
 //! Named arrays on disk: `.safetensors`, `.npz`, and directories of `.npy` files.
-//! One reader for training data, and one decoder of safetensors views shared with
-//! checkpoints and `--init`. Values are held as f64 (exact for integer ids below 2^53).
+//! One reader for training data and FDO statistics, and one decoder of safetensors
+//! views shared with checkpoints and `--init`. Values are held as f64 (exact for
+//! integer ids below 2^53).
+//!
+//! Every reader verifies before it allocates: files are read only if they are
+//! regular files of at most a cap ([`crate::files::read_regular`]), a `.npy`
+//! header's shape must account for exactly the bytes that follow it (checked
+//! arithmetic, [`npy`]), an `.npz` entry's declared size must fit in the archive
+//! before it is read, and safetensors offsets are checked against the buffer by
+//! the `safetensors` crate. A file that lies about its size is an [`ArrayError`]
+//! naming it, never a panic, a huge allocation or a hang.
+
+pub mod npy;
 
 use safetensors::tensor::{Dtype, TensorView};
-use std::path::Path;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Array {
@@ -16,75 +28,398 @@ pub struct Array {
     pub values: Vec<f64>,
 }
 
+/// Why an array file was not read: the file (and, for a directory's `.npy` or an
+/// archive's entry, the member) and the problem.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ArrayError {
+    pub path: PathBuf,
+    /// The `.npy` file of a directory, or the entry of an `.npz` archive.
+    pub member: Option<String>,
+    /// Boxed: a `Result` of this error stays small.
+    pub problem: Box<Problem>,
+}
+
+/// What is wrong with an array file.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Problem {
+    /// It could not be read: missing, not a regular file (a FIFO, a device), too big.
+    Io(String),
+    /// A lone `.npy` names no array.
+    LoneNpy,
+    /// Neither `.safetensors`, `.npz` nor a directory.
+    NotArrays,
+    /// A directory without `.npy` files.
+    EmptyDir,
+    /// Not a zip archive the reader understands.
+    NotNpz(String),
+    /// An archive entry compressed with a method other than "stored".
+    Compressed(String),
+    /// An archive entry declares more bytes than the archive could hold.
+    EntryTooBig {
+        declared: u64,
+        cap: u64,
+    },
+    /// An archive entry ends before its declared size, or fails its checksum.
+    EntryShort {
+        declared: u64,
+        got: u64,
+    },
+    EntryRead(String),
+    /// A `.npy` whose prefix or header is malformed.
+    NotNpy(String),
+    /// An element type shardc does not read.
+    Dtype(String),
+    /// The shape's byte count (None: past 2^128) is not the data's.
+    SizeMismatch {
+        shape: Vec<u64>,
+        dtype: &'static str,
+        declared: Option<u128>,
+        holds: u64,
+    },
+    /// An empty array whose other dimensions multiply past what a file may hold.
+    EmptyTooBig {
+        shape: Vec<u64>,
+        dtype: &'static str,
+    },
+    NotSafetensors(String),
+    /// A tensor of a type shardc does not read.
+    Unsupported(String),
+    /// Two arrays of one name.
+    Duplicate(String),
+}
+
+impl ArrayError {
+    fn new(path: &Path, problem: Problem) -> ArrayError {
+        ArrayError {
+            path: path.to_path_buf(),
+            member: None,
+            problem: Box::new(problem),
+        }
+    }
+    fn member(path: &Path, member: &str, problem: Problem) -> ArrayError {
+        ArrayError {
+            path: path.to_path_buf(),
+            member: Some(member.to_string()),
+            problem: Box::new(problem),
+        }
+    }
+    /// What is wrong, naming the member but not the file (for callers whose
+    /// message names the file already).
+    pub fn reason(&self) -> String {
+        match &self.member {
+            Some(m) => format!("`{m}` {}", self.problem.phrase(true)),
+            None => self.problem.phrase(false),
+        }
+    }
+}
+
+impl std::fmt::Display for ArrayError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.member {
+            Some(_) => write!(f, "`{}`: {}", self.path.display(), self.reason()),
+            None => write!(f, "`{}` {}", self.path.display(), self.problem.phrase(true)),
+        }
+    }
+}
+
+impl std::error::Error for ArrayError {}
+
+impl Problem {
+    /// The problem as a predicate of the file or member (`subject`: it follows its
+    /// name), or standing alone.
+    fn phrase(&self, subject: bool) -> String {
+        let is = |s: &str| {
+            if subject {
+                format!("is {s}")
+            } else {
+                s.to_string()
+            }
+        };
+        match self {
+            Problem::Io(e) if subject => format!("cannot be read: {e}"),
+            Problem::Io(e) => e.clone(),
+            Problem::LoneNpy if subject => "is a single `.npy` file, which holds one unnamed array".into(),
+            Problem::LoneNpy => "a single `.npy` file holds one unnamed array; put `x.npy` and `y.npy` in a directory and name the directory, or use `.npz`".into(),
+            Problem::NotArrays if subject => "is not a `.safetensors` or `.npz` file or a directory of `.npy` files".into(),
+            Problem::NotArrays => "expected a `.safetensors` or `.npz` file, or a directory of `.npy` files".into(),
+            Problem::EmptyDir if subject => "holds no `.npy` files".into(),
+            Problem::EmptyDir => "the directory holds no `.npy` files".into(),
+            Problem::NotNpz(e) => is(&format!("not a readable .npz file ({e})")),
+            Problem::Compressed(m) => is(&format!("compressed ({m}); shardc reads archives as numpy's `savez` writes them (stored), not `savez_compressed`")),
+            Problem::EntryTooBig { declared, cap } => format!(
+                "declares {declared} bytes, more than the {cap} bytes the archive could hold"
+            ),
+            Problem::EntryShort { declared, got } => format!(
+                "declares {declared} bytes, but the archive holds {got} of them"
+            ),
+            Problem::EntryRead(e) => format!("cannot be read from the archive: {e}"),
+            Problem::NotNpy(why) => is(&format!("not a readable .npy file: {why}")),
+            Problem::Dtype(d) => format!(
+                "has the element type `{d}`; shardc reads floats (`<f2`, `<f4`, `<f8`), integers and booleans"
+            ),
+            Problem::SizeMismatch {
+                shape,
+                dtype,
+                declared,
+                holds,
+            } => {
+                let size = match declared {
+                    Some(b) => format!(" = {}", human(*b)),
+                    None => ", more bytes than can be counted".into(),
+                };
+                format!(
+                    "declares shape {} of {dtype}{size}, but the file holds {holds} bytes of data",
+                    tuple(shape)
+                )
+            }
+            Problem::EmptyTooBig { shape, dtype } => format!(
+                "declares shape {} of {dtype}: an empty array whose other dimensions multiply past the {} limit",
+                tuple(shape),
+                human(u128::from(crate::files::DATA_CAP))
+            ),
+            Problem::NotSafetensors(e) => is(&format!("not a safetensors file ({e})")),
+            Problem::Unsupported(e) => e.clone(),
+            Problem::Duplicate(n) => format!("holds two arrays named `{n}`"),
+        }
+    }
+}
+
+/// A shape as Python writes it: `(3, 4)`, `(5,)`, `()`.
+fn tuple(shape: &[u64]) -> String {
+    match shape {
+        [d] => format!("({d},)"),
+        _ => format!(
+            "({})",
+            shape
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// A byte count in decimal units: `120 bytes`, `24 TB`.
+fn human(n: u128) -> String {
+    const UNITS: [&str; 8] = ["kB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB"];
+    if n < 1000 {
+        return format!("{n} bytes");
+    }
+    let mut v = n as f64 / 1000.0;
+    let mut unit = UNITS[0];
+    for u in &UNITS[1..] {
+        if v < 1000.0 {
+            break;
+        }
+        v /= 1000.0;
+        unit = u;
+    }
+    if v < 10.0 {
+        format!("{v:.1} {unit}")
+    } else {
+        format!("{v:.0} {unit}")
+    }
+}
+
+fn io_problem(e: &std::io::Error) -> Problem {
+    Problem::Io(match e.kind() {
+        std::io::ErrorKind::NotFound => "no such file or directory".into(),
+        _ => e.to_string(),
+    })
+}
+
 /// Every array in `path` of a file system: a `.safetensors` or `.npz` file, or
 /// a directory whose `NAME.npy` files are the arrays. Errors say what is wrong
-/// with the file.
+/// with the file (without repeating its name, which the caller's message holds).
 pub fn read(files: &dyn crate::files::Files, path: &Path) -> Result<Vec<Array>, String> {
-    let Some(path) = files.on_disk(path) else {
-        // Only safetensors files are decoded from their bytes.
-        let buf = files.read(path).map_err(|e| io_reason(&e))?;
-        return safetensors_arrays(&buf);
-    };
-    let path = path.as_path();
-    let meta = std::fs::metadata(path).map_err(|e| io_reason(&e))?;
-    if meta.is_dir() {
-        let mut out = Vec::new();
-        let mut entries: Vec<_> = std::fs::read_dir(path)
-            .map_err(|e| io_reason(&e))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "npy"))
-            .collect();
-        entries.sort();
-        if entries.is_empty() {
-            return Err("the directory holds no `.npy` files".into());
-        }
-        for p in entries {
-            let name = p
-                .file_stem()
-                .map(|s| s.to_string_lossy().to_string())
-                .unwrap_or_default();
-            let t = candle_core::Tensor::read_npy(&p).map_err(|e| {
-                format!(
-                    "`{}` is not a readable .npy file: {}",
-                    p.display(),
-                    npy_reason(&e)
-                )
-            })?;
-            out.push(from_tensor(name, &t)?);
-        }
-        return Ok(out);
-    }
+    let disk = files.on_disk(path);
+    let bytes = |p: &Path| files.read(p);
+    read_with(path, disk.as_deref(), &bytes, crate::files::DATA_CAP).map_err(|e| e.reason())
+}
+
+/// Every array in `path` on the disk (as [`read`]), each file at most `cap` bytes.
+pub fn read_file(path: &Path, cap: u64) -> Result<Vec<Array>, ArrayError> {
+    let bytes = |p: &Path| crate::files::read_regular(p, cap);
+    read_with(path, Some(path), &bytes, cap)
+}
+
+type Bytes<'a> = dyn Fn(&Path) -> std::io::Result<Vec<u8>> + 'a;
+
+fn read_with(
+    path: &Path,
+    disk: Option<&Path>,
+    bytes: &Bytes,
+    cap: u64,
+) -> Result<Vec<Array>, ArrayError> {
+    let err = |p| ArrayError::new(path, p);
     let ext = path
         .extension()
         .map(|x| x.to_string_lossy().to_lowercase())
         .unwrap_or_default();
+    if let Some(disk) = disk {
+        // `metadata` does not open the file: a FIFO is not waited on here.
+        let meta = std::fs::metadata(disk).map_err(|e| err(io_problem(&e)))?;
+        if meta.is_dir() {
+            return npy_dir(disk, cap);
+        }
+        match ext.as_str() {
+            "safetensors" | "npz" => {}
+            "npy" => return Err(err(Problem::LoneNpy)),
+            _ => return Err(err(Problem::NotArrays)),
+        }
+    }
+    // Only files on the disk can be directories; others are decoded from bytes.
+    let buf = bytes(path).map_err(|e| err(io_problem(&e)))?;
     match ext.as_str() {
-        "safetensors" => {
-            let buf = files.read(path).map_err(|e| io_reason(&e))?;
-            safetensors_arrays(&buf)
-        }
-        "npz" => {
-            let mut v = candle_core::Tensor::read_npz(path)
-                .map_err(|e| format!("not a readable .npz file ({})", npy_reason(&e)))?;
-            v.sort_by(|a, b| a.0.cmp(&b.0));
-            v.into_iter().map(|(n, t)| from_tensor(n, &t)).collect()
-        }
-        "npy" => Err("a single `.npy` file holds one unnamed array; put `x.npy` and `y.npy` in a directory and name the directory, or use `.npz`".into()),
-        _ => Err("expected a `.safetensors` or `.npz` file, or a directory of `.npy` files".into()),
+        "npz" => npz_arrays(path, &buf, cap),
+        _ => safetensors_arrays(path, &buf),
     }
 }
 
-/// The arrays of a safetensors file's bytes, sorted by name.
-fn safetensors_arrays(buf: &[u8]) -> Result<Vec<Array>, String> {
+/// A directory's `NAME.npy` files, by name.
+fn npy_dir(dir: &Path, cap: u64) -> Result<Vec<Array>, ArrayError> {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| ArrayError::new(dir, io_problem(&e)))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "npy"))
+        .collect();
+    entries.sort();
+    if entries.is_empty() {
+        return Err(ArrayError::new(dir, Problem::EmptyDir));
+    }
+    let mut out = Vec::with_capacity(entries.len());
+    for p in entries {
+        let member = p
+            .file_name()
+            .map(|s| s.to_string_lossy().to_string())
+            .unwrap_or_default();
+        let fail = |problem| ArrayError::member(dir, &member, problem);
+        // A FIFO or device named `x.npy` is refused before it is opened for reading.
+        let buf = crate::files::read_regular(&p, cap).map_err(|e| fail(io_problem(&e)))?;
+        let name = p
+            .file_stem()
+            .map(|s| s.to_string_lossy().to_string())
+            .unwrap_or_default();
+        out.push(npy_array(name, &buf).map_err(fail)?);
+    }
+    Ok(out)
+}
+
+/// One verified `.npy` file's array.
+fn npy_array(name: String, bytes: &[u8]) -> Result<Array, Problem> {
+    let parsed = npy::parse(bytes)?;
+    let shape = parsed
+        .shape
+        .iter()
+        .map(|&d| usize::try_from(d))
+        .collect::<Result<Vec<usize>, _>>()
+        .map_err(|_| Problem::EmptyTooBig {
+            shape: parsed.shape.clone(),
+            dtype: parsed.dtype.name(),
+        })?;
+    Ok(Array {
+        name,
+        shape,
+        int: parsed.dtype.is_int(),
+        dtype: parsed.dtype.name(),
+        values: npy::decode(&parsed),
+    })
+}
+
+/// The arrays of an `.npz` archive's bytes (numpy's `savez`: one stored `NAME.npy`
+/// entry per array), sorted by name. Each entry's declared size is checked
+/// against the archive before it is read, and its `.npy` is verified.
+pub fn npz_arrays(path: &Path, buf: &[u8], cap: u64) -> Result<Vec<Array>, ArrayError> {
+    let mut zip = zip::ZipArchive::new(std::io::Cursor::new(buf))
+        .map_err(|e| ArrayError::new(path, Problem::NotNpz(e.to_string())))?;
+    // Stored entries cannot hold more than the archive.
+    let limit = cap.min(buf.len() as u64);
+    let mut out: Vec<Array> = Vec::new();
+    for i in 0..zip.len() {
+        // The entry's metadata first, without decompressing anything.
+        let (entry, size) = {
+            let raw = zip
+                .by_index_raw(i)
+                .map_err(|e| ArrayError::new(path, Problem::NotNpz(e.to_string())))?;
+            let entry = String::from_utf8_lossy(raw.name_raw()).into_owned();
+            if raw.is_dir() {
+                continue;
+            }
+            if raw.compression() != zip::CompressionMethod::Stored {
+                let m = format!("{:?}", raw.compression()).to_lowercase();
+                return Err(ArrayError::member(path, &entry, Problem::Compressed(m)));
+            }
+            (entry, raw.size())
+        };
+        let fail = |problem| ArrayError::member(path, &entry, problem);
+        if size > limit {
+            return Err(fail(Problem::EntryTooBig {
+                declared: size,
+                cap: limit,
+            }));
+        }
+        let mut file = zip
+            .by_index(i)
+            .map_err(|e| fail(Problem::EntryRead(e.to_string())))?;
+        let mut data = Vec::with_capacity(size as usize);
+        // One byte past the declared size reaches the end, where the checksum is checked.
+        (&mut file)
+            .take(size + 1)
+            .read_to_end(&mut data)
+            .map_err(|e| fail(Problem::EntryRead(e.to_string())))?;
+        if data.len() as u64 != size {
+            return Err(fail(Problem::EntryShort {
+                declared: size,
+                got: data.len() as u64,
+            }));
+        }
+        let name = entry.strip_suffix(".npy").unwrap_or(&entry).to_string();
+        out.push(npy_array(name, &data).map_err(fail)?);
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    if let Some(w) = out.windows(2).find(|w| w[0].name == w[1].name) {
+        return Err(ArrayError::new(path, Problem::Duplicate(w[0].name.clone())));
+    }
+    Ok(out)
+}
+
+/// An `.npz` archive (stored, as numpy's `savez` writes) of one-dimensional int32
+/// arrays, as FDO statistics files hold them.
+pub fn npz_of_i32(arrays: &[(String, Vec<i32>)]) -> Result<Vec<u8>, String> {
+    use std::io::Write;
+    let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let opts =
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    for (name, values) in arrays {
+        let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let bytes = npy::write("<i4", &[values.len()], &data);
+        w.start_file(format!("{name}.npy"), opts)
+            .map_err(|e| e.to_string())?;
+        w.write_all(&bytes).map_err(|e| e.to_string())?;
+    }
+    Ok(w.finish().map_err(|e| e.to_string())?.into_inner())
+}
+
+/// The arrays of a safetensors file's bytes, sorted by name. The `safetensors`
+/// crate checks every tensor's offsets and size against the buffer.
+pub fn safetensors_arrays(path: &Path, buf: &[u8]) -> Result<Vec<Array>, ArrayError> {
+    let err = |p| ArrayError::new(path, p);
     let st = safetensors::SafeTensors::deserialize(buf)
-        .map_err(|e| format!("not a safetensors file ({e})"))?;
+        .map_err(|e| err(Problem::NotSafetensors(e.to_string())))?;
     let mut names: Vec<String> = st.names().into_iter().map(str::to_string).collect();
     names.sort();
     names
         .into_iter()
         .map(|n| {
-            let v = st.tensor(&n).map_err(|e| e.to_string())?;
-            let (values, int, dtype) = decode_any(&v, &n)?;
+            let v = st
+                .tensor(&n)
+                .map_err(|e| err(Problem::NotSafetensors(e.to_string())))?;
+            let (values, int, dtype) =
+                decode_any(&v, &n).map_err(|e| err(Problem::Unsupported(e)))?;
+            let shape: Vec<u64> = v.shape().iter().map(|&d| d as u64).collect();
+            let itemsize = v.dtype().bitsize() / 8;
+            npy::verify_size(&shape, itemsize, dtype, v.data().len() as u64)
+                .map_err(|p| ArrayError::member(path, &n, p))?;
             Ok(Array {
                 shape: v.shape().to_vec(),
                 name: n,
@@ -94,100 +429,6 @@ fn safetensors_arrays(buf: &[u8]) -> Result<Vec<Array>, String> {
             })
         })
         .collect()
-}
-
-fn io_reason(e: &std::io::Error) -> String {
-    match e.kind() {
-        std::io::ErrorKind::NotFound => "no such file or directory".into(),
-        _ => e.to_string(),
-    }
-}
-
-fn npy_reason(e: &candle_core::Error) -> String {
-    // candle wraps the cause in context lines; the first line is the useful one.
-    e.to_string().lines().next().unwrap_or("").to_string()
-}
-
-fn from_tensor(name: String, t: &candle_core::Tensor) -> Result<Array, String> {
-    use candle_core::DType as D;
-    let flat = t.flatten_all().map_err(|e| e.to_string())?;
-    let bad = |e: candle_core::Error| e.to_string();
-    let (values, int, dtype): (Vec<f64>, bool, &'static str) = match t.dtype() {
-        D::U8 => (
-            flat.to_vec1::<u8>()
-                .map_err(bad)?
-                .into_iter()
-                .map(f64::from)
-                .collect(),
-            true,
-            "uint8",
-        ),
-        D::U32 => (
-            flat.to_vec1::<u32>()
-                .map_err(bad)?
-                .into_iter()
-                .map(f64::from)
-                .collect(),
-            true,
-            "uint32",
-        ),
-        D::I16 => (
-            flat.to_vec1::<i16>()
-                .map_err(bad)?
-                .into_iter()
-                .map(f64::from)
-                .collect(),
-            true,
-            "int16",
-        ),
-        D::I32 => (
-            flat.to_vec1::<i32>()
-                .map_err(bad)?
-                .into_iter()
-                .map(f64::from)
-                .collect(),
-            true,
-            "int32",
-        ),
-        D::I64 => (
-            flat.to_vec1::<i64>()
-                .map_err(bad)?
-                .into_iter()
-                .map(|v| v as f64)
-                .collect(),
-            true,
-            "int64",
-        ),
-        D::F32 => (
-            flat.to_vec1::<f32>()
-                .map_err(bad)?
-                .into_iter()
-                .map(f64::from)
-                .collect(),
-            false,
-            "float32",
-        ),
-        D::F64 => (flat.to_vec1::<f64>().map_err(bad)?, false, "float64"),
-        D::F16 | D::BF16 => (
-            flat.to_dtype(D::F64)
-                .and_then(|t| t.to_vec1::<f64>())
-                .map_err(bad)?,
-            false,
-            if t.dtype() == D::F16 {
-                "float16"
-            } else {
-                "bfloat16"
-            },
-        ),
-        other => return Err(format!("array `{name}` has the unsupported type {other:?}")),
-    };
-    Ok(Array {
-        name,
-        shape: t.dims().to_vec(),
-        int,
-        dtype,
-        values,
-    })
 }
 
 /// A safetensors view's values as f64, whether it is stored as a float (F32, F64)

@@ -1,8 +1,10 @@
 //! SparseCore semantics of embedding tables, on the host: MOD partitioning, table
 //! stacking, per-step input statistics, limits with their overflow policies, and
 //! FDO (record, publish to a directory as `.npz`, load merged by maximum, raise the
-//! limits). These follow the JAX SparseCore library where it is well defined; where
-//! it aborts the process, these return data the caller turns into a diagnostic.
+//! limits; files named in the future are ignored and statistics are sanity-checked
+//! before they set limits). These follow the JAX SparseCore library where it is
+//! well defined; where it aborts the process, these return data the caller turns
+//! into a diagnostic.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -521,6 +523,20 @@ const KEYS: [&str; 4] = [
     "id_drop_counters",
 ];
 
+/// The most an FDO statistics file may hold (a few int32 per partition and stack).
+pub const FDO_CAP: u64 = 256 << 20;
+/// How far in the future a file's name may date it: the clocks of a job's hosts
+/// differ a little. Files named later than that are ignored.
+pub const CLOCK_SKEW_NS: u128 = 60_000_000_000;
+/// The largest count a statistics file may hold (they are stored as int32).
+const COUNT_MAX: f64 = i32::MAX as f64;
+
+fn now_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
 impl FdoClient {
     pub fn new(dir: &Path, process: usize) -> FdoClient {
         FdoClient {
@@ -538,15 +554,15 @@ impl FdoClient {
             .merge_max(stats);
     }
 
-    /// Write what was recorded (atomically: a temporary file renamed into place).
+    /// Write what was recorded (atomically, and never through a link planted at
+    /// the file's name: [`crate::files::write_replace`]).
     pub fn publish(&mut self) -> Result<PathBuf, String> {
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| format!("cannot create `{}`: {e}", self.dir.display()))?;
-        let ns = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let name = format!("fdo_stats_{}_{ns}.npz", self.process);
-        let mut tensors = Vec::new();
+        let dest = self
+            .dir
+            .join(format!("fdo_stats_{}_{}.npz", self.process, now_ns()));
+        let mut arrays = Vec::new();
         for (stack, s) in &self.recorded {
             for (key, v) in KEYS.iter().zip([
                 &s.max_ids,
@@ -558,39 +574,74 @@ impl FdoClient {
                     .iter()
                     .map(|x| (*x).clamp(0, i32::MAX as i64) as i32)
                     .collect();
-                let n = data.len();
-                let t = candle_core::Tensor::from_vec(data, n, &candle_core::Device::Cpu)
-                    .map_err(|e| e.to_string())?;
-                tensors.push((format!("{stack}_{key}"), t));
+                arrays.push((format!("{stack}_{key}"), data));
             }
         }
-        let tmp = self.dir.join(format!(".{name}.tmp"));
-        let refs: Vec<(&str, &candle_core::Tensor)> =
-            tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        candle_core::Tensor::write_npz(&refs, &tmp)
-            .map_err(|e| format!("cannot write `{}`: {e}", tmp.display()))?;
-        let dest = self.dir.join(name);
-        std::fs::rename(&tmp, &dest)
-            .map_err(|e| format!("cannot write `{}`: {e}", dest.display()))?;
+        let cannot = |e: String| format!("cannot write `{}`: {e}", dest.display());
+        let bytes = crate::arrays::npz_of_i32(&arrays).map_err(cannot)?;
+        crate::files::write_replace(&dest, &bytes).map_err(|e| cannot(e.to_string()))?;
         Ok(dest)
     }
 }
 
+/// What a run knows its statistics files must look like, per stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Expected {
+    /// The stack's partitions: the length of `max_ids` and `max_unique_ids`.
+    pub partitions: usize,
+    /// The most ids one SparseCore can send a partition in a step (its share of
+    /// the batch times the valency, summed over the stack's features).
+    pub max_ids: Option<i64>,
+}
+
+/// The statistics of a directory of FDO files.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// Per stack, merged by element-wise maximum over the files used.
+    pub stats: BTreeMap<String, Stats>,
+    /// The files used (each process's newest).
+    pub files: Vec<PathBuf>,
+    /// Files passed over, and why: named with a time in the future, or holding
+    /// statistics that fail the sanity checks.
+    pub warnings: Vec<String>,
+    /// Files whose statistics failed the sanity checks. A run keeps its limits
+    /// when any was refused: the merge would miss that process.
+    pub refused: Vec<PathBuf>,
+}
+
 /// The newest file of each process in `dir`, merged by element-wise maximum, per
 /// stack. A directory without FDO files, or an unreadable file, is an error naming it.
-pub fn load(dir: &Path) -> Result<(BTreeMap<String, Stats>, Vec<PathBuf>), String> {
-    load_processes(dir, None)
+pub fn load(dir: &Path) -> Result<Loaded, String> {
+    load_processes(dir, None, &BTreeMap::new())
 }
 
 /// [`load`], taking only the files of processes `0..n` (a run's own processes:
 /// a directory may still hold files that other processes of an earlier run
-/// published, and a run must not inherit their maxima).
+/// published, and a run must not inherit their maxima), and checking each stack
+/// in `expect` against what the run knows of it.
 pub fn load_processes(
     dir: &Path,
     n: Option<usize>,
-) -> Result<(BTreeMap<String, Stats>, Vec<PathBuf>), String> {
+    expect: &BTreeMap<String, Expected>,
+) -> Result<Loaded, String> {
+    load_at(dir, n, expect, now_ns())
+}
+
+/// [`load_processes`] as of `now` (nanoseconds since the epoch): files named
+/// with a time past `now` + [`CLOCK_SKEW_NS`] are ignored with a warning (one
+/// such file would otherwise be every round's newest and override the run's own
+/// output), and each file's statistics are sanity-checked before they are used.
+pub fn load_at(
+    dir: &Path,
+    n: Option<usize>,
+    expect: &BTreeMap<String, Expected>,
+    now: u128,
+) -> Result<Loaded, String> {
     let rd = std::fs::read_dir(dir).map_err(|e| format!("cannot read `{}`: {e}", dir.display()))?;
+    let mut out = Loaded::default();
+    let mut found = 0;
     let mut newest: BTreeMap<String, (u128, PathBuf)> = BTreeMap::new();
+    let mut future: Vec<(PathBuf, u128)> = Vec::new();
     for e in rd.filter_map(|e| e.ok()) {
         let name = e.file_name().to_string_lossy().to_string();
         let Some(rest) = name
@@ -608,6 +659,11 @@ pub fn load_processes(
         if n.is_some_and(|n| process.parse::<usize>().map_or(true, |p| p >= n)) {
             continue;
         }
+        found += 1;
+        if time > now.saturating_add(CLOCK_SKEW_NS) {
+            future.push((e.path(), time - now));
+            continue;
+        }
         let slot = newest
             .entry(process.to_string())
             .or_insert((0, PathBuf::new()));
@@ -615,47 +671,141 @@ pub fn load_processes(
             *slot = (time, e.path());
         }
     }
-    if newest.is_empty() {
+    if found == 0 {
         return Err(format!(
             "`{}` holds no `fdo_stats_*.npz` files",
             dir.display()
         ));
     }
-    let mut merged: BTreeMap<String, Stats> = BTreeMap::new();
-    let mut files = Vec::new();
+    future.sort();
+    for (path, ahead) in future {
+        out.warnings.push(format!(
+            "`{}` is named with a time {} s in the future (more than the {} s allowed for clock skew); ignored",
+            path.display(),
+            ahead / 1_000_000_000,
+            CLOCK_SKEW_NS / 1_000_000_000
+        ));
+    }
     for (_, (_, path)) in newest {
-        let arrays = crate::arrays::read(&crate::files::Disk, &path)
-            .map_err(|e| format!("`{}` is not a readable FDO file: {e}", path.display()))?;
-        let mut per: BTreeMap<String, Stats> = BTreeMap::new();
-        for a in arrays {
-            let Some((stack, key)) = KEYS.iter().find_map(|k| {
-                a.name
-                    .strip_suffix(&format!("_{k}"))
-                    .map(|s| (s.to_string(), *k))
-            }) else {
-                continue;
-            };
-            let v: Vec<i64> = a.values.iter().map(|x| *x as i64).collect();
-            let s = per.entry(stack).or_default();
-            match key {
-                "max_ids" => s.max_ids = v,
-                "max_unique_ids" => s.max_unique_ids = v,
-                "required_buffer_size" => s.required_buffer_size = v,
-                _ => s.id_drop_counters = v,
-            }
-        }
-        if per.is_empty() {
+        let unreadable =
+            |e: String| format!("`{}` is not a readable FDO file: {e}", path.display());
+        let buf =
+            crate::files::read_regular(&path, FDO_CAP).map_err(|e| unreadable(e.to_string()))?;
+        let arrays =
+            crate::arrays::npz_arrays(&path, &buf, FDO_CAP).map_err(|e| unreadable(e.reason()))?;
+        if !arrays.iter().any(|a| a.name.ends_with("_max_ids")) {
             return Err(format!(
                 "`{}` holds no `<stack>_max_ids` arrays",
                 path.display()
             ));
         }
-        for (k, s) in per {
-            merged.entry(k).or_default().merge_max(&s);
+        match file_stats(&arrays, expect) {
+            Ok(per) => {
+                for (k, s) in per {
+                    out.stats.entry(k).or_default().merge_max(&s);
+                }
+                out.files.push(path);
+            }
+            Err(why) => {
+                out.warnings.push(format!(
+                    "`{}` {why}; its statistics are not used, and the limits stay as they were",
+                    path.display()
+                ));
+                out.refused.push(path);
+            }
         }
-        files.push(path);
     }
-    Ok((merged, files))
+    Ok(out)
+}
+
+/// One file's statistics per stack, each sanity-checked: integer counts in
+/// int32's range, one per partition, at most as many distinct ids as ids, not all
+/// zero (a file that claims observations saw at least one id), and within what
+/// the run knows of the stack (`expect`).
+fn file_stats(
+    arrays: &[crate::arrays::Array],
+    expect: &BTreeMap<String, Expected>,
+) -> Result<BTreeMap<String, Stats>, String> {
+    let mut per: BTreeMap<String, Stats> = BTreeMap::new();
+    for a in arrays {
+        let Some((stack, key)) = KEYS.iter().find_map(|k| {
+            a.name
+                .strip_suffix(&format!("_{k}"))
+                .map(|s| (s.to_string(), *k))
+        }) else {
+            continue;
+        };
+        if !a.int || a.shape.len() != 1 {
+            return Err(format!(
+                "stores `{}` as {} of shape {:?}; FDO counts are one-dimensional integers",
+                a.name, a.dtype, a.shape
+            ));
+        }
+        if let Some(v) = a.values.iter().find(|v| !(0.0..=COUNT_MAX).contains(*v)) {
+            return Err(format!(
+                "holds the count {v} in `{}`; counts lie between 0 and {COUNT_MAX}",
+                a.name
+            ));
+        }
+        let v: Vec<i64> = a.values.iter().map(|x| *x as i64).collect();
+        let s = per.entry(stack).or_default();
+        match key {
+            "max_ids" => s.max_ids = v,
+            "max_unique_ids" => s.max_unique_ids = v,
+            "required_buffer_size" => s.required_buffer_size = v,
+            _ => s.id_drop_counters = v,
+        }
+    }
+    for (stack, s) in &per {
+        sane(stack, s, expect.get(stack))?;
+    }
+    Ok(per)
+}
+
+fn sane(stack: &str, s: &Stats, expect: Option<&Expected>) -> Result<(), String> {
+    let p = s.max_ids.len();
+    if p == 0 {
+        return Err(format!("has no `{stack}_max_ids`"));
+    }
+    for (key, v) in [
+        ("max_unique_ids", &s.max_unique_ids),
+        ("id_drop_counters", &s.id_drop_counters),
+    ] {
+        if v.len() != p && !(key == "id_drop_counters" && v.is_empty()) {
+            return Err(format!(
+                "has {p} partitions in `{stack}_max_ids` but {} in `{stack}_{key}`",
+                v.len()
+            ));
+        }
+    }
+    if let Some(i) = (0..p).find(|&i| s.max_unique_ids[i] > s.max_ids[i]) {
+        return Err(format!(
+            "claims {} distinct ids but {} ids in partition {i} of stack `{stack}`",
+            s.max_unique_ids[i], s.max_ids[i]
+        ));
+    }
+    if s.max_ids.iter().all(|&x| x == 0) {
+        return Err(format!(
+            "claims stack `{stack}` saw no ids in any of its {p} partitions (all zero), which would set its limits to the minimum"
+        ));
+    }
+    let Some(e) = expect else {
+        return Ok(());
+    };
+    if p != e.partitions {
+        return Err(format!(
+            "has {p} partitions for stack `{stack}`; the run's stack has {}",
+            e.partitions
+        ));
+    }
+    if let Some(bound) = e.max_ids {
+        if let Some((i, m)) = s.max_ids.iter().enumerate().find(|(_, &m)| m > bound) {
+            return Err(format!(
+                "claims {m} ids in partition {i} of stack `{stack}`, more than one SparseCore sends in a step ({bound})"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `shardc fdo show`: the merged statistics as a table.

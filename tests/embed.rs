@@ -195,7 +195,8 @@ fn fdo_publish_load_round_trip_and_max_merge() {
     std::thread::sleep(std::time::Duration::from_millis(2));
     p0.record("words", &stats(6, 1));
     p0.publish().expect("publish");
-    let (merged, files) = embed::load(&dir).expect("load");
+    let l = embed::load(&dir).expect("load");
+    let (merged, files) = (l.stats, l.files);
     assert_eq!(files.len(), 2);
     assert!(!files.contains(&old));
     let w = &merged["words"];
@@ -212,7 +213,8 @@ fn fdo_publish_load_round_trip_and_max_merge() {
     assert!(shown.contains("stack `words`"), "{shown}");
     // A one-process run takes only process 0's file: process 1's belongs to
     // another run (of more processes) that used this directory before.
-    let (merged, files) = embed::load_processes(&dir, Some(1)).expect("load");
+    let l = embed::load_processes(&dir, Some(1), &Default::default()).expect("load");
+    let (merged, files) = (l.stats, l.files);
     assert_eq!(files.len(), 1);
     assert_eq!(merged["words"].max_ids, vec![6, 9]);
     let _ = std::fs::remove_dir_all(&dir);

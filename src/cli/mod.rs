@@ -183,8 +183,11 @@ pub fn main() -> ExitCode {
         Command::Fdo {
             action: FdoAction::Show { dir },
         } => match crate::embed::load(&dir) {
-            Ok((stats, files)) => {
-                out!("{}", crate::embed::render(&stats, &files));
+            Ok(l) => {
+                for w in &l.warnings {
+                    eprintln!("warning: {w}");
+                }
+                out!("{}", crate::embed::render(&l.stats, &l.files));
                 ExitCode::SUCCESS
             }
             Err(e) => {

@@ -132,6 +132,8 @@ pub fn plan_steps(
         .map(|f| FdoClient::new(&f.dir, host.process));
     // What was recorded so far, for replayed steps (no files then).
     let mut recorded: BTreeMap<String, embed::Stats> = BTreeMap::new();
+    // What statistics files can hold, per stack (their sanity checks).
+    let mut expect: BTreeMap<String, embed::Expected> = BTreeMap::new();
     for (s, slot) in out.iter_mut().enumerate() {
         for (k, (stack, ts)) in stacks.iter().enumerate() {
             let ls: Vec<&LookupRun> = cfg
@@ -157,6 +159,17 @@ pub fn plan_steps(
                 })
                 .collect();
             let layout = cfg.tables[ts[0]].layout;
+            let most: usize = features
+                .iter()
+                .map(|f| {
+                    (f.ids.len() / f.valency.max(1)).div_ceil(layout.sources()) * f.valency.max(1)
+                })
+                .sum();
+            let e = expect.entry(stack.clone()).or_insert(embed::Expected {
+                partitions: features[0].part.n.max(1),
+                max_ids: Some(0),
+            });
+            e.max_ids = e.max_ids.max(Some(most as i64));
             let (stats, keep, exceeded) =
                 embed::preprocess_stack(&features, layout, &mut limits[k], policy[k]).map_err(|e| super::train::RunError {
                     step: Some(s + 1),
@@ -212,16 +225,25 @@ pub fn plan_steps(
             (true, Some(c)) => {
                 let path = c.publish()?;
                 (host.barrier)()?;
-                let loaded = embed::load_processes(&f.dir, Some(host.processes));
+                let loaded = embed::load_processes(&f.dir, Some(host.processes), &expect);
                 (host.barrier)()?;
-                let (merged, files) = loaded?;
+                let l = loaded?;
+                let mut note = format!(
+                    "FDO: published {} ({} file(s) loaded)",
+                    path.display(),
+                    l.files.len()
+                );
+                for w in &l.warnings {
+                    note += &format!("; warning: {w}");
+                }
+                // A refused file leaves every limit as it was.
                 (
-                    merged,
-                    format!(
-                        "FDO: published {} ({} file(s) loaded)",
-                        path.display(),
-                        files.len()
-                    ),
+                    if l.refused.is_empty() {
+                        l.stats
+                    } else {
+                        BTreeMap::new()
+                    },
+                    note,
                 )
             }
             _ => (recorded.clone(), String::new()),
