@@ -7,7 +7,7 @@
 //!
 //! `cargo test` runs 256 cases per target; a long campaign sets the count:
 //! `SHARDC_FUZZ_CASES=100000 cargo test --release --test fuzz_arrays`
-//! (`scripts/fuzz_arrays.sh` runs that, in rounds with fresh seeds).
+//! (`scripts/fuzz.sh` runs that for every fuzz target).
 
 use proptest::prelude::*;
 use shardc::arrays;

@@ -9,7 +9,7 @@
 //! frames of JSON-RPC.
 //!
 //! 256 cases per property; `SHARDC_FUZZ_CASES=N` runs N (a long campaign:
-//! `scripts/fuzz-lsp.sh`, which runs this file in release).
+//! `scripts/fuzz.sh`, which runs every fuzz target in release).
 
 use proptest::prelude::*;
 use proptest::sample::Index;
