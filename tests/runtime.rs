@@ -16,8 +16,7 @@ fn setup_text(
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
     let opts = Options {
         mesh: mesh.iter().map(|(a, n)| (a.to_string(), *n)).collect(),
-        // The checkpoints of these tests go to the system's temporary directory.
-        grants: vec![std::env::temp_dir()],
+        grants: vec![std::env::temp_dir()], // the tests' checkpoint directories
         ..Options::default()
     };
     let c = world::compile_source(&path, text.to_string(), &opts);
@@ -773,8 +772,7 @@ fn resume_onto_a_different_mesh() {
     let straight = train::run(&prog, &cfg, &src, false, &mut |_| {})
         .expect("run")
         .losses;
-    // A second run into the same directory starts from nothing (the first
-    // run's checkpoints would otherwise be the newest to resume).
+    // A second run, from nothing (the first run's checkpoints are newer).
     let _ = std::fs::remove_dir_all(&base);
     cfg.steps = 20;
     train::run(&prog, &cfg, &src, false, &mut |_| {}).expect("run");
