@@ -159,13 +159,15 @@ pub fn output_dir(written: &str, grants: &[PathBuf]) -> Result<PathBuf, Escape> 
 /// or a granted directory: a symlink planted in the run directory must not carry
 /// checkpoint writes and rotation elsewhere.
 pub fn stays_inside(dir: &Path, root: &Path, grants: &[PathBuf]) -> bool {
-    let Ok(real) = std::fs::canonicalize(dir) else {
-        return false;
-    };
-    let roots = std::iter::once(root).chain(grants.iter().map(PathBuf::as_path));
-    roots
-        .filter_map(|r| std::fs::canonicalize(r).ok())
-        .any(|r| real.starts_with(r))
+    // The read side's rule, on the disk: under an allowed directory both as
+    // written and with symlinks resolved.
+    let disk = crate::files::Disk;
+    dir.exists()
+        && Allowed::new(
+            &disk,
+            std::iter::once(root.to_path_buf()).chain(grants.iter().cloned()),
+        )
+        .allows(&disk, dir)
 }
 
 #[cfg(test)]

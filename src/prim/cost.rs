@@ -154,8 +154,10 @@ pub fn bytes(
                 .fold(1i64, |acc, a| acc.saturating_mul(axis_size(a))),
         )
     });
-    let numel = t.numel().and_then(|n| n.substitute(bound));
-    match (global_numel(t, bound), numel) {
+    // Known sizes as a number; otherwise the symbolic product, when there is one.
+    let known = global_numel(t, bound);
+    let symbolic = || t.numel().and_then(|n| n.substitute(bound));
+    match (known, known.is_none().then(symbolic).flatten()) {
         (None, None) => Bytes {
             text: "unknown bytes".into(),
             num: None,
