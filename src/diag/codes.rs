@@ -62,6 +62,7 @@ codes! {
     E0219 => "recursive layer",
     E0220 => "pipeline axis used inside its stages",
     E0221 => "size of a trained model's input not known",
+    E0222 => "count out of range for its dimension",
     E0300 => "unknown or missing field",
     E0301 => "unknown optimizer, schedule, loss or data source",
     E0302 => "invalid option value",

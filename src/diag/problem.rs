@@ -206,6 +206,14 @@ pub enum Problem {
         index: i64,
         rank: usize,
     },
+    /// A count (`top_k`'s `k`) outside 1 to the size of the dim it takes from.
+    CountRange {
+        span: Span,
+        op: String,
+        count: i64,
+        dim: usize,
+        size: String,
+    },
     RecursiveLayer {
         span: Span,
         chain: Vec<String>,
@@ -488,6 +496,8 @@ impl Problem {
             Einsum { span, message } => d(Code::E0217, format!("invalid einsum: {message}"), *span, "here".into())
                 .help("write `\"ab,bc->ac\"`: one letter per dimension, inputs separated by commas, output after `->`"),
             DimIndex { span, index, rank } => d(Code::E0218, format!("dimension {index} is out of range for a tensor of rank {rank}"), *span, format!("valid: {} to {}", -(*rank as i64), *rank as i64 - 1)),
+            CountRange { span, op, count, dim, size } => d(Code::E0222, format!("`{op}` takes {count} elements from dimension {dim}, which has {size}"), *span, format!("valid: 1 to {size}"))
+                .help("take at most the dimension's size, or work along another dimension with `dim:`"),
             RecursiveLayer { span, chain } => d(Code::E0219, "layer contains itself".into(), *span, "instantiated recursively here".into())
                 .note(format!("cycle: {}", chain.join(" → "))),
             Field { span, message, known } => {

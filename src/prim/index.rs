@@ -46,6 +46,13 @@ pub struct Index {
     pub sel: Vec<Sel>,
 }
 
+/// An index or bound: a constant, or a size known in the enclosing layer
+/// (`x[:, 0:HD / 2]` with `HD` a layer parameter).
+fn constant(cx: &mut dyn Rules, x: &crate::ast::DimExpr) -> Option<i64> {
+    cx.const_int(x)
+        .or_else(|| cx.size(x, false).and_then(|(p, _)| p.as_const()))
+}
+
 /// The type of `base[slices]` (`e` the whole indexing expression).
 pub fn rule(cx: &mut dyn Rules, t: &TType, slices: &[Slice], e: &Expr) -> Option<(TType, Index)> {
     if slices.len() > t.rank() {
@@ -62,7 +69,7 @@ pub fn rule(cx: &mut dyn Rules, t: &TType, slices: &[Slice], e: &Expr) -> Option
         let d = &t.dims[i];
         match s {
             Slice::At(x) => {
-                let Some(k) = cx.const_int(x) else {
+                let Some(k) = constant(cx, x) else {
                     cx.report(Problem::BadDim {
                         span: x.span(),
                         expr: "index".into(),
@@ -103,11 +110,11 @@ pub fn rule(cx: &mut dyn Rules, t: &TType, slices: &[Slice], e: &Expr) -> Option
                     continue;
                 }
                 let lo_v = match lo {
-                    Some(x) => cx.const_int(x),
+                    Some(x) => constant(cx, x),
                     None => Some(0),
                 };
                 let hi_v = match hi {
-                    Some(x) => cx.const_int(x),
+                    Some(x) => constant(cx, x),
                     None => d.size.as_const(),
                 };
                 let (Some(l), Some(h)) = (lo_v, hi_v) else {

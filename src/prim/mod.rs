@@ -26,16 +26,20 @@ pub mod docs;
 pub mod kernel;
 pub mod rules;
 
+pub mod along;
 pub mod arith;
 pub mod attention;
 pub mod axis_index;
 pub mod cast;
 pub mod collective;
 pub mod concat;
+pub mod create;
 pub mod cross_entropy;
 pub mod dropout;
 pub mod einsum;
+pub mod elementwise;
 pub mod embed;
+pub mod gather;
 pub mod index;
 pub mod lookup;
 pub mod matmul;
@@ -193,6 +197,10 @@ families! {
     Index(index::Index) => index,
     Cast(cast::Cast) => cast,
     Concat(concat::Concat) => concat,
+    Elementwise(elementwise::Elementwise) => elementwise,
+    Along(along::Along) => along,
+    Gather(gather::Gather) => gather,
+    Create(create::Create) => create,
     Dropout(dropout::Dropout) => dropout,
     OneHot(one_hot::OneHot) => one_hot,
     Embed(embed::Embed) => embed,

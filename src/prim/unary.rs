@@ -8,6 +8,7 @@ use super::rules::{arity, known_named, need_float, Call, Rules, Typed};
 use super::{Def, Forward, Grad, Kind, Primitive, R};
 use crate::types::TType;
 use candle_core::Tensor;
+use std::f64::consts::{FRAC_1_SQRT_2, FRAC_2_SQRT_PI};
 
 const RULE: &str = "elementwise on a float tensor; layout kept; input must be reduced (E0214)";
 
@@ -38,6 +39,12 @@ unary_defs! {
     "sigmoid" "sigmoid({x: f32[4, 6]})",
     "square" "square({x: f32[4, 6]})",
     "abs" "abs({x: f32[4, 6]} + 0.05)",
+    "sin" "sin({x: f32[4, 6]} * 3.0)",
+    "cos" "cos({x: f32[4, 6]} * 3.0)",
+    "softplus" "softplus({x: f32[4, 6]} * 4.0)",
+    "log_sigmoid" "log_sigmoid({x: f32[4, 6]} * 4.0)",
+    "erf" "erf({x: f32[4, 6]})",
+    "gelu_exact" "gelu_exact({x: f32[4, 6]} * 2.0)",
 }
 
 /// Which function.
@@ -54,10 +61,19 @@ pub enum Unary {
     Sigmoid,
     Square,
     Abs,
+    Sin,
+    Cos,
+    /// `log(1 + exp(x))`, computed without overflow.
+    Softplus,
+    /// `log(sigmoid(x)) = -softplus(-x)`.
+    LogSigmoid,
+    Erf,
+    /// GELU with the exact normal CDF: `x * (1 + erf(x / sqrt 2)) / 2`.
+    GeluExact,
 }
 
 impl Unary {
-    const ALL: [Unary; 11] = [
+    const ALL: [Unary; 17] = [
         Unary::Relu,
         Unary::Gelu,
         Unary::Silu,
@@ -69,6 +85,12 @@ impl Unary {
         Unary::Sigmoid,
         Unary::Square,
         Unary::Abs,
+        Unary::Sin,
+        Unary::Cos,
+        Unary::Softplus,
+        Unary::LogSigmoid,
+        Unary::Erf,
+        Unary::GeluExact,
     ];
 }
 
@@ -86,6 +108,17 @@ fn check(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
 
 fn sigmoid(x: &Tensor) -> candle_core::Result<Tensor> {
     x.neg()?.exp()?.affine(1.0, 1.0)?.recip()
+}
+
+/// `max(x, 0) + log(1 + exp(-|x|))`: no overflow for large `|x|`.
+fn softplus(x: &Tensor) -> candle_core::Result<Tensor> {
+    let tail = x.abs()?.neg()?.exp()?.affine(1.0, 1.0)?.log()?;
+    x.relu()?.add(&tail)
+}
+
+/// d/dx erf(x) = 2/√π · exp(−x²).
+fn erf_grad(x: &Tensor) -> candle_core::Result<Tensor> {
+    x.sqr()?.neg()?.exp()?.affine(FRAC_2_SQRT_PI, 0.0)
 }
 
 /// d/dx of candle's tanh-approximated GELU, with the constants in full precision.
@@ -117,6 +150,12 @@ impl Primitive for Unary {
             Unary::Sigmoid => "sigmoid",
             Unary::Square => "square",
             Unary::Abs => "abs",
+            Unary::Sin => "sin",
+            Unary::Cos => "cos",
+            Unary::Softplus => "softplus",
+            Unary::LogSigmoid => "log_sigmoid",
+            Unary::Erf => "erf",
+            Unary::GeluExact => "gelu_exact",
         }
     }
 
@@ -134,6 +173,12 @@ impl Primitive for Unary {
             Unary::Sigmoid => sigmoid(x),
             Unary::Square => x.sqr(),
             Unary::Abs => x.abs(),
+            Unary::Sin => x.sin(),
+            Unary::Cos => x.cos(),
+            Unary::Softplus => softplus(x),
+            Unary::LogSigmoid => x.neg().and_then(|n| softplus(&n)).and_then(|s| s.neg()),
+            Unary::Erf => x.erf(),
+            Unary::GeluExact => x.gelu_erf(),
         };
         Forward::of(y.map_err(ce)?)
     }
@@ -176,6 +221,25 @@ impl Primitive for Unary {
                 .powf(3.0)
                 .and_then(|t| t.affine(-0.5, 0.0))
                 .and_then(|d| ct.mul(&d)),
+            Unary::Sin => x.cos().and_then(|d| ct.mul(&d)),
+            Unary::Cos => x.sin().and_then(|d| d.neg()).and_then(|d| ct.mul(&d)),
+            Unary::Softplus => sigmoid(x).and_then(|d| ct.mul(&d)),
+            // d/dx log σ(x) = 1 − σ(x) = σ(−x)
+            Unary::LogSigmoid => x.neg().and_then(|n| sigmoid(&n)).and_then(|d| ct.mul(&d)),
+            Unary::Erf => erf_grad(x).and_then(|d| ct.mul(&d)),
+            // Φ(x) + x φ(x), Φ the normal CDF and φ its density.
+            Unary::GeluExact => {
+                let cdf = (x * FRAC_1_SQRT_2)
+                    .and_then(|t| t.erf())
+                    .and_then(|t| t.affine(0.5, 0.5));
+                let pdf = x
+                    .sqr()
+                    .and_then(|t| t.affine(-0.5, 0.0))
+                    .and_then(|t| t.exp())
+                    .and_then(|t| t.affine(FRAC_2_SQRT_PI * FRAC_1_SQRT_2 * 0.5, 0.0));
+                cdf.and_then(|c| x.mul(&pdf?)?.add(&c))
+                    .and_then(|d| ct.mul(&d))
+            }
         };
         Ok(vec![Some(d.map_err(ce)?)])
     }

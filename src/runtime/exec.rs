@@ -111,14 +111,40 @@ impl<'a> Exec<'a> {
     pub fn global_indices(&self, t: &TType) -> R<Vec<u64>> {
         crate::init::global_indices(self.comm.topo(), self.rank, t, &self.prog.bound)
     }
+}
 
+/// A forward kernel that failed (an index out of range, a shape the data
+/// broke): why, and the node whose op it ran, so the error can point at the
+/// op's line in the source.
+#[derive(Debug)]
+pub struct OpError {
+    pub node: Option<usize>,
+    pub message: String,
+}
+
+impl OpError {
+    fn general(message: String) -> OpError {
+        OpError {
+            node: None,
+            message,
+        }
+    }
+}
+
+impl From<OpError> for String {
+    fn from(e: OpError) -> String {
+        e.message
+    }
+}
+
+impl Exec<'_> {
     pub fn forward(
         &self,
         params: &[Tensor],
         inputs: &[Tensor],
         dropout_seed: Option<u64>,
-    ) -> R<Tape> {
-        let mut tape = self.empty_tape(params, inputs)?;
+    ) -> Result<Tape, OpError> {
+        let mut tape = self.empty_tape(params, inputs).map_err(OpError::general)?;
         self.forward_range(&mut tape, 0..self.prog.nodes.len(), dropout_seed)?;
         Ok(tape)
     }
@@ -153,7 +179,7 @@ impl<'a> Exec<'a> {
         tape: &mut Tape,
         range: std::ops::Range<usize>,
         dropout_seed: Option<u64>,
-    ) -> R<()> {
+    ) -> Result<(), OpError> {
         for i in range {
             let node = &self.prog.nodes[i];
             let Op::Prim(p) = &node.op else { continue };
@@ -165,7 +191,11 @@ impl<'a> Exec<'a> {
                 .collect();
             let f = p
                 .get()
-                .forward(&self.kernel(i, dropout_seed), &args, &types, &node.ty)?;
+                .forward(&self.kernel(i, dropout_seed), &args, &types, &node.ty)
+                .map_err(|message| OpError {
+                    node: Some(i),
+                    message,
+                })?;
             tape.vals[i] = f.y;
             tape.masks[i] = f.saved;
         }

@@ -160,6 +160,17 @@ impl From<String> for RunError {
     }
 }
 
+impl RunError {
+    /// A kernel's failure in the program of reload `generation`, pointing at its op.
+    pub fn op(e: super::exec::OpError, generation: usize) -> RunError {
+        RunError {
+            message: e.message,
+            node: e.node.map(|i| (i, generation)),
+            ..RunError::default()
+        }
+    }
+}
+
 impl From<&str> for RunError {
     fn from(message: &str) -> RunError {
         message.to_string().into()
@@ -499,7 +510,7 @@ pub fn run_on(
                         let mb = microbatch(j)?;
                         *ex.sparse.keep.borrow_mut() = mb.keep;
                         let y = mb.labels;
-                        let t = ex.forward(&params, &mb.inputs, mb.seed)?;
+                        let t = ex.forward(&params, &mb.inputs, mb.seed).map_err(|e| RunError::op(e, generation))?;
                         let (loss, ct) = loss_fn(cfg.loss, &ex, &t.vals[out_id], out_t, &y, rows, None)?;
                         if !loss.is_finite() {
                             // Every device sees the same loss, so all stop here together.
@@ -638,7 +649,7 @@ pub fn run_on(
                                         super::pipeline::run_chunk(&ex, st, &params, &micro, &loss_of, 1, false)?.loss
                                     }
                                     None => {
-                                        let t = ex.forward(&params, &xs, None)?;
+                                        let t = ex.forward(&params, &xs, None).map_err(|e| RunError::op(e, generation))?;
                                         loss_fn(cfg.loss, &ex, &t.vals[out_id], out_t, &y, rows, None)?.0
                                     }
                                 };

@@ -59,12 +59,15 @@
 ((call_expr function: (ident) @function.builtin)
   (#any-of? @function.builtin
     "relu" "gelu" "silu" "tanh" "exp" "log" "sqrt" "rsqrt" "sigmoid" "square" "abs"
-    "softmax" "log_softmax" "layer_norm" "rms_norm" "sum" "mean" "max" "min" "einsum"
-    "reshape" "transpose" "cast" "stop_gradient" "concat" "dropout" "one_hot" "embed"
-    "lookup" "causal_attention" "softmax_cross_entropy" "repeat" "shard_params" "normal"
-    "truncated_normal" "uniform" "constant" "sgd" "adam" "adamw" "adagrad" "ftrl"
-    "warmup_cosine" "shakespeare_words" "shakespeare_chars" "text" "arrays" "synthetic"
-    "rows"))
+    "sin" "cos" "softplus" "log_sigmoid" "erf" "gelu_exact" "softmax" "log_softmax"
+    "layer_norm" "rms_norm" "sum" "mean" "max" "min" "einsum" "reshape" "transpose"
+    "cast" "stop_gradient" "stack" "concat" "maximum" "minimum" "clamp" "pow" "greater"
+    "greater_equal" "less" "less_equal" "equal" "not_equal" "where" "argmax" "argmin"
+    "top_k" "top_k_indices" "cumsum" "var" "take_along_axis" "scatter_add" "arange"
+    "broadcast_to" "repeat" "dropout" "one_hot" "embed" "lookup" "causal_attention"
+    "softmax_cross_entropy" "repeat" "shard_params" "normal" "truncated_normal"
+    "uniform" "constant" "sgd" "adam" "adamw" "adagrad" "ftrl" "warmup_cosine"
+    "shakespeare_words" "shakespeare_chars" "text" "arrays" "synthetic" "rows"))
 
 ; collectives get a colour of their own: each one is communication.
 ((call_expr function: (ident) @function.macro)
@@ -76,13 +79,17 @@
   (#not-match? @function.call "^[A-Z]")
   (#not-any-of? @function.call
     "relu" "gelu" "silu" "tanh" "exp" "log" "sqrt" "rsqrt" "sigmoid" "square" "abs"
-    "softmax" "log_softmax" "layer_norm" "rms_norm" "sum" "mean" "max" "min" "einsum"
-    "reshape" "transpose" "cast" "stop_gradient" "concat" "dropout" "one_hot" "embed"
-    "lookup" "causal_attention" "softmax_cross_entropy" "repeat" "shard_params" "normal"
-    "truncated_normal" "uniform" "constant" "sgd" "adam" "adamw" "adagrad" "ftrl"
-    "warmup_cosine" "shakespeare_words" "shakespeare_chars" "text" "arrays" "synthetic"
-    "rows" "psum" "pmean" "pmax" "pmin" "reduce" "all_gather" "psum_scatter"
-    "all_to_all" "ppermute" "axis_index"))
+    "sin" "cos" "softplus" "log_sigmoid" "erf" "gelu_exact" "softmax" "log_softmax"
+    "layer_norm" "rms_norm" "sum" "mean" "max" "min" "einsum" "reshape" "transpose"
+    "cast" "stop_gradient" "stack" "concat" "maximum" "minimum" "clamp" "pow" "greater"
+    "greater_equal" "less" "less_equal" "equal" "not_equal" "where" "argmax" "argmin"
+    "top_k" "top_k_indices" "cumsum" "var" "take_along_axis" "scatter_add" "arange"
+    "broadcast_to" "repeat" "dropout" "one_hot" "embed" "lookup" "causal_attention"
+    "softmax_cross_entropy" "repeat" "shard_params" "normal" "truncated_normal"
+    "uniform" "constant" "sgd" "adam" "adamw" "adagrad" "ftrl" "warmup_cosine"
+    "shakespeare_words" "shakespeare_chars" "text" "arrays" "synthetic" "rows" "psum"
+    "pmean" "pmax" "pmin" "reduce" "all_gather" "psum_scatter" "all_to_all" "ppermute"
+    "axis_index"))
 ; /registry
 
 ; bare names with a meaning: `init zeros`, `combiner: sum`, `kind: cuda`

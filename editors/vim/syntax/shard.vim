@@ -23,9 +23,13 @@ syn keyword shardType         f32 f16 bf16 f64 i32 i64 bool
 syn keyword shardCollective   psum pmean pmax pmin reduce all_gather psum_scatter
 syn keyword shardCollective   all_to_all ppermute axis_index
 syn keyword shardBuiltin      relu gelu silu tanh exp log sqrt rsqrt sigmoid square abs
-syn keyword shardBuiltin      softmax log_softmax layer_norm rms_norm sum mean max min
-syn keyword shardBuiltin      einsum reshape transpose cast stop_gradient concat dropout
-syn keyword shardBuiltin      one_hot embed lookup causal_attention
+syn keyword shardBuiltin      sin cos softplus log_sigmoid erf gelu_exact softmax
+syn keyword shardBuiltin      log_softmax layer_norm rms_norm sum mean max min einsum
+syn keyword shardBuiltin      reshape transpose cast stop_gradient stack concat maximum
+syn keyword shardBuiltin      minimum clamp pow greater greater_equal less less_equal
+syn keyword shardBuiltin      equal not_equal where argmax argmin top_k top_k_indices
+syn keyword shardBuiltin      cumsum var take_along_axis scatter_add arange broadcast_to
+syn keyword shardBuiltin      repeat dropout one_hot embed lookup causal_attention
 syn keyword shardBuiltin      softmax_cross_entropy
 " /registry
 
