@@ -1,0 +1,187 @@
+//! The modern models in `models/` (Llama; more as they land): each trains the
+//! same on its own mesh as on a mesh of 1 (gradients at init in f64, the first
+//! ten losses), its f64 gradients match finite differences, and the parts that
+//! make it what it is (RoPE, grouped-query attention) equal a direct
+//! computation. Also: an index out of range at run time stops the run at the
+//! op's line.
+
+mod numerics;
+
+use numerics::*;
+use shardc::runtime::probe::probe;
+use shardc::runtime::train;
+use shardc::world::{self, Options};
+use std::collections::HashMap;
+use std::path::Path;
+
+fn read(file: &str) -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file)).expect("model file")
+}
+
+/// The first ten losses (f32) of a sharded run equal a mesh of 1 to 1e-5
+/// relative, and the gradients at init (f64) to 1e-5 relative per tensor.
+fn matches_one_device(file: &str, text: &str, sharded: &[(&str, i64)], single: &[(&str, i64)]) {
+    let (g8, _) = grads_and_losses_text(file, text, sharded, None, 1, true);
+    let (g1, _) = grads_and_losses_text(file, text, single, None, 1, true);
+    for ((n, a), (_, b)) in g8.iter().zip(&g1) {
+        let r = max_rel(a, b);
+        assert!(r < 1e-5, "{file}: gradient of `{n}` differs by {r:e}");
+        assert!(b.iter().any(|x| *x != 0.0), "`{n}` has an all-zero gradient");
+    }
+    let (_, l8) = grads_and_losses_text(file, text, sharded, None, 10, false);
+    let (_, l1) = grads_and_losses_text(file, text, single, None, 10, false);
+    assert_eq!(l8.len(), 10);
+    for (i, (x, y)) in l8.iter().zip(&l1).enumerate() {
+        assert!(
+            ((x - y) / y).abs() < 1e-5,
+            "{file}: loss {} is {x} on its mesh vs {y} on one device",
+            i + 1
+        );
+    }
+}
+
+/// `text` with each `const NAME = value` line given a new value.
+fn with_consts(text: &str, consts: &[(&str, i64)]) -> String {
+    text.lines()
+        .map(|l| {
+            let hit = consts
+                .iter()
+                .find(|(n, _)| l.starts_with(&format!("const {n} ")));
+            match hit {
+                Some((n, v)) => format!("const {n} = {v}"),
+                None => l.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn llama_matches_one_device() {
+    let file = "models/llama.shard";
+    matches_one_device(file, &read(file), &[("dp", 2), ("tp", 2)], &[("dp", 1), ("tp", 1)]);
+}
+
+#[test]
+fn llama_gradients_match_finite_differences() {
+    // A smaller vocabulary and context, so each of the many runs is quick.
+    let text = with_consts(&read("models/llama.shard"), &[("VOCAB", 64), ("T", 8), ("F", 32)]);
+    finite_differences("models/llama_fd.shard", &text, &[("dp", 2), ("tp", 2)]);
+}
+
+/// The model `forward` of which computes `expr` from the weights `weights`.
+fn program(weights: &str, expr: &str) -> shardc::spmd::Program {
+    let text = format!(
+        "import \"llama_layers.shard\"\nmesh m(tp: 2)\nmodel P {{\n{weights}\n  fn forward() {{\n    reduce({expr})\n  }}\n}}\ntrain P on m {{ batch: 1, steps: 1, optimizer: sgd(lr: 0.1) }}\n"
+    );
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/probe.shard");
+    let c = world::compile_source(&path, text.clone(), &Options::default());
+    assert!(
+        !c.has_errors(),
+        "{text}\n{:?}",
+        c.diagnostics.iter().map(|d| d.message.clone()).collect::<Vec<_>>()
+    );
+    c.programs.into_iter().next().expect("a program")
+}
+
+/// Deterministic values in [-1, 1).
+fn values(n: usize, salt: f64) -> Vec<f64> {
+    (0..n)
+        .map(|i| ((i as f64 + salt) * 0.618_033_988_749_895).fract() * 2.0 - 1.0)
+        .collect()
+}
+
+#[test]
+fn rope_equals_the_rotation_computed_directly() {
+    let (t, n, e) = (5usize, 2usize, 8usize);
+    let prog = program(
+        "  rope = Rope(5, 8)\n  x: f32[1, 5, 2@tp, 8] init normal(1.0)",
+        "rope(x)",
+    );
+    let x = values(t * n * e, 3.0);
+    let params = HashMap::from([("x".to_string(), x.clone())]);
+    let ct = vec![0.0; x.len()];
+    let got = probe(&prog, &params, &[], &ct, candle_core::DType::F64, None).expect("runs");
+    let half = e / 2;
+    for ti in 0..t {
+        for h in 0..n {
+            let at = |i: usize| x[(ti * n + h) * e + i];
+            for i in 0..half {
+                let angle = ti as f64 * 10000f64.powf(-2.0 * i as f64 / e as f64);
+                let (c, s) = (angle.cos(), angle.sin());
+                let want = [at(i) * c - at(i + half) * s, at(i + half) * c + at(i) * s];
+                for (j, w) in [(i, want[0]), (i + half, want[1])] {
+                    let g = got.output[(ti * n + h) * e + j];
+                    assert!((g - w).abs() < 1e-12, "t {ti} head {h} feature {j}: {g} vs {w}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn grouped_query_attention_equals_attention_with_repeated_heads() {
+    // 4 query heads, 2 K/V heads: head h reads K/V head h / 2.
+    let (t, h, kv, e) = (4usize, 4usize, 2usize, 3usize);
+    let gqa = program(
+        "  q: f32[1, 4, 4@tp, 3] init normal(1.0)\n  k: f32[1, 4, 2@tp, 3] init normal(1.0)\n  v: f32[1, 4, 2@tp, 3] init normal(1.0)",
+        "causal_attention(q, repeat(k, 2, dim: 2), repeat(v, 2, dim: 2))",
+    );
+    let mha = program(
+        "  q: f32[1, 4, 4@tp, 3] init normal(1.0)\n  k: f32[1, 4, 4@tp, 3] init normal(1.0)\n  v: f32[1, 4, 4@tp, 3] init normal(1.0)",
+        "causal_attention(q, k, v)",
+    );
+    let q = values(t * h * e, 1.0);
+    let (k, v) = (values(t * kv * e, 2.0), values(t * kv * e, 5.0));
+    let widen = |x: &[f64]| -> Vec<f64> {
+        let mut out = Vec::new();
+        for ti in 0..t {
+            for hi in 0..h {
+                let src = (ti * kv + hi / (h / kv)) * e;
+                out.extend_from_slice(&x[src..src + e]);
+            }
+        }
+        out
+    };
+    let ct = values(t * h * e, 7.0);
+    let run = |prog, k: Vec<f64>, v: Vec<f64>| {
+        let p = HashMap::from([("q".into(), q.clone()), ("k".into(), k), ("v".into(), v)]);
+        probe(prog, &p, &[], &ct, candle_core::DType::F64, None).expect("runs")
+    };
+    let a = run(&gqa, k.clone(), v.clone());
+    let b = run(&mha, widen(&k), widen(&v));
+    assert!(max_rel(&a.output, &b.output) < 1e-12, "outputs differ");
+    // A K/V head's gradient is the sum over the query heads it serves.
+    for (name, (ga, gb)) in ["q", "k", "v"].iter().zip(a.grads.iter().zip(&b.grads)) {
+        let folded: Vec<f64> = if *name == "q" {
+            gb.1.clone()
+        } else {
+            let mut f = vec![0.0; t * kv * e];
+            for ti in 0..t {
+                for hi in 0..h {
+                    for j in 0..e {
+                        f[(ti * kv + hi / (h / kv)) * e + j] += gb.1[(ti * h + hi) * e + j];
+                    }
+                }
+            }
+            f
+        };
+        assert!(max_rel(&ga.1, &folded) < 1e-12, "gradient of `{name}` differs");
+    }
+}
+
+#[test]
+fn an_index_out_of_range_stops_the_run_at_the_ops_line() {
+    let text = "mesh host(data: 2)\n\nmodel Gather {\n  w: f32[6, 4] init normal(0.5)\n  fn forward(x: f32[B@data, 6]) -> f32[B@data, 3] {\n    let i = top_k_indices(x @ w, 3)\n    take_along_axis(x @ w, i + 2, dim: 1)\n  }\n}\n\ntrain Gather on host {\n  data: synthetic(classes: 3)\n  batch: 4, steps: 2, seed: 0\n  loss: softmax_cross_entropy\n  optimizer: sgd(lr: 0.3)\n}\n";
+    let (prog, cfg, src) = setup_text("oob.shard", text, &[], None);
+    let err = match train::run(&prog, &cfg, &src, false, &mut |_| {}) {
+        Ok(_) => panic!("an index 4 or 5 into a dimension of 4 ran"),
+        Err(e) => e,
+    };
+    assert!(err.message.contains("outside dimension 1"), "{}", err.message);
+    let (node, generation) = err.node.expect("the error names its op");
+    assert_eq!(generation, 0);
+    let span = prog.nodes[node].span;
+    let line = text[..span.start as usize].lines().count();
+    assert_eq!(line, 7, "the error points at line {line}, not take_along_axis's");
+}
