@@ -133,8 +133,9 @@ impl Lowering<'_> {
             .and_then(|r| vals.get(r as usize).copied().flatten())
     }
 
-    /// `repeat(count, ...)`: each repetition on the previous one's result, with
-    /// its own parameters; a pipelined stack records each one's node range.
+    /// `repeat(count, ...)`: each repetition on the previous one's result (and
+    /// the same side inputs, the call's other arguments), with its own
+    /// parameters; a pipelined stack records each one's node range.
     fn repeat(
         &mut self,
         body: usize,
@@ -149,7 +150,9 @@ impl Lowering<'_> {
         for i in 0..unrolled {
             let start = self.prog.nodes.len() as Nid;
             self.path.push(format!("{member}.{i}"));
-            let out = self.inline(body, &[cur]);
+            let mut a = vec![cur];
+            a.extend_from_slice(&args[1..]);
+            let out = self.inline(body, &a);
             self.path.pop();
             ranges.push((start, self.prog.nodes.len() as Nid));
             cur = out?;

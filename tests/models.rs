@@ -26,7 +26,10 @@ fn matches_one_device(file: &str, text: &str, sharded: &[(&str, i64)], single: &
     for ((n, a), (_, b)) in g8.iter().zip(&g1) {
         let r = max_rel(a, b);
         assert!(r < 1e-5, "{file}: gradient of `{n}` differs by {r:e}");
-        assert!(b.iter().any(|x| *x != 0.0), "`{n}` has an all-zero gradient");
+        assert!(
+            b.iter().any(|x| *x != 0.0),
+            "`{n}` has an all-zero gradient"
+        );
     }
     let (_, l8) = grads_and_losses_text(file, text, sharded, None, 10, false);
     let (_, l1) = grads_and_losses_text(file, text, single, None, 10, false);
@@ -59,13 +62,21 @@ fn with_consts(text: &str, consts: &[(&str, i64)]) -> String {
 #[test]
 fn llama_matches_one_device() {
     let file = "models/llama.shard";
-    matches_one_device(file, &read(file), &[("dp", 2), ("tp", 2)], &[("dp", 1), ("tp", 1)]);
+    matches_one_device(
+        file,
+        &read(file),
+        &[("dp", 2), ("tp", 2)],
+        &[("dp", 1), ("tp", 1)],
+    );
 }
 
 #[test]
 fn llama_gradients_match_finite_differences() {
     // A smaller vocabulary and context, so each of the many runs is quick.
-    let text = with_consts(&read("models/llama.shard"), &[("VOCAB", 64), ("T", 8), ("F", 32)]);
+    let text = with_consts(
+        &read("models/llama.shard"),
+        &[("VOCAB", 64), ("T", 8), ("F", 32)],
+    );
     finite_differences("models/llama_fd.shard", &text, &[("dp", 2), ("tp", 2)]);
 }
 
@@ -79,7 +90,10 @@ fn program(weights: &str, expr: &str) -> shardc::spmd::Program {
     assert!(
         !c.has_errors(),
         "{text}\n{:?}",
-        c.diagnostics.iter().map(|d| d.message.clone()).collect::<Vec<_>>()
+        c.diagnostics
+            .iter()
+            .map(|d| d.message.clone())
+            .collect::<Vec<_>>()
     );
     c.programs.into_iter().next().expect("a program")
 }
@@ -112,7 +126,10 @@ fn rope_equals_the_rotation_computed_directly() {
                 let want = [at(i) * c - at(i + half) * s, at(i + half) * c + at(i) * s];
                 for (j, w) in [(i, want[0]), (i + half, want[1])] {
                     let g = got.output[(ti * n + h) * e + j];
-                    assert!((g - w).abs() < 1e-12, "t {ti} head {h} feature {j}: {g} vs {w}");
+                    assert!(
+                        (g - w).abs() < 1e-12,
+                        "t {ti} head {h} feature {j}: {g} vs {w}"
+                    );
                 }
             }
         }
@@ -166,7 +183,10 @@ fn grouped_query_attention_equals_attention_with_repeated_heads() {
             }
             f
         };
-        assert!(max_rel(&ga.1, &folded) < 1e-12, "gradient of `{name}` differs");
+        assert!(
+            max_rel(&ga.1, &folded) < 1e-12,
+            "gradient of `{name}` differs"
+        );
     }
 }
 
@@ -178,10 +198,35 @@ fn an_index_out_of_range_stops_the_run_at_the_ops_line() {
         Ok(_) => panic!("an index 4 or 5 into a dimension of 4 ran"),
         Err(e) => e,
     };
-    assert!(err.message.contains("outside dimension 1"), "{}", err.message);
+    assert!(
+        err.message.contains("outside dimension 1"),
+        "{}",
+        err.message
+    );
     let (node, generation) = err.node.expect("the error names its op");
     assert_eq!(generation, 0);
     let span = prog.nodes[node].span;
     let line = text[..span.start as usize].lines().count();
-    assert_eq!(line, 7, "the error points at line {line}, not take_along_axis's");
+    assert_eq!(
+        line, 7,
+        "the error points at line {line}, not take_along_axis's"
+    );
+}
+
+#[test]
+fn repeat_passes_side_inputs_to_every_block() {
+    // Three blocks, each given the same side input `c`: the gradients (through
+    // `c` as well as each block's weights) match finite differences, and the
+    // sharded run equals one device.
+    let file = "tests/ui/repeat_side_inputs.shard";
+    let text = read(file);
+    finite_differences(file, &text, &[("data", 2)]);
+    matches_one_device(file, &text, &[("data", 2)], &[("data", 1)]);
+    let (prog, _, _) = setup_text(file, &text, &[], None);
+    let blocks = prog
+        .params
+        .iter()
+        .filter(|p| p.name.starts_with("blocks."))
+        .count();
+    assert_eq!(blocks, 3, "each repetition has its own weight");
 }

@@ -844,6 +844,16 @@ impl<'p> Checker<'p> {
             Val::Repeat(_, _, Some(a)) => Some(a.clone()),
             _ => None,
         };
+        if let (Some(ax), true) = (&stage_axis, vals.len() > 1) {
+            // Each stage receives one value from the stage before it.
+            self.report(Problem::StageSideInputs {
+                span: vals[1].1,
+                axis: ax.clone(),
+                stack: e.span,
+            });
+            self.sites.pop();
+            return Val::Poison;
+        }
         if let Some(ax) = &stage_axis {
             // A stage holds whole layers: nothing inside may be split over its axis.
             let mut bad: Vec<(Span, String)> = li

@@ -206,6 +206,12 @@ pub enum Problem {
         index: i64,
         rank: usize,
     },
+    /// A `repeat` split into pipeline stages called with more than its input.
+    StageSideInputs {
+        span: Span,
+        axis: String,
+        stack: Span,
+    },
     /// A count (`top_k`'s `k`) outside 1 to the size of the dim it takes from.
     CountRange {
         span: Span,
@@ -496,6 +502,10 @@ impl Problem {
             Einsum { span, message } => d(Code::E0217, format!("invalid einsum: {message}"), *span, "here".into())
                 .help("write `\"ab,bc->ac\"`: one letter per dimension, inputs separated by commas, output after `->`"),
             DimIndex { span, index, rank } => d(Code::E0218, format!("dimension {index} is out of range for a tensor of rank {rank}"), *span, format!("valid: {} to {}", -(*rank as i64), *rank as i64 - 1)),
+            StageSideInputs { span, axis, stack } => d(Code::E0223, format!("a stack pipelined over `{axis}` takes one input"), *span, "a side input".into())
+                .secondary(*stack, "the pipelined stack")
+                .note("each stage receives only the previous stage's output")
+                .help("compute the side input inside the block, or do not pipeline this stack"),
             CountRange { span, op, count, dim, size } => d(Code::E0222, format!("`{op}` takes {count} elements from dimension {dim}, which has {size}"), *span, format!("valid: 1 to {size}"))
                 .help("take at most the dimension's size, or work along another dimension with `dim:`"),
             RecursiveLayer { span, chain } => d(Code::E0219, "layer contains itself".into(), *span, "instantiated recursively here".into())
