@@ -478,15 +478,16 @@ fn accumulated_gradient_equals_full_batch_gradient() {
 /// optax.warmup_cosine_decay_schedule(init, peak, warmup, decay_steps, end).
 #[test]
 fn warmup_cosine_matches_optax() {
-    use shardc::spec::Schedule;
-    let s = Schedule::WarmupCosine {
-        init: 1e-7,
-        peak: 3e-4,
-        warmup: 100,
-        decay: 1000,
-        end: 3e-5,
-    };
-    let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 + 1e-9 * b.abs();
+    let s = schedule(
+        "warmup_cosine",
+        &[
+            ("init", 1e-7),
+            ("peak", 3e-4),
+            ("warmup", 100.0),
+            ("decay", 1000.0),
+            ("end", 3e-5),
+        ],
+    );
     assert!(close(s.at(0), 1e-7));
     assert!(close(s.at(50), 1e-7 + (3e-4 - 1e-7) * 0.5));
     assert!(close(s.at(100), 3e-4));
@@ -494,6 +495,52 @@ fn warmup_cosine_matches_optax() {
     assert!(close(s.at(550), 3e-5 + (3e-4 - 3e-5) * 0.5));
     assert!(close(s.at(1000), 3e-5));
     assert!(close(s.at(5000), 3e-5));
+}
+
+fn schedule(name: &str, args: &[(&str, f64)]) -> shardc::spec::Schedule {
+    shardc::spec::Schedule::build(name, &|k: &str| args.iter().find(|a| a.0 == k).map(|a| a.1))
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-12 + 1e-9 * b.abs()
+}
+
+/// Linear, constant and warmup-stable-decay schedules, and inverse square root.
+#[test]
+fn schedules_follow_their_formulas() {
+    let lin = schedule(
+        "warmup_linear",
+        &[
+            ("init", 0.0),
+            ("peak", 1e-3),
+            ("warmup", 10.0),
+            ("decay", 110.0),
+            ("end", 1e-4),
+        ],
+    );
+    assert!(close(lin.at(5), 5e-4));
+    assert!(close(lin.at(10), 1e-3));
+    assert!(close(lin.at(60), 1e-3 + (1e-4 - 1e-3) * 0.5));
+    assert!(close(lin.at(500), 1e-4));
+    let flat = schedule("warmup_constant", &[("peak", 2e-3), ("warmup", 4.0)]);
+    assert!(close(flat.at(1), 5e-4));
+    assert!(close(flat.at(4), 2e-3) && close(flat.at(10_000), 2e-3));
+    let wsd = schedule(
+        "wsd",
+        &[
+            ("peak", 1e-3),
+            ("warmup", 10.0),
+            ("stable", 80.0),
+            ("decay", 10.0),
+            ("end", 0.0),
+        ],
+    );
+    assert!(close(wsd.at(10), 1e-3) && close(wsd.at(89), 1e-3));
+    assert!(close(wsd.at(95), 5e-4));
+    assert!(close(wsd.at(100), 0.0) && close(wsd.at(200), 0.0));
+    let isq = schedule("inverse_sqrt", &[("peak", 1e-3), ("warmup", 100.0)]);
+    assert!(close(isq.at(50), 5e-4) && close(isq.at(100), 1e-3));
+    assert!(close(isq.at(400), 5e-4));
 }
 
 /// Clipping by global norm: with a tiny limit the update is the clipped gradient.

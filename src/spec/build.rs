@@ -241,7 +241,13 @@ impl Builder<'_> {
                     if k.name == "lr" {
                         if let OptValue::Expr(le) = val {
                             if matches!(le.kind, ExprKind::Call(..) | ExprKind::Name(_)) {
-                                self.check_choice(val, "learning-rate schedule", Schedule::NAMES);
+                                if let Some(s) = self.check_choice(
+                                    val,
+                                    "learning-rate schedule",
+                                    Schedule::NAMES,
+                                ) {
+                                    self.check_schedule(s, le);
+                                }
                                 continue;
                             }
                         }
@@ -273,7 +279,9 @@ impl Builder<'_> {
                         }
                         continue;
                     }
-                    if ["vocab", "seq", "warmup", "decay", "classes"].contains(&k.name.as_str()) {
+                    if ["vocab", "seq", "warmup", "decay", "stable", "classes"]
+                        .contains(&k.name.as_str())
+                    {
                         self.opt_int(val, &k.name, 1);
                     } else {
                         let nonneg_ok = [
@@ -311,6 +319,26 @@ impl Builder<'_> {
         Some(name)
     }
 
+    /// A schedule's required arguments are present (`check_choice` checks
+    /// each value).
+    fn check_schedule(&mut self, name: &str, e: &Expr) {
+        let args = named_args(e);
+        for k in Schedule::required(name) {
+            if !args.iter().any(|a| a.0 == *k) {
+                self.report(Problem::NamedArg {
+                    span: e.span,
+                    callee: name.into(),
+                    name: k.to_string(),
+                    known: Schedule::required(name)
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect(),
+                    missing: true,
+                });
+            }
+        }
+    }
+
     /// A checked optimizer expression as a typed value (defaults for what it
     /// leaves out).
     fn optimizer(&self, name: &str, e: &Expr) -> Optimizer {
@@ -324,25 +352,10 @@ impl Builder<'_> {
         let lr = match args.iter().find(|a| a.0 == "lr").map(|a| a.1) {
             None => Schedule::Constant(1e-3),
             Some(v) => match v.as_call() {
-                Some(("warmup_cosine", a)) => {
-                    let g = |n: &str| {
-                        a.iter()
-                            .find(|x| x.0 == n)
-                            .and_then(|x| num(x.1))
-                            .unwrap_or(0.0)
-                    };
-                    Schedule::WarmupCosine {
-                        init: g("init"),
-                        peak: g("peak"),
-                        warmup: g("warmup") as usize,
-                        decay: g("decay") as usize,
-                        end: g("end"),
-                    }
-                }
-                Some(("constant", a)) => {
-                    Schedule::Constant(a.first().and_then(|x| num(x.1)).unwrap_or(1e-3))
-                }
-                _ => Schedule::Constant(num(v).unwrap_or(1e-3)),
+                Some((name, a)) => Schedule::build(name, &|k: &str| {
+                    a.iter().find(|x| x.0 == k).and_then(|x| num(x.1))
+                }),
+                None => Schedule::Constant(num(v).unwrap_or(1e-3)),
             },
         };
         let (b1, b2, eps) = (get("b1", 0.9), get("b2", 0.999), get("eps", 1e-8));

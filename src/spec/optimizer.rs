@@ -2,17 +2,37 @@
 //! its hyperparameters, and the state it keeps per parameter. The steps
 //! themselves live in `runtime::optim`, one implementation per kind.
 
+/// How a warmed-up schedule decays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decay {
+    Linear,
+    Cosine,
+    /// No decay: the peak holds.
+    Constant,
+}
+
 /// A learning-rate schedule.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Schedule {
     Constant(f64),
-    /// optax.warmup_cosine_decay_schedule
-    WarmupCosine {
+    /// Linear warm-up from `init` to `peak` over steps `0..warmup`, `peak`
+    /// held until step `stable`, then a `shape` decay reaching `end` at step
+    /// `end_step` (and `end` after it). `warmup_cosine` is optax's
+    /// `warmup_cosine_decay_schedule` (`stable = warmup`, `end_step = decay`).
+    Warmup {
         init: f64,
         peak: f64,
         warmup: usize,
-        decay: usize,
+        stable: usize,
+        end_step: usize,
         end: f64,
+        shape: Decay,
+    },
+    /// Linear warm-up from 0 to `peak` over `warmup` steps, then
+    /// `peak · sqrt(warmup / step)` (the Transformer's and fairseq's).
+    InverseSqrt {
+        peak: f64,
+        warmup: usize,
     },
 }
 
@@ -20,16 +40,28 @@ impl std::fmt::Display for Schedule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Schedule::Constant(v) => write!(f, "{v:e}"),
-            Schedule::WarmupCosine {
+            Schedule::Warmup {
                 init,
                 peak,
                 warmup,
-                decay,
+                stable,
+                end_step,
                 end,
-            } => write!(
-                f,
-                "warmup_cosine({init:e} → {peak:e} in {warmup}, → {end:e} by {decay})"
-            ),
+                shape,
+            } => {
+                write!(f, "warmup({init:e} → {peak:e} in {warmup}")?;
+                if stable > warmup {
+                    write!(f, ", held to {stable}")?;
+                }
+                match shape {
+                    Decay::Constant => write!(f, ")"),
+                    Decay::Linear => write!(f, ", linear → {end:e} by {end_step})"),
+                    Decay::Cosine => write!(f, ", cosine → {end:e} by {end_step})"),
+                }
+            }
+            Schedule::InverseSqrt { peak, warmup } => {
+                write!(f, "inverse_sqrt({peak:e} after {warmup})")
+            }
         }
     }
 }
@@ -38,24 +70,82 @@ impl Schedule {
     pub const NAMES: &'static [(&'static str, &'static [&'static str])] = &[
         ("constant", &["value"]),
         ("warmup_cosine", &["init", "peak", "warmup", "decay", "end"]),
+        ("warmup_linear", &["init", "peak", "warmup", "decay", "end"]),
+        ("warmup_constant", &["init", "peak", "warmup"]),
+        ("inverse_sqrt", &["peak", "warmup"]),
+        ("wsd", &["init", "peak", "warmup", "stable", "decay", "end"]),
     ];
+
+    /// The arguments a schedule cannot do without.
+    pub fn required(name: &str) -> &'static [&'static str] {
+        match name {
+            "constant" => &["value"],
+            "inverse_sqrt" => &["peak", "warmup"],
+            "warmup_constant" => &["peak", "warmup"],
+            "wsd" => &["peak", "warmup", "stable", "decay"],
+            _ => &["peak", "warmup", "decay"],
+        }
+    }
+
+    /// The schedule `name` from its arguments (`get`: a named argument's value).
+    pub fn build(name: &str, get: &dyn Fn(&str) -> Option<f64>) -> Schedule {
+        let n = |k: &str| get(k).unwrap_or(0.0);
+        let steps = |k: &str| get(k).map_or(0, |v| v.max(0.0) as usize);
+        let warmup = steps("warmup");
+        let (init, peak, end) = (n("init"), n("peak"), n("end"));
+        let warm = |stable: usize, end_step: usize, shape: Decay| Schedule::Warmup {
+            init,
+            peak,
+            warmup,
+            stable,
+            end_step,
+            end,
+            shape,
+        };
+        match name {
+            "constant" => Schedule::Constant(get("value").unwrap_or(1e-3)),
+            "warmup_linear" => warm(warmup, steps("decay"), Decay::Linear),
+            "warmup_constant" => warm(usize::MAX, usize::MAX, Decay::Constant),
+            "inverse_sqrt" => Schedule::InverseSqrt { peak, warmup },
+            "wsd" => {
+                let stable = warmup.saturating_add(steps("stable"));
+                warm(stable, stable.saturating_add(steps("decay")), Decay::Linear)
+            }
+            _ => warm(warmup, steps("decay"), Decay::Cosine),
+        }
+    }
 
     pub fn at(&self, step: usize) -> f64 {
         match *self {
             Schedule::Constant(v) => v,
-            Schedule::WarmupCosine {
+            Schedule::Warmup {
                 init,
                 peak,
                 warmup,
-                decay,
+                stable,
+                end_step,
                 end,
+                shape,
             } => {
                 if step < warmup {
-                    init + (peak - init) * step as f64 / warmup.max(1) as f64
+                    return init + (peak - init) * step as f64 / warmup.max(1) as f64;
+                }
+                let from = stable.max(warmup);
+                if step < from || shape == Decay::Constant {
+                    return peak;
+                }
+                let span = end_step.saturating_sub(from).max(1) as f64;
+                let t = ((step - from) as f64 / span).min(1.0);
+                match shape {
+                    Decay::Linear => peak + (end - peak) * t,
+                    _ => end + (peak - end) * 0.5 * (1.0 + (std::f64::consts::PI * t).cos()),
+                }
+            }
+            Schedule::InverseSqrt { peak, warmup } => {
+                if step < warmup {
+                    peak * step as f64 / warmup as f64
                 } else {
-                    let span = decay.saturating_sub(warmup).max(1) as f64;
-                    let t = ((step - warmup) as f64 / span).min(1.0);
-                    end + (peak - end) * 0.5 * (1.0 + (std::f64::consts::PI * t).cos())
+                    peak * (warmup.max(1) as f64 / step.max(1) as f64).sqrt()
                 }
             }
         }

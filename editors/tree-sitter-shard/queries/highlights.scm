@@ -67,7 +67,8 @@
     "broadcast_to" "repeat" "dropout" "one_hot" "embed" "lookup" "causal_attention"
     "softmax_cross_entropy" "repeat" "shard_params" "normal" "truncated_normal"
     "uniform" "constant" "sgd" "adam" "adamw" "adagrad" "ftrl" "warmup_cosine"
-    "shakespeare_words" "shakespeare_chars" "text" "arrays" "synthetic" "rows"))
+    "warmup_linear" "warmup_constant" "inverse_sqrt" "wsd" "shakespeare_words"
+    "shakespeare_chars" "text" "arrays" "synthetic" "rows"))
 
 ; collectives get a colour of their own: each one is communication.
 ((call_expr function: (ident) @function.macro)
@@ -87,9 +88,9 @@
     "broadcast_to" "repeat" "dropout" "one_hot" "embed" "lookup" "causal_attention"
     "softmax_cross_entropy" "repeat" "shard_params" "normal" "truncated_normal"
     "uniform" "constant" "sgd" "adam" "adamw" "adagrad" "ftrl" "warmup_cosine"
-    "shakespeare_words" "shakespeare_chars" "text" "arrays" "synthetic" "rows" "psum"
-    "pmean" "pmax" "pmin" "reduce" "all_gather" "psum_scatter" "all_to_all" "ppermute"
-    "axis_index"))
+    "warmup_linear" "warmup_constant" "inverse_sqrt" "wsd" "shakespeare_words"
+    "shakespeare_chars" "text" "arrays" "synthetic" "rows" "psum" "pmean" "pmax" "pmin"
+    "reduce" "all_gather" "psum_scatter" "all_to_all" "ppermute" "axis_index"))
 ; /registry
 
 ; bare names with a meaning: `init zeros`, `combiner: sum`, `kind: cuda`

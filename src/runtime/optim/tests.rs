@@ -11,13 +11,13 @@ use candle_core::Device;
 #[test]
 fn fused_steps_equal_composed_steps() {
     let dev = Device::Cpu;
-    let lr = Schedule::WarmupCosine {
-        init: 0.0,
-        peak: 0.05,
-        warmup: 1,
-        decay: 4,
-        end: 0.001,
-    };
+    let lr = Schedule::build("warmup_cosine", &|k: &str| match k {
+        "peak" => Some(0.05),
+        "warmup" => Some(1.0),
+        "decay" => Some(4.0),
+        "end" => Some(0.001),
+        _ => None,
+    });
     let opt = |kind: OptKind| Optimizer {
         kind,
         lr: lr.clone(),
