@@ -27,6 +27,9 @@ syn keyword shardBuiltin      softmax log_softmax layer_norm rms_norm sum mean m
 syn keyword shardBuiltin      einsum reshape transpose cast stop_gradient concat dropout
 syn keyword shardBuiltin      one_hot embed lookup causal_attention
 syn keyword shardBuiltin      softmax_cross_entropy
+" A collective's mesh axes: `psum(x, mp)`, `all_gather(x, mp, dim: 1)`.
+syn match   shardCollectiveAxis "\%(\<\%(axis_index\)\s*(\%(\s*\h\w*\s*,\)*\s*\)\@200<=\h\w*\>\%(\s*[:([@.]\)\@!"
+syn match   shardCollectiveAxis "\%(\<\%(psum\|pmean\|pmax\|pmin\|all_gather\|psum_scatter\|all_to_all\|ppermute\)\s*(\%([^,()]\|([^()]*)\)*,\%(\s*\h\w*\s*,\)*\s*\)\@200<=\h\w*\>\%(\s*[:([@.]\)\@!"
 " /registry
 
 " Layer directives, initializers, optimizers, schedules, data sources.
@@ -74,6 +77,7 @@ hi def link shardFuncName     Function
 hi def link shardSize         Constant
 hi def link shardSharding     PreProc
 hi def link shardAxisName     PreProc
+hi def link shardCollectiveAxis PreProc
 hi def link shardReduceOp     Operator
 hi def link shardOperator     Operator
 hi def link shardInteger      Number
