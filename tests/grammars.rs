@@ -396,3 +396,52 @@ fn the_committed_parser_is_generated_from_grammar_js() {
     assert!(!out.contains('✗'), "tree-sitter test:\n{out}");
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// Vim's `:make` on a model with errors (the ftplugin's `makeprg` runs
+/// `shardc check --format short`, its `errorformat` reads it) fills the
+/// quickfix list with one valid entry per diagnostic, at the right places.
+#[test]
+fn vim_make_fills_the_quickfix_list() {
+    let bin = Path::new(env!("CARGO_BIN_EXE_shardc"));
+    let dir = bin.parent().expect("the binary's directory");
+    let out = std::env::temp_dir().join(format!("shardc-qf-{}.txt", std::process::id()));
+    let path = format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let status = Command::new("vim")
+        .args(["-Nu", "NONE", "-i", "NONE", "-n", "-es"])
+        .env("PATH", path)
+        .current_dir(root())
+        .arg("--cmd")
+        .arg(format!("set rtp^={}", root().join("editors/vim").display()))
+        .args(["-c", "filetype plugin on", "-c", "edit examples/broken_mlp.shard"])
+        .args(["-c", "silent make"])
+        .arg("-c")
+        .arg(format!(
+            "call writefile(map(getqflist(), {{_, e -> bufname(e.bufnr) . ':' . e.lnum . ':' . e.col . ':' . e.type . ':' . e.valid . ':' . e.text}}), '{}')",
+            out.display()
+        ))
+        .args(["-c", "qa!"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .status();
+    let Ok(status) = status else {
+        eprintln!("\n*** SKIPPED: vim is not installed; `:make` was not checked ***\n");
+        return;
+    };
+    assert!(status.success(), "vim: {status}");
+    let text = std::fs::read_to_string(&out).expect("vim wrote the quickfix list");
+    let _ = std::fs::remove_file(&out);
+    let got: Vec<&str> = text.lines().collect();
+    assert_eq!(got.len(), 2, "{text}");
+    assert!(
+        got[0].starts_with("examples/broken_mlp.shard:5:15:e:1:[E0203]: dimension 1 of `w1`"),
+        "{text}"
+    );
+    assert!(
+        got[1].starts_with("examples/broken_mlp.shard:6:12:e:1:[E0203]"),
+        "{text}"
+    );
+}
