@@ -9,9 +9,15 @@
 //! to be on its callee's line), the program means what it meant; `tests/fmt.rs`
 //! checks that on every `.shard` file here, and `tests/fuzz.rs` on random input.
 //!
-//! Line endings become `\n`; a source with a carriage return that does not end
-//! a line is left as it is. Spacing around `+ - * / @` is kept as written, since
-//! `4*D@mp` in a type and `x @ w` in a body are both idiomatic.
+//! Line endings stay as the first line ends: a CRLF file stays CRLF, every
+//! other becomes `\n`; a source with a carriage return that does not end a line
+//! is left as it is. Spacing around `+ - * / @` is kept as written, since
+//! `4*D@mp` in a type and `x @ w` in a body are both idiomatic. A line that
+//! continues an expression (it starts with one of `+ - * / @`, or the line
+//! before ends with one or with `=`) sits at least a level deeper than the
+//! statement it continues, deeper still if written so. Brackets opened on a
+//! line that first closes an earlier line's bracket (`y: f32[D]) -> f32[D] {`
+//! after a wrapped signature) nest from the line that opened it.
 
 /// One token of a line.
 #[derive(Debug, Clone, PartialEq)]
@@ -85,7 +91,8 @@ fn lex_line(line: &str) -> (Vec<Tok<'_>>, bool) {
         }
         let start = i;
         let kind = if line[i..].starts_with("//") {
-            i = b.len();
+            // Up to the end of the line, less its trailing space.
+            i = start + line[start..].trim_end().len();
             Kind::Comment
         } else if line[i..].starts_with("/*") {
             match line[i + 2..].find("*/") {
@@ -171,6 +178,10 @@ fn spaces_between(a: &Tok, b: &Tok, innermost: Option<u8>) -> usize {
     }
 }
 
+/// The binary operators; a line that starts or ends with one continues an
+/// expression.
+const BINARY: [&str; 5] = ["+", "-", "*", "/", "@"];
+
 /// The formatted source (ends with one newline unless it is empty).
 pub fn format(src: &str) -> String {
     const INDENT: usize = 2;
@@ -184,7 +195,13 @@ pub fn format(src: &str) -> String {
     {
         return src.to_string();
     }
+    let newline = match src.find('\n') {
+        Some(i) if i > 0 && b[i - 1] == b'\r' => "\r\n",
+        _ => "\n",
+    };
     let mut out = String::new();
+    // The last token of the previous code line, for continuations.
+    let mut last: Option<(&str, Kind)> = None;
     // Each unclosed opener remembers the indent level of the line that opened it
     // and which bracket it was; the lines inside it sit one level deeper.
     let mut stack: Vec<(usize, u8)> = Vec::new();
@@ -199,7 +216,7 @@ pub fn format(src: &str) -> String {
             Line::Code(t) | Line::Verbatim(_, t) => t,
         };
         if started && blank_run > 0 {
-            out.push('\n');
+            out.push_str(newline);
         }
         blank_run = 0;
         started = true;
@@ -216,9 +233,18 @@ pub fn format(src: &str) -> String {
                 }
                 let line_start = out.len();
                 let continuation = closers == 0 && stack.last().is_some_and(|l| l.1 != b'{');
+                // An expression broken over lines, outside `(` and `[`.
+                let operator = |t: &str, k: Kind| k == Kind::Punct && BINARY.contains(&t);
+                let continues = closers == 0
+                    && !continuation
+                    && (toks.first().is_some_and(|t| operator(t.text, t.kind))
+                        || last.is_some_and(|(t, k)| {
+                            operator(t, k) || (k == Kind::Punct && t == "=")
+                        }));
                 let indent = match toks.first() {
                     // Inside `(` or `[` a deeper, aligned continuation stays put.
                     Some(t) if continuation && t.gap > this * INDENT => t.gap,
+                    Some(t) if continues => t.gap.max((this + 1) * INDENT),
                     _ => this * INDENT,
                 };
                 out.extend(std::iter::repeat_n(' ', indent));
@@ -251,16 +277,27 @@ pub fn format(src: &str) -> String {
                 }
             }
         }
+        // Brackets opened after closing one an earlier line opened (a wrapped
+        // signature's `) -> f32[D] {`) nest from that earlier line.
+        let depth = stack.len();
+        let mut base = this;
         for t in toks {
             match t.kind {
-                Kind::Open => stack.push((this, t.text.bytes().next().unwrap_or(b'('))),
+                Kind::Open => stack.push((base, t.text.bytes().next().unwrap_or(b'('))),
                 Kind::Close => {
-                    stack.pop();
+                    if let Some(l) = stack.pop() {
+                        if stack.len() < depth {
+                            base = base.min(l.0);
+                        }
+                    }
                 }
                 _ => {}
             }
         }
-        out.push('\n');
+        if let Some(t) = toks.iter().rev().find(|t| t.kind != Kind::Comment) {
+            last = Some((t.text, t.kind));
+        }
+        out.push_str(newline);
     }
     out
 }

@@ -316,3 +316,144 @@ fn constant_batch_and_log_every() {
         .collect();
     assert_eq!(steps, ["1", "2", "4"], "{err}");
 }
+
+/// `check --format short`: one `file:line:col: severity[CODE]: message` line per
+/// diagnostic on stdout (what Vim's `errorformat`, Emacs and CI read), the same
+/// diagnostics as `--format json`, in the same order and places.
+#[test]
+fn check_format_short_is_one_line_per_diagnostic() {
+    // A note, an error, and two errors.
+    let files = [
+        "tests/ui/note_return_type_gather.shard",
+        "tests/ui/unknown_axis_in_psum.shard",
+        "examples/broken_mlp.shard",
+    ];
+    let run = |format: &str| {
+        let out = shardc()
+            .args(["check", "--format", format])
+            .args(files)
+            .output()
+            .expect("spawn");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, short, err) = run("short");
+    assert_eq!(code, Some(1), "{short}{err}");
+    let (_, json, _) = run("json");
+    let json: serde_json::Value = serde_json::from_str(&json).expect("json");
+    let diags: Vec<&serde_json::Value> = json
+        .as_array()
+        .expect("one object per file")
+        .iter()
+        .flat_map(|f| f["diagnostics"].as_array().into_iter().flatten())
+        .collect();
+    assert_eq!(diags.len(), 4, "{json}");
+    let lines: Vec<&str> = short.lines().collect();
+    assert_eq!(lines.len(), diags.len(), "{short}");
+    for (line, d) in lines.iter().zip(diags) {
+        let p = &d["primary"];
+        let want = format!(
+            "{}:{}:{}: {}[{}]: {}",
+            p["file"].as_str().unwrap_or(""),
+            p["line"],
+            p["column"],
+            d["severity"].as_str().unwrap_or(""),
+            d["code"].as_str().unwrap_or(""),
+            d["message"].as_str().unwrap_or("").replace('\n', " "),
+        );
+        assert!(line.starts_with(&want), "{line}\nwant {want}");
+        assert!(files.iter().any(|f| line.starts_with(f)), "{line}");
+        assert!(line.ends_with(')') || !line.contains(" ("), "{line}");
+    }
+    assert!(lines.iter().any(|l| l.contains(": error[E")), "{short}");
+    assert!(lines.iter().any(|l| l.contains(": note[N")), "{short}");
+    // The summary stays off stdout.
+    assert!(err.contains("error"), "{err}");
+    // A clean file prints nothing on stdout.
+    let clean = temp("short").join("clean.shard");
+    std::fs::write(&clean, "mesh m(d: 2)\n").expect("write");
+    let out = shardc()
+        .args(["check", "--format", "short"])
+        .arg(&clean)
+        .output()
+        .expect("spawn");
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// `shardc lsp` takes what editors' clients add to its command line
+/// (vscode-languageclient: `--stdio`, `--clientProcessId=PID`) and the
+/// documented extra arguments, and serves: it answers `initialize`.
+#[test]
+fn lsp_accepts_the_arguments_clients_pass() {
+    use std::io::{Read, Write};
+    let frame = |v: serde_json::Value| {
+        let body = v.to_string();
+        format!("Content-Length: {}\r\n\r\n{body}", body.len())
+    };
+    for args in [
+        &["lsp", "--stdio"][..],
+        &["lsp", "--stdio", "--clientProcessId=4242"],
+        &["lsp", "--strict", "--stdio", "--clientProcessId", "4242"],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_shardc"))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let mut input = String::new();
+        input.push_str(&frame(serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"capabilities": {}, "processId": null, "rootUri": null}})));
+        input.push_str(&frame(
+            serde_json::json!({"jsonrpc": "2.0", "method": "initialized", "params": {}}),
+        ));
+        input.push_str(&frame(
+            serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "shutdown"}),
+        ));
+        input.push_str(&frame(
+            serde_json::json!({"jsonrpc": "2.0", "method": "exit"}),
+        ));
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input.as_bytes())
+            .expect("write");
+        let start = Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().expect("wait") {
+                break s;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{args:?}: no exit"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut out = String::new();
+        let mut err = String::new();
+        let _ = child
+            .stdout
+            .take()
+            .expect("stdout")
+            .read_to_string(&mut out);
+        let _ = child
+            .stderr
+            .take()
+            .expect("stderr")
+            .read_to_string(&mut err);
+        assert!(status.success(), "{args:?}: {status}\n{err}");
+        assert!(
+            out.contains("\"capabilities\"") && out.contains("\"hoverProvider\""),
+            "{args:?}: {out}\n{err}"
+        );
+    }
+}

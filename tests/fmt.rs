@@ -219,3 +219,72 @@ fn cli_check_rewrite_stdin_and_syntax_errors() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn trailing_space_after_a_line_comment_is_removed() {
+    let src = "mesh m(d: 2)   // a mesh   \n// alone  \t\nconst S = 4\n";
+    let got = shardc::fmt::format(src);
+    assert_eq!(got, "mesh m(d: 2)   // a mesh\n// alone\nconst S = 4\n");
+    assert_eq!(shardc::fmt::format(&got), got);
+}
+
+#[test]
+fn crlf_line_endings_stay_crlf() {
+    let src = "mesh m(d:2)\r\n\r\n\r\nmodel M {\r\nw: f32[4] init zeros // c  \r\n}\r\n";
+    let got = shardc::fmt::format(src);
+    assert_eq!(
+        got,
+        "mesh m(d: 2)\r\n\r\nmodel M {\r\n  w: f32[4] init zeros // c\r\n}\r\n"
+    );
+    assert_eq!(shardc::fmt::format(&got), got, "idempotent");
+    // An LF file stays LF.
+    let lf = shardc::fmt::format(&src.replace("\r\n", "\n"));
+    assert_eq!(lf, got.replace("\r\n", "\n"));
+    let p = Path::new("crlf.shard");
+    assert_eq!(meaning(p, src), meaning(p, &got));
+}
+
+#[test]
+fn a_wrapped_signature_keeps_its_body_and_brace_in_place() {
+    let lines = |l: &[&str]| l.iter().map(|x| format!("{x}\n")).collect::<String>();
+    let want = lines(&[
+        "mesh m(d: 2)",
+        "model M {",
+        "  w: f32[4, 4] init zeros",
+        "  fn forward(x: f32[B@d, 4],",
+        "             y: f32[B@d, 4]) -> f32[B@d, 4] {",
+        "    let h = x @ w",
+        "      + y",
+        "      - x",
+        "    let g =",
+        "      h * h",
+        "    g +",
+        "        h",
+        "  }",
+        "}",
+        "train M on m { data: synthetic(classes: 4), batch: 4, steps: 1, optimizer: sgd(lr: 0.1) }",
+    ]);
+    assert_eq!(shardc::fmt::format(&want), want, "already formatted");
+    // Flattened or over-indented, it comes back to the same.
+    let messy = want
+        .lines()
+        .map(|l| format!("{}\n", l.trim_start()))
+        .collect::<String>();
+    let got = shardc::fmt::format(&messy);
+    let flat = want
+        .replace("             y:", "y:")
+        .replace("        h\n", "      h\n");
+    let flat = lines(&flat.lines().collect::<Vec<_>>());
+    assert_eq!(
+        got,
+        flat.replace("\ny: f32", "\n    y: f32"),
+        "\n--- got ---\n{got}"
+    );
+    let p = Path::new("wrapped.shard");
+    assert_eq!(meaning(p, &messy), meaning(p, &got));
+    assert!(
+        meaning(p, &got).iter().all(|d| !d.starts_with('E')),
+        "{:?}",
+        meaning(p, &got)
+    );
+}

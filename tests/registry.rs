@@ -89,17 +89,70 @@ fn wrapped(prefix: &str, words: &[&str], sep: &str, quote: bool) -> String {
     out
 }
 
+/// The collectives whose positional arguments from `k` on are mesh axes, by
+/// `k` (the place of `ax` in the signature: `psum(x, ax, ...)` is 1,
+/// `axis_index(ax)` 0). Editors highlight those arguments as axes.
+fn axis_arguments() -> Vec<(usize, Vec<&'static str>)> {
+    let mut by: Vec<(usize, Vec<&'static str>)> = Vec::new();
+    for d in defs().filter(|d| d.kind == Kind::Collective) {
+        let args = d
+            .signature
+            .split_once('(')
+            .and_then(|(_, a)| a.rsplit_once(')'))
+            .map_or("", |(a, _)| a);
+        let positional = args.split(',').map(str::trim).filter(|a| !a.contains(':'));
+        let Some(k) = positional.clone().position(|a| a == "ax") else {
+            continue;
+        };
+        match by.iter_mut().find(|(j, _)| *j == k) {
+            Some((_, v)) => v.push(d.name),
+            None => by.push((k, vec![d.name])),
+        }
+    }
+    by.sort();
+    by
+}
+
+/// A regular expression (Oniguruma, for TextMate) for the collectives `names`
+/// called with mesh axes from their `k`-th positional argument on: group 1 the
+/// name, 2 the `(`, 3 the arguments before the axes, 4 the axes.
+fn tm_collective(k: usize, names: &[&str]) -> String {
+    let ident = "[A-Za-z_][A-Za-z0-9_]*";
+    // An argument: anything but `,` and brackets, or brackets nested two deep.
+    let arg = r"(?:[^,()\[\]]|\((?:[^()]|\([^()]*\))*\)|\[[^\[\]]*\])*";
+    let before = (0..k).map(|_| format!("{arg},")).collect::<String>();
+    let axis = format!(r"\s*{ident}\b(?!\s*[:(\[@.])\s*");
+    format!(
+        r"\b({})\s*(\()({before})({axis}(?:,{axis})*)",
+        names.join("|")
+    )
+}
+
 #[test]
 fn every_editor_grammar_names_every_op() {
     let functions = names(Kind::Function);
     let collectives = names(Kind::Collective);
+    let axes = axis_arguments();
+    assert!(
+        axes.iter().any(|(_, v)| v.contains(&"psum")),
+        "no collective takes an axis? {axes:?}"
+    );
     let mut errs = Vec::new();
     // Vim.
-    let vim = format!(
+    let mut vim = format!(
         "{}{}",
         wrapped("syn keyword shardCollective   ", &collectives, " ", false),
         wrapped("syn keyword shardBuiltin      ", &functions, " ", false)
     );
+    vim.push_str("\" A collective's mesh axes: `psum(x, mp)`, `all_gather(x, mp, dim: 1)`.\n");
+    for (k, names) in &axes {
+        let arg = r"\%([^,()]\|([^()]*)\)*,";
+        vim.push_str(&format!(
+            "syn match   shardCollectiveAxis \"\\%(\\<\\%({}\\)\\s*({}\\%(\\s*\\h\\w*\\s*,\\)*\\s*\\)\\@200<=\\h\\w*\\>\\%(\\s*[:([@.]\\)\\@!\"\n",
+            names.join(r"\|"),
+            arg.repeat(*k)
+        ));
+    }
     let vim_path = root().join("editors/vim/syntax/shard.vim");
     errs.extend(region(&vim_path, "\" registry (generated", "\" /registry", &vim).err());
     // tree-sitter (Neovim, Helix, Zed).
@@ -107,12 +160,20 @@ fn every_editor_grammar_names_every_op() {
     library.extend(LIBRARY);
     let mut every = library.clone();
     every.extend(&collectives);
-    let ts = format!(
+    let mut ts = format!(
         "((call_expr function: (ident) @function.builtin)\n  (#any-of? @function.builtin\n{}))\n\n; collectives get a colour of their own: each one is communication.\n((call_expr function: (ident) @function.macro)\n  (#any-of? @function.macro\n{}))\n\n((call_expr function: (ident) @function.call)\n  (#not-match? @function.call \"^[A-Z]\")\n  (#not-any-of? @function.call\n{}))\n",
         wrapped("    ", &library, " ", true).trim_end(),
         wrapped("    ", &collectives, " ", true).trim_end(),
         wrapped("    ", &every, " ", true).trim_end(),
     );
+    ts.push_str("\n; a collective's mesh axes: `psum(x, mp)`, `all_gather(x, mp, dim: 1)`\n");
+    for (k, names) in &axes {
+        ts.push_str(&format!(
+            "((call_expr\n   function: (ident) @_collective\n   arguments: (call_args .{} (ident) @label))\n  (#any-of? @_collective\n{}))\n",
+            " (_) .".repeat(*k).trim_end_matches(" ."),
+            wrapped("    ", names, " ", true).trim_end(),
+        ));
+    }
     let ts_path = root().join("editors/tree-sitter-shard/queries/highlights.scm");
     errs.extend(region(&ts_path, "; registry (generated", "; /registry", &ts).err());
     // TextMate (VS Code): the two call patterns' alternations.
@@ -142,6 +203,25 @@ fn every_editor_grammar_names_every_op() {
             "\"keyword.control.collective.shard\"",
             "\"name\": \"support.function.builtin.shard\"",
             &format!("        }},\n        {{\n{}", alt(&builtins)),
+        )
+        .err(),
+    );
+    // TextMate: a collective's axes.
+    let mut tm = String::new();
+    for (i, (k, names)) in axes.iter().enumerate() {
+        let re = serde_json::to_string(&tm_collective(*k, names)).unwrap_or_default();
+        tm.push_str(&format!(
+            "        {{\n          \"match\": {re},\n          \"captures\": {{\n            \"1\": {{ \"name\": \"keyword.control.collective.shard\" }},\n            \"2\": {{ \"name\": \"punctuation.section.parens.begin.shard\" }},\n            \"3\": {{ \"patterns\": [{{ \"include\": \"$self\" }}] }},\n            \"4\": {{ \"patterns\": [{{ \"include\": \"#axis-list\" }}] }}\n          }}\n        }}{}\n",
+            if i + 1 < axes.len() { "," } else { "" }
+        ));
+    }
+    tm.push_str("      ]\n    },\n");
+    errs.extend(
+        region(
+            &tm_path,
+            "\"comment\": \"a collective's mesh axes",
+            "\"axis-list\": {",
+            &format!("      \"patterns\": [\n{tm}"),
         )
         .err(),
     );

@@ -2,10 +2,15 @@
  * @file Tree-sitter grammar for shard (.shard files).
  *
  * Mirrors grammar/shard.pest, which stays the authoritative grammar: node
- * names follow the pest rule names. Two deliberate differences, both only in
- * tree shape: binary expressions are nested with precedence instead of pest's
- * flat `postfix (bin_op postfix)*` list, and wrapper rules that carry no
- * information (`item`, `member`, `arg`, `list_item`, `primary`) are hidden.
+ * names follow the pest rule names. Deliberate differences, all in tree shape
+ * only (the same texts parse): binary expressions are nested with precedence
+ * instead of pest's flat `postfix (bin_op postfix)*` list; wrapper rules that
+ * carry no information (`item`, `member`, `arg`, `list_item`, `primary`) are
+ * hidden; and a call argument written `SIZE@axes` with no space before the `@`
+ * (`Embed(VOCAB@mp, D)`, `GPTJBlock(D, H@mp)`) is a `dim`, the sharded size
+ * the checker reads it as, where pest has a matmul expression (`x @ w`, with
+ * spaces, stays one). Like pest's `same_line`, a call's `(` and an index's
+ * `[` must be on the callee's line.
  */
 
 /* eslint-disable arrow-parens, camelcase */
@@ -19,11 +24,14 @@ const KEYWORDS = [
 
 const DTYPES = ['f32', 'f16', 'bf16', 'f64', 'i32', 'i64', 'bool'];
 
+// As src/parse.rs ranks pest's flat operator list: `@` binds tighter than
+// `* /`, a sign tighter than any binary operator.
 const PREC = {
   add: 1,
   mul: 2,
-  unary: 3,
-  postfix: 4,
+  matmul: 3,
+  unary: 4,
+  postfix: 5,
 };
 
 /** `rule ("," rule)* ","?` */
@@ -44,6 +52,7 @@ module.exports = grammar({
   // parser keeps both and, as pest does, prefers the dimension reading.
   conflicts: $ => [
     [$._dim_expr, $._primary],
+    [$._sharded_size, $._at],
   ],
 
   rules: {
@@ -103,7 +112,13 @@ module.exports = grammar({
 
     sublayer: $ => seq(field('name', $.ident), '=', field('value', $._expr)),
 
-    directive: $ => seq(field('name', $.ident), field('arguments', $.call_args)),
+    // Unlike a call's, a directive's `(` may be on a later line.
+    directive: $ => seq(
+      field('name', $.ident),
+      field('arguments', alias($._directive_args, $.call_args)),
+    ),
+
+    _directive_args: $ => seq('(', commaSep($._arg), ')'),
 
     fn_decl: $ => seq(
       'fn',
@@ -136,7 +151,8 @@ module.exports = grammar({
       field('options', $.options),
     ),
 
-    options: $ => seq('{', commaSep($.option), '}'),
+    // pest: `"{" ~ (option ~ ","?)* ~ "}"`: commas between options are optional.
+    options: $ => seq('{', repeat(seq($.option, optional(','))), '}'),
 
     option: $ => seq(field('key', $.key), ':', field('value', choice($.options, $._expr))),
 
@@ -153,8 +169,18 @@ module.exports = grammar({
 
     _dim_with_axes: $ => seq(
       field('size', $._dim_expr),
-      optional(seq('@', field('axes', $.axes))),
+      optional(seq($._at, field('axes', $.axes))),
     ),
+
+    // `SIZE@axes` as a call argument (no space before `@`): a sharded size.
+    _sharded_size: $ => prec.dynamic(2, seq(
+      field('size', $._dim_expr),
+      alias(token.immediate('@'), '@'),
+      field('axes', $.axes),
+    )),
+
+    // `@` with or without a space before it.
+    _at: _ => choice('@', alias(token.immediate('@'), '@')),
 
     ellipsis: _ => '...',
 
@@ -207,7 +233,10 @@ module.exports = grammar({
         field('left', $._expr), field('operator', choice('+', '-')), field('right', $._expr),
       )),
       prec.left(PREC.mul, seq(
-        field('left', $._expr), field('operator', choice('*', '/', '@')), field('right', $._expr),
+        field('left', $._expr), field('operator', choice('*', '/')), field('right', $._expr),
+      )),
+      prec.left(PREC.matmul, seq(
+        field('left', $._expr), field('operator', $._at), field('right', $._expr),
       )),
     ),
 
@@ -238,9 +267,10 @@ module.exports = grammar({
     // sharding wins when both readings parse.
     _list_item: $ => choice($.dim, $._expr),
 
-    call_args: $ => seq('(', commaSep($._arg), ')'),
+    // pest's `same_line`: only spaces and tabs between the callee and `(`.
+    call_args: $ => seq(alias(token.immediate(prec(1, /[ \t]*\(/)), '('), commaSep($._arg), ')'),
 
-    _arg: $ => choice($.arrow_arg, $.named_arg, $._expr),
+    _arg: $ => choice($.arrow_arg, $.named_arg, alias($._sharded_size, $.dim), $._expr),
 
     arrow_arg: $ => seq(
       field('from', alias($._dim_with_axes, $.dim)),
@@ -250,7 +280,12 @@ module.exports = grammar({
 
     named_arg: $ => seq(field('key', $.key), ':', field('value', choice($.options, $._expr))),
 
-    index: $ => seq('[', $.slice, repeat(seq(',', $.slice)), ']'),
+    index: $ => seq(
+      alias(token.immediate(prec(1, /[ \t]*\[/)), '['),
+      $.slice,
+      repeat(seq(',', $.slice)),
+      ']',
+    ),
 
     slice: $ => choice(
       seq(optional(field('start', $._dim_expr)), ':', optional(field('end', $._dim_expr))),

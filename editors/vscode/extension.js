@@ -1,5 +1,7 @@
 // Thin VS Code client for the shardc language server (`shardc lsp`, stdio).
-// Plain CommonJS, no build step: `npm install` here pulls vscode-languageclient.
+// Plain CommonJS; `npm run build` bundles it with vscode-languageclient into
+// dist/extension.js, the packaged entry point. `shardc lsp` accepts the
+// `--stdio` (and `--clientProcessId`) the client appends for this transport.
 'use strict';
 
 const vscode = require('vscode');
@@ -27,6 +29,8 @@ function activate(context) {
     );
   });
   context.subscriptions.push({ dispose: () => deactivate() });
+  // The extension's API: the client (tests wait on its state).
+  return { client };
 }
 
 function deactivate() {

@@ -41,6 +41,27 @@ pub struct Cli {
 pub enum Format {
     Human,
     Json,
+    /// One line per diagnostic on stdout, `file:line:col: severity[CODE]:
+    /// message`: for Vim's `:make`, Emacs's compilation mode and CI.
+    Short,
+}
+
+/// `shardc lsp`'s arguments: what editors' clients append
+/// (vscode-languageclient adds `--stdio` and `--clientProcessId=PID`) and the
+/// documented extra arguments (`shard.server.extraArgs`).
+#[derive(clap::Args, Debug)]
+pub struct LspArgs {
+    /// Serve on stdin and stdout (the only transport; accepted because clients
+    /// pass it).
+    #[arg(long)]
+    pub stdio: bool,
+    /// The client's process id (accepted for clients that pass it; the
+    /// server ends when its input does).
+    #[arg(long = "clientProcessId", value_name = "PID")]
+    pub client_process_id: Option<u32>,
+    /// Every collective must be written explicitly (like `pragma strict`).
+    #[arg(long)]
+    pub strict: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -113,7 +134,7 @@ pub enum Command {
     /// Train a model on a mesh of virtual devices (or one device per MPI process).
     Run(RunArgs),
     /// Language server on stdio (diagnostics on every edit, types on hover).
-    Lsp,
+    Lsp(LspArgs),
     /// Feedback-directed optimization files of embedding tables.
     Fdo {
         #[command(subcommand)]
@@ -179,7 +200,7 @@ pub fn main() -> ExitCode {
         ),
         Command::Explain { code } => explain(code.as_deref()),
         Command::Fmt { files, check } => fmt(&files, check),
-        Command::Lsp => crate::lsp::run(),
+        Command::Lsp(args) => lsp(&args),
         Command::Fdo {
             action: FdoAction::Show { dir },
         } => match crate::embed::load(&dir) {
@@ -215,6 +236,17 @@ pub fn main() -> ExitCode {
             plan(&grants, &file, mesh.map(|m| m.0).unwrap_or_default(), json)
         }
     }
+}
+
+/// `shardc lsp`: the server reads its options from the files (`pragma
+/// strict`); `--strict` is accepted and said to be so on the server's log.
+fn lsp(args: &LspArgs) -> ExitCode {
+    if args.strict {
+        eprintln!(
+            "shardc lsp: --strict is accepted but not yet applied by the language server; write `pragma strict` in the file"
+        );
+    }
+    crate::lsp::run()
 }
 
 /// `shardc fmt`: exit 0 when all is formatted (or was rewritten), 1 when
@@ -311,6 +343,15 @@ fn check(files: &[PathBuf], types: bool, format: Format, opts: &Options, style: 
                     obj["types"] = serde_json::to_value(&c.checked.types).unwrap_or_default();
                 }
                 json_out.push(obj);
+            }
+            Format::Short => {
+                for d in &c.diagnostics {
+                    out!("{}", render::short(d, &c.sources));
+                }
+                if types {
+                    out!("{}", types_table(&c));
+                }
+                eprintln!("{}", c.summary(&f.display().to_string()));
             }
             Format::Human => {
                 let mut err = std::io::stderr().lock();

@@ -164,6 +164,27 @@ fn compact(d: &Diagnostic, sources: &SourceMap) -> String {
     out
 }
 
+/// One line per diagnostic, `file:line:col: severity[CODE]: message (label)`,
+/// as rustc's `--error-format short` and GCC write them: what Vim's `:make`
+/// (`errorformat`), Emacs's compilation mode and CI problem matchers read.
+/// Columns count characters from 1; a line break in the text becomes a space.
+pub fn short(d: &Diagnostic, sources: &SourceMap) -> String {
+    let one_line = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut out = format!(
+        "{}: {}[{}]: {}",
+        sources.describe(d.primary.span),
+        d.severity_word(),
+        d.code.as_str(),
+        one_line(&d.message)
+    );
+    let label = one_line(&d.primary.text);
+    if !label.is_empty() && label != one_line(&d.message) {
+        out.push_str(&format!(" ({label})"));
+    }
+    out.push('\n');
+    out
+}
+
 /// Render one diagnostic for people.
 pub fn human(d: &Diagnostic, sources: &SourceMap, style: Style) -> String {
     if !quotable(d, sources) {

@@ -91,6 +91,18 @@
     "warmup_linear" "warmup_constant" "inverse_sqrt" "wsd" "shakespeare_words"
     "shakespeare_chars" "text" "arrays" "synthetic" "rows" "psum" "pmean" "pmax" "pmin"
     "reduce" "all_gather" "psum_scatter" "all_to_all" "ppermute" "axis_index"))
+
+; a collective's mesh axes: `psum(x, mp)`, `all_gather(x, mp, dim: 1)`
+((call_expr
+   function: (ident) @_collective
+   arguments: (call_args . (ident) @label))
+  (#any-of? @_collective
+    "axis_index"))
+((call_expr
+   function: (ident) @_collective
+   arguments: (call_args . (_) (ident) @label))
+  (#any-of? @_collective
+    "psum" "pmean" "pmax" "pmin" "all_gather" "psum_scatter" "all_to_all" "ppermute"))
 ; /registry
 
 ; bare names with a meaning: `init zeros`, `combiner: sum`, `kind: cuda`

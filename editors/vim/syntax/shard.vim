@@ -31,6 +31,9 @@ syn keyword shardBuiltin      equal not_equal where argmax argmin top_k top_k_in
 syn keyword shardBuiltin      cumsum var take_along_axis scatter_add arange broadcast_to
 syn keyword shardBuiltin      repeat dropout one_hot embed lookup causal_attention
 syn keyword shardBuiltin      softmax_cross_entropy
+" A collective's mesh axes: `psum(x, mp)`, `all_gather(x, mp, dim: 1)`.
+syn match   shardCollectiveAxis "\%(\<\%(axis_index\)\s*(\%(\s*\h\w*\s*,\)*\s*\)\@200<=\h\w*\>\%(\s*[:([@.]\)\@!"
+syn match   shardCollectiveAxis "\%(\<\%(psum\|pmean\|pmax\|pmin\|all_gather\|psum_scatter\|all_to_all\|ppermute\)\s*(\%([^,()]\|([^()]*)\)*,\%(\s*\h\w*\s*,\)*\s*\)\@200<=\h\w*\>\%(\s*[:([@.]\)\@!"
 " /registry
 
 " Layer directives, initializers, optimizers, schedules, data sources.
@@ -78,6 +81,7 @@ hi def link shardFuncName     Function
 hi def link shardSize         Constant
 hi def link shardSharding     PreProc
 hi def link shardAxisName     PreProc
+hi def link shardCollectiveAxis PreProc
 hi def link shardReduceOp     Operator
 hi def link shardOperator     Operator
 hi def link shardInteger      Number
