@@ -383,16 +383,47 @@ pub fn npz_arrays(path: &Path, buf: &[u8], cap: u64) -> Result<Vec<Array>, Array
     Ok(out)
 }
 
-/// An `.npz` archive (stored, as numpy's `savez` writes) of one-dimensional int32
-/// arrays, as FDO statistics files hold them.
+/// An uncompressed `.npz` of one-dimensional int32 arrays.
 pub fn npz_of_i32(arrays: &[(String, Vec<i32>)]) -> Result<Vec<u8>, String> {
+    let shaped: Vec<(String, Vec<usize>, Ints)> = arrays
+        .iter()
+        .map(|(n, v)| (n.clone(), vec![v.len()], Ints::I32(v.clone())))
+        .collect();
+    npz_of_ints(&shaped)
+}
+
+/// The integer data of one `.npz` member, in C order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ints {
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+}
+
+/// An uncompressed `.npz` (what `numpy.savez` writes) of integer arrays, each
+/// with its shape (`[]` for a scalar); a shape that does not hold its data is
+/// an error.
+pub fn npz_of_ints(arrays: &[(String, Vec<usize>, Ints)]) -> Result<Vec<u8>, String> {
     use std::io::Write;
     let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
     let opts =
         zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
-    for (name, values) in arrays {
-        let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let bytes = npy::write("<i4", &[values.len()], &data);
+    for (name, shape, values) in arrays {
+        let (descr, len, data): (&str, usize, Vec<u8>) = match values {
+            Ints::I32(v) => (
+                "<i4",
+                v.len(),
+                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            ),
+            Ints::I64(v) => (
+                "<i8",
+                v.len(),
+                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            ),
+        };
+        if shape.iter().product::<usize>() != len {
+            return Err(format!("`{name}` has {len} values, not shape {shape:?}"));
+        }
+        let bytes = npy::write(descr, shape, &data);
         w.start_file(format!("{name}.npy"), opts)
             .map_err(|e| e.to_string())?;
         w.write_all(&bytes).map_err(|e| e.to_string())?;

@@ -1,13 +1,14 @@
 //! SparseCore semantics of embedding tables, on the host: MOD partitioning, table
-//! stacking, per-step input statistics, limits with their overflow policies, and
-//! FDO (record, publish to a directory as `.npz`, load merged by maximum, raise the
-//! limits; files named in the future are ignored and statistics are sanity-checked
-//! before they set limits). These follow the JAX SparseCore library where it is
-//! well defined; where it aborts the process, these return data the caller turns
-//! into a diagnostic.
+//! stacking, per-step input statistics (per partition and per device), limits
+//! with their overflow policies, and FDO ([`fdo`]: per-step statistics files in
+//! the library's layout, loading, the limits they set). These follow the JAX
+//! SparseCore library (`jax-tpu-embedding`) where it is well defined; where it
+//! aborts the process, these return data the caller turns into a diagnostic.
+
+mod fdo;
+pub use fdo::*;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
 
 /// MOD row placement over `n` partitions: id `i` lives in partition `(i + shift) % n`
 /// at row `i / n` of that partition's shard.
@@ -74,6 +75,19 @@ impl Combiner {
             Combiner::Mean => "mean",
             Combiner::Sqrtn => "sqrtn",
         }
+    }
+    /// Each occurrence's gain in one sample as the library computes it: the
+    /// normaliser is taken over every occurrence of the sample (`weights`, 0 for
+    /// padding), before any id is dropped; a dropped occurrence (`kept` false)
+    /// then gets gain 0 and the kept ones keep theirs (`mean`: w / Σ w over the
+    /// whole sample, `sqrtn`: w / √Σ w² over the whole sample).
+    pub fn gains(self, weights: &[f64], kept: &[bool]) -> Vec<f64> {
+        let c = self.factor(weights);
+        weights
+            .iter()
+            .zip(kept.iter().chain(std::iter::repeat(&true)))
+            .map(|(w, k)| if *k { w * c } else { 0.0 })
+            .collect()
     }
     /// Each id's factor, given its sample's effective weights (0 when the sample
     /// has none).
@@ -143,8 +157,15 @@ pub struct Stats {
     pub max_unique_ids: Vec<i64>,
     /// Per SparseCore: the sum over partitions of its id counts, each rounded up to 8.
     pub required_buffer_size: Vec<i64>,
-    /// Per partition: ids dropped by `overflow: drop`.
+    /// Per partition: input ids dropped by `overflow: drop`, counted as the library
+    /// counts them (every occurrence of a dropped (sample, id) pair).
     pub id_drop_counters: Vec<i64>,
+    /// Per device and global partition (`[device][partition]`, row-major): the most
+    /// ids one of the device's SparseCores sends the partition (what the library
+    /// reports per step, and what FDO files hold). Empty: not known.
+    pub device_max_ids: Vec<i64>,
+    /// The same for distinct ids.
+    pub device_max_unique_ids: Vec<i64>,
 }
 
 impl Stats {
@@ -162,6 +183,12 @@ impl Stats {
         m(&mut self.max_unique_ids, &o.max_unique_ids);
         m(&mut self.required_buffer_size, &o.required_buffer_size);
         m(&mut self.id_drop_counters, &o.id_drop_counters);
+        m(&mut self.device_max_ids, &o.device_max_ids);
+        m(&mut self.device_max_unique_ids, &o.device_max_unique_ids);
+    }
+    /// Input ids dropped in all.
+    pub fn dropped(&self) -> i64 {
+        self.id_drop_counters.iter().sum()
     }
 }
 
@@ -182,6 +209,10 @@ pub struct Exceeded {
     pub limit_name: &'static str,
     pub observed: i64,
     pub limit: i64,
+    /// Under `drop`: the input ids dropped at this SparseCore and partition
+    /// (every occurrence of a dropped pair), on the first limit listed for them
+    /// only, so a drop past both limits is counted once.
+    pub dropped: i64,
 }
 
 /// The result of preprocessing one feature's ids for one step.
@@ -254,6 +285,13 @@ pub struct Feature<'a> {
 /// samples offset by those before it), and its (sample, table, id) triples are
 /// counted per partition against the stack's limits. Returns the statistics, a
 /// keep mask per feature, and the limits exceeded under `drop` or `grow`.
+///
+/// Dropping follows the library: a partition's pairs are taken in sorted order
+/// (id, then sample); a pair is kept while fewer than `max_ids` pairs were kept
+/// and its id was admitted (an id is admitted when first seen if fewer than
+/// `max_unique_ids` ids were); the other pairs are dropped, each counting as
+/// many dropped ids as it had occurrences in its sample. Either limit may be
+/// the larger; the smaller binds first.
 #[allow(clippy::type_complexity)]
 pub fn preprocess_stack(
     features: &[Feature],
@@ -262,12 +300,16 @@ pub fn preprocess_stack(
     policy: Overflow,
 ) -> Result<(Stats, Vec<Vec<bool>>, Vec<Exceeded>), Exceeded> {
     let sources = layout.sources();
+    let sc = layout.sparsecores.max(1);
+    let devices = layout.devices.max(1);
     let n = features.first().map_or(1, |f| f.part.n.max(1));
     let mut stats = Stats {
         max_ids: vec![0; n],
         max_unique_ids: vec![0; n],
         required_buffer_size: vec![0; sources],
         id_drop_counters: vec![0; n],
+        device_max_ids: vec![0; devices * n],
+        device_max_unique_ids: vec![0; devices * n],
     };
     let mut keep: Vec<Vec<bool>> = features.iter().map(|f| vec![true; f.ids.len()]).collect();
     let mut exceeded = Vec::new();
@@ -292,32 +334,40 @@ pub fn preprocess_stack(
                 }
             }
         }
+        let (device, sparsecore) = (s / sc, s % sc);
         let mut buffer = 0;
         for (&p, set) in &pairs {
             let count = set.len() as i64;
-            let distinct: BTreeSet<(usize, u64)> = set.iter().map(|x| x.0).collect();
-            let unique = distinct.len() as i64;
+            let unique = set.iter().map(|x| x.0).collect::<BTreeSet<_>>().len() as i64;
             stats.max_ids[p] = stats.max_ids[p].max(count);
             stats.max_unique_ids[p] = stats.max_unique_ids[p].max(unique);
+            if let Some(d) = stats.device_max_ids.get_mut(device * n + p) {
+                *d = (*d).max(count);
+            }
+            if let Some(d) = stats.device_max_unique_ids.get_mut(device * n + p) {
+                *d = (*d).max(unique);
+            }
             buffer += (count + 7) / 8 * 8;
             let over = |name, observed, limit| Exceeded {
-                device: s / layout.sparsecores.max(1),
-                sparsecore: s % layout.sparsecores.max(1),
+                device,
+                sparsecore,
                 partition: p,
                 limit_name: name,
                 observed,
                 limit,
+                dropped: 0,
             };
+            // The library checks the id limit first, then the distinct-id limit.
             let mut hits = Vec::new();
+            if count > limits.max_ids {
+                hits.push(over("max_ids_per_partition", count, limits.max_ids));
+            }
             if unique > limits.max_unique_ids {
                 hits.push(over(
                     "max_unique_ids_per_partition",
                     unique,
                     limits.max_unique_ids,
                 ));
-            }
-            if count > limits.max_ids {
-                hits.push(over("max_ids_per_partition", count, limits.max_ids));
             }
             if hits.is_empty() {
                 continue;
@@ -329,30 +379,35 @@ pub fn preprocess_stack(
                     limits.max_unique_ids = limits.max_unique_ids.max(unique);
                 }
                 Overflow::Drop => {
-                    // Keep the smallest ids: first the distinct-id limit, then the
-                    // pair limit, both in sorted order.
-                    let allowed: BTreeSet<(usize, u64)> = distinct
-                        .iter()
-                        .take(limits.max_unique_ids.max(0) as usize)
-                        .copied()
-                        .collect();
-                    let kept: BTreeSet<Pair> = set
-                        .iter()
-                        .filter(|x| allowed.contains(&x.0))
-                        .take(limits.max_ids.max(0) as usize)
-                        .copied()
-                        .collect();
-                    for &((_, id), (fi, sample)) in set.difference(&kept) {
-                        stats.id_drop_counters[p] += 1;
+                    let (mut kept_ids, mut kept_unique) = (0i64, 0i64);
+                    let mut last: Option<(usize, u64)> = None;
+                    let mut admitted = false;
+                    let mut dropped = 0;
+                    for &((t, id), (fi, sample)) in set {
+                        if last != Some((t, id)) {
+                            last = Some((t, id));
+                            admitted = kept_unique < limits.max_unique_ids;
+                            if admitted && kept_ids < limits.max_ids {
+                                kept_unique += 1;
+                            }
+                        }
+                        if admitted && kept_ids < limits.max_ids {
+                            kept_ids += 1;
+                            continue;
+                        }
+                        // Every occurrence of the pair in its sample is dropped.
                         let f = &features[fi];
                         let v = f.valency.max(1);
                         let r = sample * v..(sample + 1) * v;
                         for (k, x) in keep[fi][r.clone()].iter_mut().zip(&f.ids[r]) {
                             if *x == id as i64 {
                                 *k = false;
+                                dropped += 1;
                             }
                         }
                     }
+                    stats.id_drop_counters[p] += dropped;
+                    hits[0].dropped = dropped;
                 }
             }
             exceeded.extend(hits);
@@ -502,352 +557,4 @@ pub fn limits_from(stats: &Stats, headroom: f64, sparsecores_per_device: usize) 
             .unwrap_or(0)
             * sparsecores_per_device.max(1) as i64,
     )
-}
-
-/// FDO through files, in the layout of JAX SparseCore's `NPZFileFDOClient`: each
-/// process publishes `fdo_stats_<process>_<time_ns>.npz` holding, per stack,
-/// `<stack>_max_ids`, `<stack>_max_unique_ids`, `<stack>_required_buffer_size` and
-/// `<stack>_id_drop_counters` (int32); loading takes each process's newest file and
-/// merges them by element-wise maximum.
-#[derive(Debug)]
-pub struct FdoClient {
-    pub dir: PathBuf,
-    pub process: usize,
-    recorded: BTreeMap<String, Stats>,
-}
-
-const KEYS: [&str; 4] = [
-    "max_ids",
-    "max_unique_ids",
-    "required_buffer_size",
-    "id_drop_counters",
-];
-
-/// The most an FDO statistics file may hold (a few int32 per partition and stack).
-pub const FDO_CAP: u64 = 256 << 20;
-/// How far in the future a file's name may date it: the clocks of a job's hosts
-/// differ a little. Files named later than that are ignored.
-pub const CLOCK_SKEW_NS: u128 = 60_000_000_000;
-/// The largest count a statistics file may hold (they are stored as int32).
-const COUNT_MAX: f64 = i32::MAX as f64;
-
-fn now_ns() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos())
-}
-
-impl FdoClient {
-    pub fn new(dir: &Path, process: usize) -> FdoClient {
-        FdoClient {
-            dir: dir.to_path_buf(),
-            process,
-            recorded: BTreeMap::new(),
-        }
-    }
-
-    /// Fold one step's statistics into what the next publish writes.
-    pub fn record(&mut self, stack: &str, stats: &Stats) {
-        self.recorded
-            .entry(stack.to_string())
-            .or_default()
-            .merge_max(stats);
-    }
-
-    /// Write what was recorded (atomically, and never through a link planted at
-    /// the file's name: [`crate::files::write_replace`]).
-    pub fn publish(&mut self) -> Result<PathBuf, String> {
-        std::fs::create_dir_all(&self.dir)
-            .map_err(|e| format!("cannot create `{}`: {e}", self.dir.display()))?;
-        let dest = self
-            .dir
-            .join(format!("fdo_stats_{}_{}.npz", self.process, now_ns()));
-        let mut arrays = Vec::new();
-        for (stack, s) in &self.recorded {
-            for (key, v) in KEYS.iter().zip([
-                &s.max_ids,
-                &s.max_unique_ids,
-                &s.required_buffer_size,
-                &s.id_drop_counters,
-            ]) {
-                let data: Vec<i32> = v
-                    .iter()
-                    .map(|x| (*x).clamp(0, i32::MAX as i64) as i32)
-                    .collect();
-                arrays.push((format!("{stack}_{key}"), data));
-            }
-        }
-        let cannot = |e: String| format!("cannot write `{}`: {e}", dest.display());
-        let bytes = crate::arrays::npz_of_i32(&arrays).map_err(cannot)?;
-        crate::files::write_replace(&dest, &bytes).map_err(|e| cannot(e.to_string()))?;
-        Ok(dest)
-    }
-}
-
-/// What a run knows its statistics files must look like, per stack.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Expected {
-    /// The stack's partitions: the length of `max_ids` and `max_unique_ids`.
-    pub partitions: usize,
-    /// The most ids one SparseCore can send a partition in a step (its share of
-    /// the batch times the valency, summed over the stack's features).
-    pub max_ids: Option<i64>,
-}
-
-/// The statistics of a directory of FDO files.
-#[derive(Debug, Default)]
-pub struct Loaded {
-    /// Per stack, merged by element-wise maximum over the files used.
-    pub stats: BTreeMap<String, Stats>,
-    /// The files used (each process's newest).
-    pub files: Vec<PathBuf>,
-    /// Files passed over, and why: named with a time in the future, or holding
-    /// statistics that fail the sanity checks.
-    pub warnings: Vec<String>,
-    /// Files whose statistics failed the sanity checks. A run keeps its limits
-    /// when any was refused: the merge would miss that process.
-    pub refused: Vec<PathBuf>,
-}
-
-/// The newest file of each process in `dir`, merged by element-wise maximum, per
-/// stack. A directory without FDO files, or an unreadable file, is an error naming it.
-pub fn load(dir: &Path) -> Result<Loaded, String> {
-    load_processes(dir, None, &BTreeMap::new())
-}
-
-/// [`load`], taking only the files of processes `0..n` (a run's own processes:
-/// a directory may still hold files that other processes of an earlier run
-/// published, and a run must not inherit their maxima), and checking each stack
-/// in `expect` against what the run knows of it.
-pub fn load_processes(
-    dir: &Path,
-    n: Option<usize>,
-    expect: &BTreeMap<String, Expected>,
-) -> Result<Loaded, String> {
-    load_at(dir, n, expect, now_ns())
-}
-
-/// [`load_processes`] as of `now` (nanoseconds since the epoch): files named
-/// with a time past `now` + [`CLOCK_SKEW_NS`] are ignored with a warning (one
-/// such file would otherwise be every round's newest and override the run's own
-/// output), and each file's statistics are sanity-checked before they are used.
-pub fn load_at(
-    dir: &Path,
-    n: Option<usize>,
-    expect: &BTreeMap<String, Expected>,
-    now: u128,
-) -> Result<Loaded, String> {
-    let rd = std::fs::read_dir(dir).map_err(|e| format!("cannot read `{}`: {e}", dir.display()))?;
-    let mut out = Loaded::default();
-    let mut found = 0;
-    let mut newest: BTreeMap<String, (u128, PathBuf)> = BTreeMap::new();
-    let mut future: Vec<(PathBuf, u128)> = Vec::new();
-    for e in rd.filter_map(|e| e.ok()) {
-        let name = e.file_name().to_string_lossy().to_string();
-        let Some(rest) = name
-            .strip_prefix("fdo_stats_")
-            .and_then(|r| r.strip_suffix(".npz"))
-        else {
-            continue;
-        };
-        let Some((process, time)) = rest.rsplit_once('_') else {
-            continue;
-        };
-        let Ok(time) = time.parse::<u128>() else {
-            continue;
-        };
-        if n.is_some_and(|n| process.parse::<usize>().map_or(true, |p| p >= n)) {
-            continue;
-        }
-        found += 1;
-        if time > now.saturating_add(CLOCK_SKEW_NS) {
-            future.push((e.path(), time - now));
-            continue;
-        }
-        let slot = newest
-            .entry(process.to_string())
-            .or_insert((0, PathBuf::new()));
-        if time >= slot.0 {
-            *slot = (time, e.path());
-        }
-    }
-    if found == 0 {
-        return Err(format!(
-            "`{}` holds no `fdo_stats_*.npz` files",
-            dir.display()
-        ));
-    }
-    future.sort();
-    for (path, ahead) in future {
-        out.warnings.push(format!(
-            "`{}` is named with a time {} s in the future (more than the {} s allowed for clock skew); ignored",
-            path.display(),
-            ahead / 1_000_000_000,
-            CLOCK_SKEW_NS / 1_000_000_000
-        ));
-    }
-    for (_, (_, path)) in newest {
-        let unreadable =
-            |e: String| format!("`{}` is not a readable FDO file: {e}", path.display());
-        let buf =
-            crate::files::read_regular(&path, FDO_CAP).map_err(|e| unreadable(e.to_string()))?;
-        let arrays =
-            crate::arrays::npz_arrays(&path, &buf, FDO_CAP).map_err(|e| unreadable(e.reason()))?;
-        if !arrays.iter().any(|a| a.name.ends_with("_max_ids")) {
-            return Err(format!(
-                "`{}` holds no `<stack>_max_ids` arrays",
-                path.display()
-            ));
-        }
-        match file_stats(&arrays, expect) {
-            Ok(per) => {
-                for (k, s) in per {
-                    out.stats.entry(k).or_default().merge_max(&s);
-                }
-                out.files.push(path);
-            }
-            Err(why) => {
-                out.warnings.push(format!(
-                    "`{}` {why}; its statistics are not used, and the limits stay as they were",
-                    path.display()
-                ));
-                out.refused.push(path);
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// One file's statistics per stack, each sanity-checked: integer counts in
-/// int32's range, one per partition, at most as many distinct ids as ids, not all
-/// zero (a file that claims observations saw at least one id), and within what
-/// the run knows of the stack (`expect`).
-fn file_stats(
-    arrays: &[crate::arrays::Array],
-    expect: &BTreeMap<String, Expected>,
-) -> Result<BTreeMap<String, Stats>, String> {
-    let mut per: BTreeMap<String, Stats> = BTreeMap::new();
-    for a in arrays {
-        let Some((stack, key)) = KEYS.iter().find_map(|k| {
-            a.name
-                .strip_suffix(&format!("_{k}"))
-                .map(|s| (s.to_string(), *k))
-        }) else {
-            continue;
-        };
-        if !a.int || a.shape.len() != 1 {
-            return Err(format!(
-                "stores `{}` as {} of shape {:?}; FDO counts are one-dimensional integers",
-                a.name, a.dtype, a.shape
-            ));
-        }
-        if let Some(v) = a.values.iter().find(|v| !(0.0..=COUNT_MAX).contains(*v)) {
-            return Err(format!(
-                "holds the count {v} in `{}`; counts lie between 0 and {COUNT_MAX}",
-                a.name
-            ));
-        }
-        let v: Vec<i64> = a.values.iter().map(|x| *x as i64).collect();
-        let s = per.entry(stack).or_default();
-        match key {
-            "max_ids" => s.max_ids = v,
-            "max_unique_ids" => s.max_unique_ids = v,
-            "required_buffer_size" => s.required_buffer_size = v,
-            _ => s.id_drop_counters = v,
-        }
-    }
-    for (stack, s) in &per {
-        sane(stack, s, expect.get(stack))?;
-    }
-    Ok(per)
-}
-
-fn sane(stack: &str, s: &Stats, expect: Option<&Expected>) -> Result<(), String> {
-    let p = s.max_ids.len();
-    if p == 0 {
-        return Err(format!("has no `{stack}_max_ids`"));
-    }
-    for (key, v) in [
-        ("max_unique_ids", &s.max_unique_ids),
-        ("id_drop_counters", &s.id_drop_counters),
-    ] {
-        if v.len() != p && !(key == "id_drop_counters" && v.is_empty()) {
-            return Err(format!(
-                "has {p} partitions in `{stack}_max_ids` but {} in `{stack}_{key}`",
-                v.len()
-            ));
-        }
-    }
-    if let Some(i) = (0..p).find(|&i| s.max_unique_ids[i] > s.max_ids[i]) {
-        return Err(format!(
-            "claims {} distinct ids but {} ids in partition {i} of stack `{stack}`",
-            s.max_unique_ids[i], s.max_ids[i]
-        ));
-    }
-    if s.max_ids.iter().all(|&x| x == 0) {
-        return Err(format!(
-            "claims stack `{stack}` saw no ids in any of its {p} partitions (all zero), which would set its limits to the minimum"
-        ));
-    }
-    let Some(e) = expect else {
-        return Ok(());
-    };
-    if p != e.partitions {
-        return Err(format!(
-            "has {p} partitions for stack `{stack}`; the run's stack has {}",
-            e.partitions
-        ));
-    }
-    if let Some(bound) = e.max_ids {
-        if let Some((i, m)) = s.max_ids.iter().enumerate().find(|(_, &m)| m > bound) {
-            return Err(format!(
-                "claims {m} ids in partition {i} of stack `{stack}`, more than one SparseCore sends in a step ({bound})"
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// `shardc fdo show`: the merged statistics as a table.
-pub fn render(stats: &BTreeMap<String, Stats>, files: &[PathBuf]) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::new();
-    for f in files {
-        let _ = writeln!(out, "from {}", f.display());
-    }
-    for (stack, s) in stats {
-        let _ = writeln!(out, "\nstack `{stack}`");
-        let _ = writeln!(
-            out,
-            "  {:>9} {:>8} {:>15} {:>8}",
-            "partition", "max_ids", "max_unique_ids", "dropped"
-        );
-        for p in 0..s.max_ids.len() {
-            let g = |v: &Vec<i64>| v.get(p).copied().unwrap_or(0);
-            let _ = writeln!(
-                out,
-                "  {:>9} {:>8} {:>15} {:>8}",
-                p,
-                g(&s.max_ids),
-                g(&s.max_unique_ids),
-                g(&s.id_drop_counters)
-            );
-        }
-        let max = |v: &Vec<i64>| v.iter().copied().max().unwrap_or(0);
-        let _ = writeln!(
-            out,
-            "  {:>9} {:>8} {:>15}",
-            "max",
-            max(&s.max_ids),
-            max(&s.max_unique_ids)
-        );
-        let _ = writeln!(
-            out,
-            "  required buffer: {} per SparseCore at most ({} SparseCores); {} ids dropped",
-            max(&s.required_buffer_size),
-            s.required_buffer_size.len(),
-            s.id_drop_counters.iter().sum::<i64>()
-        );
-    }
-    out
 }

@@ -425,9 +425,10 @@ fn valid_files_read_as_before() {
 fn stats(max_ids: Vec<i64>) -> Stats {
     Stats {
         max_unique_ids: max_ids.iter().map(|x| (x - 1).max(0)).collect(),
-        required_buffer_size: vec![max_ids.iter().map(|x| (x + 7) / 8 * 8).sum()],
+        required_buffer_size: max_ids.iter().map(|x| (x + 7) / 8 * 8).collect(),
         id_drop_counters: vec![0; max_ids.len()],
         max_ids,
+        ..Default::default()
     }
 }
 
@@ -523,6 +524,7 @@ fn forged_fdo_files_are_refused_and_limits_kept() {
                 max_unique_ids: 64,
             },
             policy: Overflow::Grow,
+            stack_limits: (None, None),
         }],
         lookups: vec![LookupRun {
             node: 0,
@@ -550,7 +552,9 @@ fn forged_fdo_files_are_refused_and_limits_kept() {
         if let Some(s) = forged {
             forge(&dir, 0, now_ns() + 30_000_000_000, &s);
         }
-        let steps = sparse::plan_steps(&cfg, 1, 0, &host, &ids).expect("plan");
+        let steps = sparse::plan_steps(&cfg, 1, 0, &host, &ids)
+            .expect("plan")
+            .steps;
         steps[0].notes.join("\n")
     };
     let honest = notes(None);

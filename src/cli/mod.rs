@@ -67,7 +67,8 @@ pub struct LspArgs {
 #[derive(Subcommand, Debug)]
 pub enum FdoAction {
     /// Print the statistics in a directory of `fdo_stats_*.npz` files (each
-    /// process's newest, merged by maximum), as `shardc run` would load them.
+    /// process's newest, shardc's or the library's), per file, step rows and
+    /// device, and the limits they set together, as `shardc run` loads them.
     Show { dir: PathBuf },
 }
 
@@ -208,7 +209,7 @@ pub fn main() -> ExitCode {
                 for w in &l.warnings {
                     eprintln!("warning: {w}");
                 }
-                out!("{}", crate::embed::render(&l.stats, &l.files));
+                out!("{}", crate::embed::render(&l));
                 ExitCode::SUCCESS
             }
             Err(e) => {

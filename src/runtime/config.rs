@@ -182,6 +182,7 @@ fn sparse_config(spec: &Spec, prog: &Program, t: &spec::Train) -> SparseConfig {
                 max_unique_ids: tb.max_unique_ids.unwrap_or(max_ids),
             },
             policy: tb.overflow,
+            stack_limits: (tb.stack_max_ids, tb.stack_max_unique_ids),
         });
     }
     let mut lookups = Vec::new();

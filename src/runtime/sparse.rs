@@ -1,8 +1,11 @@
 //! SparseCore input processing of a run: every step's lookup ids go through
-//! [`crate::embed::preprocess`] (statistics, limits, the table's overflow policy),
-//! and with `fdo` the statistics are published every N steps and the limits raised
-//! from what was loaded. Batches are known before training starts, so this runs
-//! ahead of the devices; its messages are shown at the steps they belong to.
+//! [`crate::embed::preprocess_stack`] (statistics, limits, the table's overflow
+//! policy), and with `fdo` the statistics are published every N steps and the
+//! limits raised from what was loaded. Batches are known before training
+//! starts, so this runs ahead of the devices; its messages are shown at the
+//! steps they belong to, and a step that exceeds a limit under `overflow:
+//! error` ends the plan there, so the run trains the steps before it and then
+//! stops with the diagnostic.
 
 pub use crate::embed::Placement;
 use crate::embed::{self, FdoClient, Layout, Limits, Overflow, Partitioner};
@@ -19,6 +22,37 @@ pub struct TableRun {
     pub part: Partitioner,
     pub limits: Limits,
     pub policy: Overflow,
+    /// `stack_max_ids_per_partition` / `stack_max_unique_ids_per_partition`: the
+    /// limits of the stack when this table shares it with others.
+    pub stack_limits: (Option<i64>, Option<i64>),
+}
+
+/// The library's limits for a stack of several tables when none is given.
+pub const STACK_DEFAULT_LIMIT: i64 = 256;
+
+/// The limits a stack of `tables` starts with, as the library sets them: a
+/// table alone keeps its own; a stack of several takes the stack-level limits
+/// (the largest any of its tables states; the distinct-id limit defaults to
+/// the id limit, and both to 256, the library's default).
+pub fn stack_limits(tables: &[&TableRun]) -> Limits {
+    match tables {
+        [one] => one.limits,
+        _ => {
+            let max_ids = tables
+                .iter()
+                .filter_map(|t| t.stack_limits.0)
+                .max()
+                .unwrap_or(STACK_DEFAULT_LIMIT);
+            Limits {
+                max_ids,
+                max_unique_ids: tables
+                    .iter()
+                    .filter_map(|t| t.stack_limits.1)
+                    .max()
+                    .unwrap_or(max_ids),
+            }
+        }
+    }
 }
 
 /// One `lookup` whose ids are a model input.
@@ -45,6 +79,29 @@ pub struct SparseConfig {
     pub sparsecores: usize,
 }
 
+/// Every step's drop masks and messages, up to the step that stopped the run.
+#[derive(Clone, Debug, Default)]
+pub struct Planned {
+    /// One per step before `stop`'s step (all the steps when it is `None`).
+    pub steps: Vec<StepSparse>,
+    /// A step that exceeded a limit under `overflow: error`: the run trains the
+    /// steps before it, then stops with this.
+    pub stop: Option<super::train::RunError>,
+}
+
+impl Planned {
+    /// The steps to train: `steps` when nothing stops the run.
+    pub fn end(&self, steps: usize) -> usize {
+        match &self.stop {
+            Some(e) => e.step.map_or(0, |s| s.saturating_sub(1)).min(steps),
+            None => steps,
+        }
+    }
+    pub fn get(&self, step: usize) -> Option<&StepSparse> {
+        self.steps.get(step)
+    }
+}
+
 /// What one step needs and says.
 #[derive(Clone, Debug, Default)]
 pub struct StepSparse {
@@ -57,7 +114,7 @@ pub struct StepSparse {
 /// row-major). Steps before `start` (a resumed run) are replayed without writing
 /// FDO files, so the limits are what they were when the checkpoint was written.
 /// Lookups of tables in one stack are processed together (feature stacking),
-/// against the stack's limits: the sum of its tables'.
+/// against the stack's limits ([`stack_limits`]).
 /// The host side of a run's processes: this process's index (its FDO files are
 /// `fdo_stats_<process>_*.npz`), how many there are (only their files are
 /// loaded), and a barrier across all of them, so that every
@@ -75,10 +132,10 @@ pub fn plan_steps(
     start: usize,
     host: &Host,
     inputs: &dyn Fn(usize, usize) -> Vec<f64>,
-) -> Result<Vec<StepSparse>, super::train::RunError> {
+) -> Result<Planned, super::train::RunError> {
     if cfg.lookups.is_empty() {
         // Nothing per step (callers look steps up with `get`).
-        return Ok(Vec::new());
+        return Ok(Planned::default());
     }
     let mut out = vec![StepSparse::default(); steps];
     // Stacks in table order, each with its tables.
@@ -91,13 +148,7 @@ pub fn plan_steps(
     }
     let mut limits: Vec<Limits> = stacks
         .iter()
-        .map(|(_, ts)| Limits {
-            max_ids: ts.iter().map(|&i| cfg.tables[i].limits.max_ids).sum(),
-            max_unique_ids: ts
-                .iter()
-                .map(|&i| cfg.tables[i].limits.max_unique_ids)
-                .sum(),
-        })
+        .map(|(_, ts)| stack_limits(&ts.iter().map(|&i| &cfg.tables[i]).collect::<Vec<_>>()))
         .collect();
     // The strictest policy of a stack's tables applies to it.
     let policy: Vec<Overflow> = stacks
@@ -134,7 +185,8 @@ pub fn plan_steps(
     let mut recorded: BTreeMap<String, embed::Stats> = BTreeMap::new();
     // What statistics files can hold, per stack (their sanity checks).
     let mut expect: BTreeMap<String, embed::Expected> = BTreeMap::new();
-    for (s, slot) in out.iter_mut().enumerate() {
+    let mut stop = None;
+    'steps: for (s, slot) in out.iter_mut().enumerate() {
         for (k, (stack, ts)) in stacks.iter().enumerate() {
             let ls: Vec<&LookupRun> = cfg
                 .lookups
@@ -167,42 +219,85 @@ pub fn plan_steps(
                 .sum();
             let e = expect.entry(stack.clone()).or_insert(embed::Expected {
                 partitions: features[0].part.n.max(1),
+                devices: layout.devices.max(1),
                 max_ids: Some(0),
             });
             e.max_ids = e.max_ids.max(Some(most as i64));
-            let (stats, keep, exceeded) =
-                embed::preprocess_stack(&features, layout, &mut limits[k], policy[k]).map_err(|e| super::train::RunError {
-                    step: Some(s + 1),
-                    table: Some(cfg.tables[ts[0]].name.clone()),
-                    node: None,
-                    message: format!(
-                        "step {}: {}: SparseCore {} of device {} sends {} ids to partition {}, over `{}: {}` ({})",
-                        s + 1,
-                        label(k),
-                        e.sparsecore,
-                        e.device,
-                        e.observed,
-                        e.partition,
-                        e.limit_name,
-                        e.limit,
-                        origin[k]
-                    ) + &format!(
-                        "\n  help: `overflow: grow` in the table raises the limit when a step needs it (logged) and `overflow: drop` drops the excess ids (counted); `fdo` raises limits from observed statistics; or set `{}: {}`",
-                        e.limit_name, e.observed
-                    ),
-                })?;
+            let (stats, keep, exceeded) = match embed::preprocess_stack(
+                &features,
+                layout,
+                &mut limits[k],
+                policy[k],
+            ) {
+                Ok(x) => x,
+                Err(e) => {
+                    let what = if e.limit_name == "max_ids_per_partition" {
+                        "ids"
+                    } else {
+                        "distinct ids"
+                    };
+                    let stopped = super::train::RunError {
+                            step: Some(s + 1),
+                            table: Some(cfg.tables[ts[0]].name.clone()),
+                            node: None,
+                            message: format!(
+                                "step {}: {}: SparseCore {} of device {} sends {} {what} to partition {}, over `{}: {}` ({})",
+                                s + 1, label(k), e.sparsecore, e.device, e.observed, e.partition, e.limit_name, e.limit, origin[k]
+                            ) + &format!(
+                                "\n  help: `overflow: grow` in the table raises the limit when a step needs it (logged) and `overflow: drop` drops the excess ids (counted); `fdo` raises limits from observed statistics; or set `{}: {}`",
+                                e.limit_name, e.observed
+                            ),
+                        };
+                    stop = Some(stopped);
+                    break 'steps;
+                }
+            };
             if policy[k] == Overflow::Grow && !exceeded.is_empty() {
                 origin[k] = format!("grown at step {}", s + 1);
             }
             if s >= start {
-                for e in &exceeded {
+                // One line per SparseCore and partition, however many limits it
+                // exceeded (a drop is counted once).
+                let mut i = 0;
+                while i < exceeded.len() {
+                    let e = &exceeded[i];
+                    let same: Vec<&embed::Exceeded> = exceeded[i..]
+                        .iter()
+                        .take_while(|x| {
+                            (x.device, x.sparsecore, x.partition)
+                                == (e.device, e.sparsecore, e.partition)
+                        })
+                        .collect();
+                    i += same.len();
+                    let over: Vec<String> = same
+                        .iter()
+                        .map(|x| {
+                            let what = if x.limit_name == "max_ids_per_partition" {
+                                "ids"
+                            } else {
+                                "distinct ids"
+                            };
+                            format!("{} {what} (`{}: {}`)", x.observed, x.limit_name, x.limit)
+                        })
+                        .collect();
                     let what = match policy[k] {
-                        Overflow::Grow => format!("raised `{}` to {}", e.limit_name, e.observed),
-                        _ => format!("dropped {} ids", e.observed - e.limit),
+                        Overflow::Grow => same
+                            .iter()
+                            .map(|x| format!("raised `{}` to {}", x.limit_name, x.observed))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        _ => format!(
+                            "dropped {} ids",
+                            same.iter().map(|x| x.dropped).sum::<i64>()
+                        ),
                     };
                     slot.notes.push(format!(
-                        "{}: SparseCore {} of device {} needs {} ids in partition {} (`{}: {}`): {what}",
-                        label(k), e.sparsecore, e.device, e.observed, e.partition, e.limit_name, e.limit
+                        "{}: SparseCore {} of device {} needs {} in partition {}: {what}",
+                        label(k),
+                        e.sparsecore,
+                        e.device,
+                        over.join(" and "),
+                        e.partition
                     ));
                 }
             }
@@ -225,7 +320,7 @@ pub fn plan_steps(
             (true, Some(c)) => {
                 let path = c.publish()?;
                 (host.barrier)()?;
-                let loaded = embed::load_processes(&f.dir, Some(host.processes), &expect);
+                let loaded = embed::load_expecting(&f.dir, &expect);
                 (host.barrier)()?;
                 let l = loaded?;
                 let mut note = format!(
@@ -271,7 +366,10 @@ pub fn plan_steps(
             });
         }
     }
-    Ok(out)
+    if let Some(e) = &stop {
+        out.truncate(e.step.unwrap_or(1).saturating_sub(1));
+    }
+    Ok(Planned { steps: out, stop })
 }
 
 /// Each table parameter's placement (`tables.NAME`), by parameter index.

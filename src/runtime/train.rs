@@ -333,6 +333,9 @@ pub fn run_on(
         })?;
     drop(last);
     let sparse = &sparse;
+    // A step over a table's limit under `overflow: error` ends the run there:
+    // the steps before it train (and checkpoint) as configured.
+    let end = sparse.end(cfg.steps);
     let (tx, rx) = mpsc::channel::<StepReport>();
     // The run series its checkpoints belong to: the resumed one, or a fresh one.
     let run_id = if cfg.run.is_empty() {
@@ -436,7 +439,7 @@ pub fn run_on(
                 // The reload in force (none: the program the run started with).
                 let mut active: Option<std::sync::Arc<super::reload::Update>> = None;
                 let mut active_stages: Option<Option<super::pipeline::Stages>> = None;
-                for step in cfg.start_step..cfg.steps {
+                for step in cfg.start_step..end {
                     let b = &*step_batches.get(step)?;
                     let mut reloaded = None;
                     if let Some(rl) = reloads {
@@ -705,11 +708,14 @@ pub fn run_on(
             result = Err(e);
             return;
         }
-        result = Ok(RunOutput {
-            memory,
-            losses,
-            first_grads: first,
-        });
+        result = match &sparse.stop {
+            Some(e) => Err(e.clone()),
+            None => Ok(RunOutput {
+                memory,
+                losses,
+                first_grads: first,
+            }),
+        };
     });
     result
 }

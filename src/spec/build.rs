@@ -39,6 +39,8 @@ const TABLE_FIELDS: &[&str] = &[
     "optimizer",
     "max_ids_per_partition",
     "max_unique_ids_per_partition",
+    "stack_max_ids_per_partition",
+    "stack_max_unique_ids_per_partition",
     "suggested_buffer_size",
     "overflow",
     "shard",
@@ -740,6 +742,8 @@ impl Builder<'_> {
             optimizer: None,
             max_ids: None,
             max_unique_ids: None,
+            stack_max_ids: None,
+            stack_max_unique_ids: None,
             suggested_buffer: None,
             overflow: Overflow::Error,
             axis: None,
@@ -751,6 +755,12 @@ impl Builder<'_> {
                 "max_ids_per_partition" => table.max_ids = self.opt_int(v, &k.name, 1),
                 "max_unique_ids_per_partition" => {
                     table.max_unique_ids = self.opt_int(v, &k.name, 1)
+                }
+                "stack_max_ids_per_partition" => {
+                    table.stack_max_ids = self.opt_int(v, &k.name, 1)
+                }
+                "stack_max_unique_ids_per_partition" => {
+                    table.stack_max_unique_ids = self.opt_int(v, &k.name, 1)
                 }
                 "suggested_buffer_size" => table.suggested_buffer = self.opt_int(v, &k.name, 1),
                 "combiner" => match v {
@@ -807,15 +817,8 @@ impl Builder<'_> {
                 _ => {}
             }
         }
-        if let (Some(u), Some(m), Some(OptValue::Expr(a))) = (
-            table.max_unique_ids,
-            table.max_ids,
-            t.options.get("max_unique_ids_per_partition"),
-        ) {
-            if u > m {
-                self.report(Problem::TableField { span: a.span, message: format!("`max_unique_ids_per_partition` ({u}) exceeds `max_ids_per_partition` ({m})"), help: Some("unique ids are a subset of all ids".into()) });
-            }
-        }
+        // `max_unique_ids_per_partition` may exceed `max_ids_per_partition`, as
+        // in the library: the smaller limit binds first.
         table
     }
 

@@ -175,6 +175,11 @@ pub struct Table {
     pub optimizer: Option<Optimizer>,
     pub max_ids: Option<i64>,
     pub max_unique_ids: Option<i64>,
+    /// `stack_max_ids_per_partition` / `stack_max_unique_ids_per_partition`: the
+    /// limits of the stack this table joins when it is stacked with others (a
+    /// table alone in its stack keeps its own limits, as in the library).
+    pub stack_max_ids: Option<i64>,
+    pub stack_max_unique_ids: Option<i64>,
     pub suggested_buffer: Option<i64>,
     pub overflow: Overflow,
     /// `shard: rows(axis)`.
