@@ -537,6 +537,49 @@ pub fn stack(
         .collect()
 }
 
+/// The library's limits for a stack of several tables when none is given.
+pub const STACK_DEFAULT_LIMIT: i64 = 256;
+
+/// A table's own limits: as declared, 256 when left out, the distinct-id limit
+/// defaulting to the id limit.
+pub fn table_limits(max_ids: Option<i64>, max_unique_ids: Option<i64>) -> Limits {
+    let max_ids = max_ids.unwrap_or(STACK_DEFAULT_LIMIT);
+    Limits {
+        max_ids,
+        max_unique_ids: max_unique_ids.unwrap_or(max_ids),
+    }
+}
+
+/// A table's `stack_max_ids_per_partition` and
+/// `stack_max_unique_ids_per_partition`, where stated.
+pub type StackStated = (Option<i64>, Option<i64>);
+
+/// The limits a stack starts with, as the library sets them, from each table's
+/// own limits and its stated `stack_max_*` limits: a table alone keeps its own;
+/// a stack of several ignores its tables' and takes the largest stated stack
+/// limits (the distinct-id limit defaulting to the id limit), else 256 / 256,
+/// the library's default.
+pub fn stack_limits(tables: &[(Limits, StackStated)]) -> Limits {
+    match tables {
+        [(own, _)] => *own,
+        _ => {
+            let max_ids = tables
+                .iter()
+                .filter_map(|t| t.1 .0)
+                .max()
+                .unwrap_or(STACK_DEFAULT_LIMIT);
+            Limits {
+                max_ids,
+                max_unique_ids: tables
+                    .iter()
+                    .filter_map(|t| t.1 .1)
+                    .max()
+                    .unwrap_or(max_ids),
+            }
+        }
+    }
+}
+
 /// The limits FDO sets from merged statistics: the largest observed count times
 /// `headroom` (rounded up), and the buffer size max(required) × SparseCores per device.
 pub fn limits_from(stats: &Stats, headroom: f64, sparsecores_per_device: usize) -> (Limits, i64) {

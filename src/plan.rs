@@ -76,6 +76,9 @@ pub struct StackPlan {
     pub bytes_per_device: f64,
     /// (table, vocab → padded, row offset in shard, shard rotation).
     pub tables: Vec<(String, usize, usize, usize, usize)>,
+    /// The limits the stack starts with (`max_ids`, `max_unique_ids`): a table
+    /// alone keeps its own; several take the stack-level limits.
+    pub limits: (i64, i64),
 }
 
 impl Plan {
@@ -383,7 +386,20 @@ fn tables(plan: &mut Plan, prog: &Program, train: &Train, spec: &Spec) {
             size(&axis).max(1) as usize
         };
         for st in crate::embed::stack(&infos, devices.saturating_mul(sc), sc, None) {
+            let own: Vec<_> = st
+                .tables
+                .iter()
+                .filter_map(|x| spec.table(&x.name))
+                .map(|t| {
+                    (
+                        crate::embed::table_limits(t.max_ids, t.max_unique_ids),
+                        (t.stack_max_ids, t.stack_max_unique_ids),
+                    )
+                })
+                .collect();
+            let l = crate::embed::stack_limits(&own);
             plan.stacks.push(StackPlan {
+                limits: (l.max_ids, l.max_unique_ids),
                 bytes_per_device: st.rows_per_shard() as f64 * (sc * st.dim * 4) as f64,
                 name: st.name.clone(),
                 dim: st.dim,
@@ -514,6 +530,16 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
             st.partitions,
             st.rows_per_shard,
             human_bytes(st.bytes_per_device)
+        ));
+        s.push_str(&format!(
+            "  limits: max_ids_per_partition {}, max_unique_ids_per_partition {}{}\n",
+            st.limits.0,
+            st.limits.1,
+            if st.tables.len() > 1 {
+                " (the stack's own: `stack_max_*` or 256; its tables' are not used)"
+            } else {
+                ""
+            }
         ));
         s.push_str(&format!(
             "  {:<16} {:>16} {:>14} {:>9}\n",

@@ -766,3 +766,38 @@ fn a_drop_at_a_known_step_is_published_in_its_row() {
     assert_eq!(l.per_file[0]["t"].dropped_per_step, vec![0, 2, 0]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Point 4, exposed: `shardc plan` shows the limits a stack starts with. Two
+/// tables of 16 / 16 share a stack; one states `stack_max_ids_per_partition:
+/// 100`, so the stack starts at 100 / 100 (not 32, nor 16).
+#[test]
+fn plan_shows_the_stack_level_limits() {
+    let dir = temp("planlimits");
+    let file = dir.join("two.shard");
+    std::fs::write(
+        &file,
+        "import nn\nmesh tpu(device: 8) { sparsecores: 4 }\n\
+         table words { vocab: 2048, dim: 16, max_ids_per_partition: 16, max_unique_ids_per_partition: 16, shard: rows(device) }\n\
+         table tags { vocab: 512, dim: 16, max_ids_per_partition: 16, max_unique_ids_per_partition: 16, stack_max_ids_per_partition: 100, shard: rows(device) }\n\
+         feature context: i32[B * 16, 1] -> words\n\
+         model M {\n  out = Dense(16 * 16 -> 2048)\n  fn forward(ids: i32[B@device, 16]) -> f32[B@device, 2048] {\n    out(reshape(lookup(context, ids), [B@device, 16 * 16]))\n  }\n}\n\
+         train M on tpu { data: shakespeare_words(vocab: 2048, seq: 16), batch: 256, steps: 1, loss: softmax_cross_entropy, optimizer: adam(lr: 0.005) }\n",
+    )
+    .expect("w");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shardc"))
+        .args(["plan".as_ref(), file.as_os_str()])
+        .output()
+        .expect("shardc");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("embedding stack `words_tags`")
+            && text.contains("limits: max_ids_per_partition 100, max_unique_ids_per_partition 100 (the stack's own"),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -6,7 +6,7 @@
 
 use super::data::Source;
 use super::sparse::{Fdo, LookupRun, SparseConfig, TableRun};
-use crate::embed::{Layout, Limits, Partitioner, TableInfo};
+use crate::embed::{Layout, Partitioner, TableInfo};
 use crate::spec::{self, Loss, Optimizer, Spec};
 use crate::spmd::{Op, Program};
 use candle_core::DType;
@@ -167,8 +167,6 @@ fn sparse_config(spec: &Spec, prog: &Program, t: &spec::Train) -> SparseConfig {
             .flat_map(|s| &s.tables)
             .find(|x| x.name == tb.name)
             .map_or(0, |x| x.shard_rotation);
-        // SparseCore's own defaults when a table leaves its limits out.
-        let max_ids = tb.max_ids.unwrap_or(256);
         tables.push(TableRun {
             name: tb.name.clone(),
             stack,
@@ -177,10 +175,8 @@ fn sparse_config(spec: &Spec, prog: &Program, t: &spec::Train) -> SparseConfig {
                 sparsecores,
             },
             part: Partitioner { n, shift },
-            limits: Limits {
-                max_ids,
-                max_unique_ids: tb.max_unique_ids.unwrap_or(max_ids),
-            },
+            // SparseCore's own defaults when a table leaves its limits out.
+            limits: crate::embed::table_limits(tb.max_ids, tb.max_unique_ids),
             policy: tb.overflow,
             stack_limits: (tb.stack_max_ids, tb.stack_max_unique_ids),
         });

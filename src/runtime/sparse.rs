@@ -27,32 +27,12 @@ pub struct TableRun {
     pub stack_limits: (Option<i64>, Option<i64>),
 }
 
-/// The library's limits for a stack of several tables when none is given.
-pub const STACK_DEFAULT_LIMIT: i64 = 256;
+pub use crate::embed::STACK_DEFAULT_LIMIT;
 
-/// The limits a stack of `tables` starts with, as the library sets them: a
-/// table alone keeps its own; a stack of several takes the stack-level limits
-/// (the largest any of its tables states; the distinct-id limit defaults to
-/// the id limit, and both to 256, the library's default).
+/// The limits a stack of `tables` starts with ([`crate::embed::stack_limits`]).
 pub fn stack_limits(tables: &[&TableRun]) -> Limits {
-    match tables {
-        [one] => one.limits,
-        _ => {
-            let max_ids = tables
-                .iter()
-                .filter_map(|t| t.stack_limits.0)
-                .max()
-                .unwrap_or(STACK_DEFAULT_LIMIT);
-            Limits {
-                max_ids,
-                max_unique_ids: tables
-                    .iter()
-                    .filter_map(|t| t.stack_limits.1)
-                    .max()
-                    .unwrap_or(max_ids),
-            }
-        }
-    }
+    let t: Vec<_> = tables.iter().map(|t| (t.limits, t.stack_limits)).collect();
+    embed::stack_limits(&t)
 }
 
 /// One `lookup` whose ids are a model input.
