@@ -328,7 +328,7 @@ fn a_stopped_run_is_reported_once() {
         "{err}"
     );
     assert!(
-        err.contains("shakespeare_reference_limits.shard:15:7"),
+        err.contains("shakespeare_reference_limits.shard:16:7"),
         "{err}"
     );
     let _ = std::fs::remove_dir_all(&dir);
