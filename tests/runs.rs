@@ -77,5 +77,6 @@ fn everything_that_checks_clean_runs_one_step() {
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(ran.len() > 20, "only {} trainings ran", ran.len());
-    assert!(skipped.len() <= 2, "too many skipped: {skipped:?}");
+    // The full-size GPT-J, GPT-3 175B and Llama 3 8B only check and plan here.
+    assert!(skipped.len() <= 3, "too many skipped: {skipped:?}");
 }
