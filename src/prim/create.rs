@@ -68,36 +68,11 @@ pub enum Create {
     Repeat { n: usize, dim: usize },
 }
 
-/// A size argument with an optional sharding (`N`, `T@sp`).
-fn sized(cx: &mut dyn Rules, e: &ast::Expr, what: &str) -> Option<Dim> {
-    let Some((de, axes)) = expr_to_dim(e) else {
-        cx.report(Problem::WrongKind {
-            span: e.span,
-            expected: "a size".into(),
-            found: "an expression".into(),
-        });
-        return None;
-    };
-    let (size, layer_axes) = cx.size(&de, false)?;
-    let mut ax = layer_axes.unwrap_or_default();
-    if let Some(list) = axes {
-        ax = Vec::new();
-        for a in list {
-            if !cx.check_axis(&a.name, a.span) {
-                return None;
-            }
-            ax.push(a.name.clone());
-        }
-    }
-    let d = Dim { size, axes: ax };
-    cx.check_dim(&d, e.span, what).then_some(d)
-}
-
 fn arange(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
     if !arity(cx, c, 1, 1) || !known_named(cx, c, &[]) {
         return None;
     }
-    let d = sized(cx, c.pos[0], "the dimension of `arange`")?;
+    let d = super::rules::sized(cx, c.pos[0], "the dimension of `arange`")?;
     let out = TType {
         dtype: DType::I32,
         dims: vec![d],

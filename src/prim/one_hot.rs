@@ -4,11 +4,11 @@
 
 use super::cost::{Cost, CostCx};
 use super::kernel::Kernel;
-use super::rules::{arity, expr_to_dim, Call, Rules, Typed};
+use super::rules::{arity, Call, Rules, Typed};
 use super::{Def, Forward, Grad, Kind, Primitive, R};
 use crate::ast::DType;
 use crate::diag::Problem;
-use crate::types::{Dim, TType};
+use crate::types::TType;
 use candle_core::Tensor;
 
 pub const DEFS: &[Def] = &[Def {
@@ -39,29 +39,9 @@ fn check(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
         });
         return None;
     }
-    let Some((de, axes)) = expr_to_dim(c.pos[1]) else {
-        cx.report(Problem::WrongKind {
-            span: c.pos[1].span,
-            expected: "a size".into(),
-            found: "an expression".into(),
-        });
-        return None;
-    };
-    let (size, layer_axes) = cx.size(&de, false)?;
+    let d = super::rules::sized(cx, c.pos[1], "the class dimension of `one_hot`")?;
     let mut out = t.clone();
     out.dtype = DType::F32;
-    let mut ax = layer_axes.unwrap_or_default();
-    if let Some(list) = axes {
-        ax = list
-            .iter()
-            .filter(|a| cx.check_axis(&a.name, a.span))
-            .map(|a| a.name.clone())
-            .collect();
-    }
-    let d = Dim { size, axes: ax };
-    if !cx.check_dim(&d, c.pos[1].span, "the class dimension of `one_hot`") {
-        return None;
-    }
     out.dims.push(d);
     Typed::new(out, OneHot)
 }

@@ -449,3 +449,28 @@ pub fn expr_to_dim(e: &Expr) -> Option<(DimExpr, Option<Vec<ast::Ident>>)> {
     let d = go(e, &mut axes)?;
     Some((d, axes))
 }
+
+/// A size argument with an optional sharding (`N`, `T@sp`).
+pub fn sized(cx: &mut dyn Rules, e: &ast::Expr, what: &str) -> Option<Dim> {
+    let Some((de, axes)) = expr_to_dim(e) else {
+        cx.report(Problem::WrongKind {
+            span: e.span,
+            expected: "a size".into(),
+            found: "an expression".into(),
+        });
+        return None;
+    };
+    let (size, layer_axes) = cx.size(&de, false)?;
+    let mut ax = layer_axes.unwrap_or_default();
+    if let Some(list) = axes {
+        ax = Vec::new();
+        for a in list {
+            if !cx.check_axis(&a.name, a.span) {
+                return None;
+            }
+            ax.push(a.name.clone());
+        }
+    }
+    let d = Dim { size, axes: ax };
+    cx.check_dim(&d, e.span, what).then_some(d)
+}
