@@ -867,6 +867,37 @@ fn overflow_policies_drop_grow_and_error() {
     assert_eq!(err.table.as_deref(), Some("t"));
 }
 
+/// Issue 19 point 2: with ids dropped (`overflow: drop`), mean and sqrtn keep
+/// the whole sample's normaliser, as jax-tpu-embedding does: three ids a sample,
+/// all weights 1, so mean is the kept ids' sum / 3 and sqrtn their sum / √3
+/// (renormalising over the kept ids would divide by fewer). Same losses for
+/// several steps (same gradients too, under SGD), with ids really dropped.
+#[test]
+fn dropped_ids_keep_the_whole_samples_normaliser() {
+    let run = |combiner: &str, scale: &str| {
+        let text = format!("mesh m(dp: 2) {{ sparsecores: 2 }}\ntable t {{ vocab: 64, dim: 4, init: normal(1.0), combiner: {combiner}, optimizer: sgd(lr: 0.5), shard: rows(dp), max_ids_per_partition: 2, max_unique_ids_per_partition: 2, overflow: drop }}\nfeature f: i32[B, 3] -> t\nmodel M {{\n  w: f32[4, 5] init normal(0.5)\n  fn forward(ids: i32[B@dp, 3]) -> f32[B@dp, 5] {{\n    tanh(lookup(f, ids) {scale}) @ w\n  }}\n}}\ntrain M on m {{ data: synthetic(classes: 5, vocab: 16), batch: 8, steps: 4, optimizer: sgd(lr: 0.5) }}\n");
+        let (prog, mut cfg, src) = setup_text("normaliser.shard", &text, &[], None);
+        cfg.dtype = candle_core::DType::F64;
+        let mut notes = Vec::new();
+        let out = train::run(&prog, &cfg, &src, false, &mut |s| {
+            notes.extend(s.notes.clone())
+        })
+        .expect("trains");
+        (out.losses, notes)
+    };
+    let (sum3, notes) = run("sum", "/ 3.0");
+    assert!(notes.iter().any(|n| n.contains("dropped")), "{notes:?}");
+    let (mean, _) = run("mean", "");
+    let (sumr3, _) = run("sum", "/ 1.7320508075688772");
+    let (sqrtn, _) = run("sqrtn", "");
+    assert_eq!(mean.len(), 4);
+    for (got, want) in [(&mean, &sum3), (&sqrtn, &sumr3)] {
+        for (s, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!((g - w).abs() < 1e-12, "step {s}: {g} vs {w}");
+        }
+    }
+}
+
 /// A table's FTRL step against TensorFlow's FTRL-proximal formulas, by hand from
 /// the step's gradient (lr 0.5, l1 0.01, l2 0.1, accumulator starting at 0.1).
 #[test]
@@ -916,12 +947,24 @@ fn ftrl_table_step_matches_the_formula() {
 }
 
 /// Per-id weights through every combiner (sum, mean Σw·r/Σw, sqrtn Σw·r/√Σw²):
-/// gradients reach the table and the weights' own parameters.
+/// gradients reach the table and the weights' own parameters, also with ids
+/// dropped (a dropped id's weight still moves the normaliser).
 #[test]
 fn finite_differences_weighted_lookup_combiners() {
-    for combiner in ["sum", "mean", "sqrtn"] {
-        let text = format!("mesh m(dp: 2) {{ sparsecores: 2 }}\ntable t {{ vocab: 16, dim: 4, init: normal(1.0), combiner: {combiner}, optimizer: sgd(lr: 0.1), shard: rows(dp) }}\nfeature f: i32[B, 3] -> t\nmodel M {{\n  u: f32[6, 3] init normal(0.5)\n  w: f32[4, 5] init normal(0.5)\n  fn forward(ids: i32[B@dp, 3], x: f32[B@dp, 6]) -> f32[B@dp, 5] {{\n    tanh(lookup(f, ids, sigmoid(x @ u) + 0.5)) @ w\n  }}\n}}\ntrain M on m {{ data: synthetic(classes: 5, vocab: 16), batch: 4, steps: 1, optimizer: sgd(lr: 0.1) }}\n");
-        finite_differences(&format!("fd_weighted_{combiner}.shard"), &text, &[]);
+    let drop = ", max_ids_per_partition: 1, max_unique_ids_per_partition: 1, overflow: drop";
+    for (combiner, limits) in [
+        ("sum", ""),
+        ("mean", ""),
+        ("sqrtn", ""),
+        ("mean", drop),
+        ("sqrtn", drop),
+    ] {
+        let text = format!("mesh m(dp: 2) {{ sparsecores: 2 }}\ntable t {{ vocab: 16, dim: 4, init: normal(1.0), combiner: {combiner}, optimizer: sgd(lr: 0.1), shard: rows(dp){limits} }}\nfeature f: i32[B, 3] -> t\nmodel M {{\n  u: f32[6, 3] init normal(0.5)\n  w: f32[4, 5] init normal(0.5)\n  fn forward(ids: i32[B@dp, 3], x: f32[B@dp, 6]) -> f32[B@dp, 5] {{\n    tanh(lookup(f, ids, sigmoid(x @ u) + 0.5)) @ w\n  }}\n}}\ntrain M on m {{ data: synthetic(classes: 5, vocab: 16), batch: 4, steps: 1, optimizer: sgd(lr: 0.1) }}\n");
+        finite_differences(
+            &format!("fd_weighted_{combiner}_{}.shard", limits.len()),
+            &text,
+            &[],
+        );
     }
 }
 

@@ -155,6 +155,10 @@ struct Looked {
     samples: usize,
     rows: Tensor,
     valid: Vec<f64>,
+    /// Each id's given weight, 0 for padding.
+    present: Vec<f64>,
+    /// Each sample's combiner factor (over its present ids).
+    factors: Vec<f64>,
 }
 
 impl Lookup {
@@ -199,14 +203,21 @@ impl Lookup {
             Some(t) => Kernel::f64s(t)?,
             None => vec![1.0; flat.len()],
         };
+        // As jax-tpu-embedding: a sample's normaliser is over all its present
+        // ids (padding excluded), dropped ones included; only kept ids add rows.
+        let present: Vec<f64> = flat
+            .iter()
+            .zip(&given)
+            .map(|(id, w)| if *id >= 0 { *w } else { 0.0 })
+            .collect();
+        let kept: Vec<bool> = valid.iter().map(|v| *v != 0.0).collect();
         let mut weights = vec![0.0; flat.len()];
-        for sample in 0..n {
+        let mut factors = vec![0.0; n];
+        for (sample, f) in factors.iter_mut().enumerate() {
             let r = sample * valency..(sample + 1) * valency;
-            let eff: Vec<f64> = r.clone().map(|j| valid[j] * given[j]).collect();
-            let c = self.combiner.factor(&eff);
-            for (j, e) in r.zip(eff) {
-                weights[j] = e * c;
-            }
+            *f = self.combiner.factor(&present[r.clone()]);
+            let gains = self.combiner.gains(&present[r.clone()], &kept[r.clone()]);
+            weights[r].copy_from_slice(&gains);
         }
         let rows = fetch_rows(k, table, ts[0], &flat, &valid)?;
         let scale = Tensor::from_vec(weights.clone(), (flat.len(), 1), k.dev)
@@ -225,6 +236,8 @@ impl Lookup {
             samples: n,
             rows,
             valid,
+            present,
+            factors,
         })
     }
 }
@@ -460,6 +473,8 @@ impl Primitive for Lookup {
             samples: n,
             rows,
             valid: base,
+            present,
+            factors,
         } = self.run(k, g.x, g.ts, g.out)?;
         let table = g.x[0];
         let ct = g.g;
@@ -480,7 +495,6 @@ impl Primitive for Lookup {
         // c its factor): sum g·r; mean c·(g·r − g·y); sqrtn c·g·r − c²·w·(g·y).
         let dw = match g.x.get(2) {
             Some(w) => {
-                let given = Kernel::f64s(w)?;
                 let gs = ct
                     .unsqueeze(1)
                     .and_then(|t| t.broadcast_as((n, valency, d)))
@@ -488,22 +502,19 @@ impl Primitive for Lookup {
                     .map_err(ce)?;
                 let gr_dot = Kernel::f64s(&rows.mul(&gs).and_then(|t| t.sum(1)).map_err(ce)?)?;
                 let gy_dot = Kernel::f64s(&y.mul(ct).and_then(|t| t.sum(1)).map_err(ce)?)?;
+                // The factor c is over the present ids (dropped ones included),
+                // so a dropped id's weight still moves c; only kept ids add g·r.
                 let dw: Vec<f64> = (0..ids.len())
                     .map(|j| {
                         let s = j / valency.max(1);
-                        let (v, wk) = (base[j], given[j]);
-                        // c = weight / (valid · given) where nonzero.
-                        let c = if v * wk != 0.0 {
-                            weights[j] / (v * wk)
-                        } else {
-                            let r = s * valency..(s + 1) * valency;
-                            let eff: Vec<f64> = r.map(|i| base[i] * given[i]).collect();
-                            self.combiner.factor(&eff)
-                        };
-                        v * match self.combiner {
-                            Combiner::Mean => c * (gr_dot[j] - gy_dot[s]),
-                            Combiner::Sqrtn => c * gr_dot[j] - c * c * wk * gy_dot[s],
-                            Combiner::Sum => gr_dot[j],
+                        let (kept, pad, c) =
+                            (base[j], f64::from(u8::from(ids[j] >= 0)), factors[s]);
+                        match self.combiner {
+                            Combiner::Mean => pad * c * (kept * gr_dot[j] - gy_dot[s]),
+                            Combiner::Sqrtn => {
+                                kept * c * gr_dot[j] - pad * c * c * present[j] * gy_dot[s]
+                            }
+                            Combiner::Sum => kept * gr_dot[j],
                         }
                     })
                     .collect();

@@ -162,7 +162,8 @@ pub fn global_params(prog: &Program, cfg: &Config) -> Named {
         .collect()
 }
 
-/// Central differences on a few elements of every parameter, on a sharded mesh.
+/// Central differences on every element of a small parameter (24 or fewer) and
+/// a few of a larger one, on a sharded mesh.
 /// Agreement is to 1e-5 relative, or within the rounding noise of the
 /// difference itself (a few ulps of the loss over the step), which is what
 /// bounds a small gradient of a large loss (a language model's).
@@ -178,7 +179,13 @@ pub fn finite_differences(name: &str, text: &str, mesh: &[(&str, i64)]) {
     let noise = 8.0 * f64::EPSILON * out.losses[0].abs().max(1.0) / h;
     for (pi, (pname, values)) in params.iter().enumerate() {
         let n = values.len();
-        for &k in &[0, n / 3, n / 2, n - 1] {
+        // Every element of a small parameter, a few of a large one.
+        let picks: Vec<usize> = if n <= 24 {
+            (0..n).collect()
+        } else {
+            vec![0, n / 3, n / 2, n - 1]
+        };
+        for k in picks {
             let mut plus = params.clone();
             plus[pi].1[k] += h;
             let mut minus = params.clone();
