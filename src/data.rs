@@ -128,8 +128,10 @@ struct Shapes {
     padded: Vec<bool>,
     labels: Vec<usize>,
     classes: usize,
-    /// `loss: mse`: the labels are targets shaped like the output, any numbers.
+    /// `loss: mse` or `sigmoid_binary_cross_entropy`: the labels are targets
+    /// shaped like the output.
     regression: bool,
+    loss: spec::Loss,
     eval: Option<Span>,
 }
 
@@ -183,7 +185,7 @@ impl Shapes {
             inputs[0].0 = "x".into();
         }
         let out = prog.output.and_then(|o| prog.nodes.get(o as usize));
-        let regression = t.loss == spec::Loss::Mse;
+        let regression = t.loss.targets_like_output();
         let (labels, classes) = match out {
             Some(o) if regression => (full(&o.ty.dims), 1),
             Some(o) if o.ty.rank() > 0 => (
@@ -199,6 +201,7 @@ impl Shapes {
             labels,
             classes,
             regression,
+            loss: t.loss,
             eval: t.eval_span,
         }
     }
@@ -231,7 +234,8 @@ impl Cx<'_> {
                 path: data.name().to_string(),
                 label: "data named here",
                 message: format!(
-                    "gives token ids as labels, but `loss: mse` needs numeric targets shaped like the output, {}",
+                    "gives token ids as labels, but `loss: {}` needs targets shaped like the output, {}",
+                    shape.loss.name(),
                     dims(&shape.labels)
                 ),
                 help: Some("train with `data: arrays(path: ...)` holding those targets as `y`, or with `loss: softmax_cross_entropy`".into()),
@@ -329,6 +333,11 @@ impl Cx<'_> {
                             shape.classes
                         ),
                     });
+                }
+            }
+            spec::Data::Clicks { vocab, vocab_span } => {
+                if let Some(v) = vocab {
+                    self.vocab_fits(*v, vocab_span.unwrap_or(span), shape, false);
                 }
             }
             spec::Data::ShakespeareChars { .. } => {

@@ -92,12 +92,12 @@ impl Compilation {
             }
         }
         let src = crate::runtime::config::source(t, classes, loaded.map(|d| &d.data));
-        if cfg.loss == crate::spec::Loss::Mse && matches!(src, Source::Tokens { .. }) {
+        if cfg.loss.targets_like_output() && matches!(src, Source::Tokens { .. }) {
             // The data stage reports this (E0305); never train on ids as targets.
-            return Err(
-                "`loss: mse` needs float targets shaped like the output; a text source gives token ids"
-                    .into(),
-            );
+            return Err(format!(
+                "`loss: {}` needs targets shaped like the output; a text source gives token ids",
+                cfg.loss.name()
+            ));
         }
         Ok((prog, t, cfg, src))
     }

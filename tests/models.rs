@@ -230,3 +230,41 @@ fn repeat_passes_side_inputs_to_every_block() {
         .count();
     assert_eq!(blocks, 3, "each repetition has its own weight");
 }
+
+#[test]
+fn dlrm_matches_one_device() {
+    let file = "models/dlrm.shard";
+    matches_one_device(file, &read(file), &[("data", 4)], &[("data", 1)]);
+}
+
+#[test]
+fn dlrm_gradients_match_finite_differences() {
+    finite_differences(
+        "models/dlrm.shard",
+        &read("models/dlrm.shard"),
+        &[("data", 4)],
+    );
+}
+
+/// DLRM learns the clicks' rule: the loss falls and AUC (logged each step)
+/// rises well above chance.
+#[test]
+fn dlrm_learns_the_clicks() {
+    let (prog, cfg, src) = setup("models/dlrm.shard", &[], None);
+    assert_eq!(cfg.steps, 200);
+    let mut last = Vec::new();
+    let out =
+        train::run(&prog, &cfg, &src, false, &mut |r| last = r.metrics.clone()).expect("trains");
+    let first = out.losses[0];
+    let end = out.losses[190..].iter().sum::<f64>() / 10.0;
+    assert!(
+        end < 0.75 * first,
+        "loss {first} → {end} (the last 10 steps' mean)"
+    );
+    let auc = last
+        .iter()
+        .find(|(m, _)| *m == shardc::spec::Metric::Auc)
+        .map(|(_, v)| *v)
+        .expect("auc logged");
+    assert!(auc > 0.8, "AUC {auc}");
+}

@@ -476,6 +476,11 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
                     examples_per_s: cfg.batch as f64 / secs.max(1e-9),
                     eval_loss: r.eval_loss,
                     events: r.notes.clone(),
+                    metrics: r
+                        .metrics
+                        .iter()
+                        .map(|(m, v)| (m.name().to_string(), v.is_finite().then_some(*v)))
+                        .collect(),
                 };
                 // Limits and FDO changes are worth a line even when steps are thinned.
                 if !quiet && !json {
@@ -491,8 +496,10 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
                 } else if let Some(b) = &bar {
                     b.set_position(rec.step as u64);
                     b.set_message(format!(
-                        "loss {:.4}  {:.0} examples/s",
-                        rec.loss, rec.examples_per_s
+                        "loss {:.4}{}  {:.0} examples/s",
+                        rec.loss,
+                        rec.metrics_line(),
+                        rec.examples_per_s
                     ));
                 } else if !quiet
                     && (rec.step == 1
@@ -504,10 +511,11 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
                         .eval_loss
                         .map_or(String::new(), |e| format!("  eval {e:.6}"));
                     eprintln!(
-                "step {:>5}/{}  loss {:.6}{eval}  lr {:.3e}  |g| {:.4}  {:.0} ms  {:.0} examples/s",
+                "step {:>5}/{}  loss {:.6}{eval}{}  lr {:.3e}  |g| {:.4}  {:.0} ms  {:.0} examples/s",
                 rec.step,
                 cfg.steps,
                 rec.loss,
+                rec.metrics_line(),
                 rec.lr,
                 rec.grad_norm,
                 rec.step_ms,

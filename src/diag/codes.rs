@@ -72,6 +72,7 @@ codes! {
     E0305 => "data does not fit the model",
     E0306 => "id outside the vocabulary",
     E0307 => "output directory outside the run directory",
+    E0308 => "metric not defined for the loss",
     E0400 => "unknown combiner",
     E0401 => "invalid embedding table",
     E0402 => "feature inconsistent with its table",

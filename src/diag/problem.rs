@@ -240,6 +240,14 @@ pub enum Problem {
         message: String,
         help: Option<String>,
     },
+    /// A metric the run's loss does not define (AUC of a softmax, accuracy of
+    /// a regression).
+    MetricLoss {
+        span: Span,
+        metric: &'static str,
+        loss: &'static str,
+        loss_span: Option<Span>,
+    },
     BatchIndivisible {
         span: Span,
         batch: i64,
@@ -528,6 +536,14 @@ impl Problem {
             BadValue { span, message, help } => {
                 let x = d(Code::E0302, message.clone(), *span, "invalid value".into());
                 match help { Some(h) => x.help(h.clone()), None => x }
+            }
+            MetricLoss { span, metric, loss, loss_span } => {
+                let x = d(Code::E0308, format!("`{metric}` is not defined for `loss: {loss}`"), *span, format!("needs another loss than `{loss}`"))
+                    .help(match *metric {
+                        "auc" => "AUC ranks a binary output: train with `loss: sigmoid_binary_cross_entropy` (0/1 targets), or drop `auc`".to_string(),
+                        _ => "accuracy compares predicted and true classes: train a classifier (`softmax_cross_entropy` or `sigmoid_binary_cross_entropy`), or drop `accuracy`".to_string(),
+                    });
+                match loss_span { Some(s) => x.secondary(*s, "the loss is chosen here"), None => x }
             }
             BatchIndivisible { span, batch, axes, n, mesh_span } => d(Code::E0303, format!("batch {batch} is not divisible by the data axes {axes} (size {n})"), *span, format!("{batch} examples over {n} devices"))
                 .secondary(*mesh_span, "mesh declared here")

@@ -4,7 +4,7 @@
 //! the data source. Built from the lowered program and the spec alone: the
 //! runtime never reads the syntax tree.
 
-use super::data::Source;
+use super::data::{Source, Targets};
 use super::sparse::{Fdo, LookupRun, SparseConfig, TableRun};
 use crate::embed::{Layout, Partitioner, TableInfo};
 use crate::spec::{self, Loss, Optimizer, Spec};
@@ -16,6 +16,8 @@ use std::collections::HashMap;
 pub struct Config {
     pub steps: usize,
     pub loss: Loss,
+    /// Metrics computed each step (their losses checked by the spec).
+    pub metrics: Vec<spec::Metric>,
     pub seed: u64,
     /// Global examples per step.
     pub batch: usize,
@@ -47,6 +49,7 @@ impl Config {
         Config {
             steps: t.steps,
             loss: t.loss,
+            metrics: t.metrics.clone(),
             seed: t.seed,
             batch: t.batch.unwrap_or(1).max(1),
             optimizer: t.optimizer.clone(),
@@ -108,7 +111,11 @@ pub fn source(t: &spec::Train, classes: usize, loaded: Option<&crate::data::Load
         }
         None => {}
     }
-    let regression = t.loss == Loss::Mse;
+    let targets = match t.loss {
+        Loss::SoftmaxCrossEntropy => Targets::Classes,
+        Loss::Mse => Targets::Normal,
+        Loss::SigmoidBinaryCrossEntropy => Targets::Binary,
+    };
     match &t.data {
         Some(spec::Data::ShakespeareWords { vocab, seq, .. }) => Source::Tokens {
             ids: crate::data::shakespeare_words(vocab.unwrap_or(classes)),
@@ -123,12 +130,13 @@ pub fn source(t: &spec::Train, classes: usize, loaded: Option<&crate::data::Load
         }) => Source::Synthetic {
             classes: c.unwrap_or(classes),
             vocab: *vocab,
-            regression,
+            targets,
         },
+        Some(spec::Data::Clicks { vocab, .. }) => Source::Clicks { vocab: *vocab },
         _ => Source::Synthetic {
             classes,
             vocab: None,
-            regression,
+            targets,
         },
     }
 }

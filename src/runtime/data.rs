@@ -10,15 +10,29 @@ pub struct Batch {
     pub labels: Vec<f64>,
 }
 
+/// What a synthetic source's labels are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Targets {
+    /// Class ids, uniform in [0, classes).
+    Classes,
+    /// Normal values shaped like the output (a regression).
+    Normal,
+    /// 0 or 1 shaped like the output (binary cross-entropy).
+    Binary,
+}
+
 pub enum Source {
     /// Normal inputs (integer inputs uniform below `vocab`, by default the
-    /// model's classes), uniform labels in [0, classes) (or, for a regression,
-    /// normal targets): one fixed batch.
+    /// model's classes) and random labels (see [`Targets`]): one fixed batch.
     Synthetic {
         classes: usize,
         vocab: Option<usize>,
-        regression: bool,
+        targets: Targets,
     },
+    /// Synthetic clicks: inputs as `Synthetic` draws them but new every step,
+    /// and per example a 0/1 label from a fixed rule of the seed (see [`click`]):
+    /// a class id, or a target for each of the example's output elements.
+    Clicks { vocab: Option<usize> },
     /// Token windows: inputs `seq` ids, labels the next `seq` ids.
     Tokens { ids: Vec<u32>, seq: usize },
     /// Batches from an array file, checked by the data stage: inputs, labels and
@@ -40,6 +54,7 @@ fn slice(a: &Array, step: usize, per_batch: usize) -> Vec<f64> {
 impl Source {
     /// Whether every step's batch is the same (the synthetic source's one batch).
     pub fn same_every_step(&self) -> bool {
+        // (Clicks draw a new batch every step.)
         matches!(self, Source::Synthetic { .. })
     }
 
@@ -63,36 +78,43 @@ impl Source {
             Source::Synthetic {
                 classes,
                 vocab: ids_below,
-                regression,
+                targets,
             } => {
-                let vocab = ids_below.unwrap_or(vocab);
                 // One batch reused every step, as seeds 000 and 003 do.
-                let _ = step;
                 let s = seed ^ crate::init::hash_str(if held_out { "held-out" } else { "data" });
-                let mut inputs = Vec::new();
-                for (k, n) in input_sizes.iter().enumerate() {
-                    let sk = s ^ (k as u64 + 1).wrapping_mul(0x9E37_79B9);
-                    // Token-id inputs are drawn uniformly below the vocabulary size.
-                    if int_inputs.get(k) == Some(&true) {
-                        inputs.push(
-                            (0..*n as u64)
-                                .map(|i| (crate::init::uniform(sk, i) * vocab as f64).floor())
-                                .collect(),
-                        );
-                    } else {
-                        inputs.push((0..*n as u64).map(|i| crate::init::normal(sk, i)).collect());
-                    }
-                }
+                let inputs = draw_inputs(s, input_sizes, int_inputs, ids_below.unwrap_or(vocab));
                 let c = (*classes).max(1);
+                let t = s ^ 0x1234_5678;
                 let labels = (0..rows as u64)
-                    .map(|i| match regression {
-                        true => crate::init::normal(s ^ 0x1234_5678, i),
-                        false => {
-                            ((crate::init::uniform(s ^ 0x1234_5678, i) * c as f64) as i64
-                                % c as i64) as f64
+                    .map(|i| match targets {
+                        Targets::Normal => crate::init::normal(t, i),
+                        Targets::Binary => f64::from(u8::from(crate::init::uniform(t, i) < 0.5)),
+                        Targets::Classes => {
+                            ((crate::init::uniform(t, i) * c as f64) as i64 % c as i64) as f64
                         }
                     })
                     .collect();
+                Batch { inputs, labels }
+            }
+            Source::Clicks { vocab: ids_below } => {
+                let split = if held_out {
+                    "clicks held-out"
+                } else {
+                    "clicks"
+                };
+                let s = seed
+                    ^ crate::init::hash_str(split)
+                    ^ (step as u64 + 1).wrapping_mul(0xD6E8_FEB8_6659_FD93);
+                let inputs = draw_inputs(s, input_sizes, int_inputs, ids_below.unwrap_or(vocab));
+                let rule = seed ^ crate::init::hash_str("clicks rule");
+                let b = batch.max(1);
+                let clicks: Vec<f64> = (0..b)
+                    .map(|e| click(rule, s, e, b, &inputs, int_inputs))
+                    .collect();
+                // Each example's click for each of its label rows (a binary
+                // target per output element, or a class id).
+                let per = (rows / b).max(1);
+                let labels = (0..rows).map(|i| clicks[(i / per).min(b - 1)]).collect();
                 Batch { inputs, labels }
             }
             Source::Arrays(a) => {
@@ -142,4 +164,46 @@ impl Source {
             }
         }
     }
+}
+
+/// Inputs as the synthetic sources draw them from stream `s`: integer inputs
+/// uniform below `vocab`, float inputs normal.
+fn draw_inputs(s: u64, input_sizes: &[usize], int_inputs: &[bool], vocab: usize) -> Vec<Vec<f64>> {
+    input_sizes
+        .iter()
+        .enumerate()
+        .map(|(k, n)| {
+            let sk = s ^ (k as u64 + 1).wrapping_mul(0x9E37_79B9);
+            if int_inputs.get(k) == Some(&true) {
+                (0..*n as u64)
+                    .map(|i| (crate::init::uniform(sk, i) * vocab as f64).floor())
+                    .collect()
+            } else {
+                (0..*n as u64).map(|i| crate::init::normal(sk, i)).collect()
+            }
+        })
+        .collect()
+}
+
+/// Example `e`'s click (0 or 1) out of `b` examples: a score that sums, per
+/// input, a fixed linear function of its float features or a fixed value per
+/// id (each scaled by 1/√features), plus noise of a quarter of a feature's
+/// weight; clicked when the score is positive. The rule depends on `rule`
+/// only, so every step's examples follow the same rule.
+fn click(rule: u64, s: u64, e: usize, b: usize, inputs: &[Vec<f64>], int_inputs: &[bool]) -> f64 {
+    let mut score = 0.0;
+    for (k, x) in inputs.iter().enumerate() {
+        let m = x.len() / b;
+        let rk = rule ^ (k as u64 + 1).wrapping_mul(0xA24B_AED4_963E_E407);
+        let scale = 1.0 / (m.max(1) as f64).sqrt();
+        for (j, v) in x.iter().skip(e * m).take(m).enumerate() {
+            score += scale
+                * match int_inputs.get(k) == Some(&true) {
+                    true => crate::init::normal(rk, *v as u64),
+                    false => crate::init::normal(rk, j as u64) * v,
+                };
+        }
+    }
+    score += 0.25 * crate::init::normal(s ^ 0x5EED_C11C, e as u64);
+    f64::from(u8::from(score > 0.0))
 }

@@ -1,15 +1,25 @@
 //! The training losses: mean softmax cross-entropy (logits possibly split over
-//! their class dimension) and mean squared error (the output possibly split),
-//! each returning the global loss and the output's cotangent in the output's
-//! layout, held as addends over the axes the output is replicated on.
+//! their class dimension), mean squared error and mean sigmoid binary
+//! cross-entropy (the output possibly split), each returning the global loss
+//! and the output's cotangent in the output's layout, held as addends over the
+//! axes the output is replicated on, and the sums the step's metrics
+//! (accuracy, AUC) are computed from, summed over the devices.
 
 use super::exec::{Exec, R};
-use crate::spec::Loss;
+use crate::spec::{Loss, Metric, AUC_BINS};
 use crate::types::TType;
 use candle_core::{DType, Tensor};
 
 fn ce<E: std::fmt::Display>(e: E) -> String {
     e.to_string()
+}
+
+/// A step's loss, the output's cotangent and the metrics' global sums (in the
+/// order of the metrics asked for, [`Metric::sums`] each).
+pub struct Scored {
+    pub loss: f64,
+    pub ct: Tensor,
+    pub sums: Vec<f64>,
 }
 
 /// The training loss of `out` against `labels` (see [`Loss`]) and its cotangent.
@@ -22,9 +32,133 @@ pub fn loss_fn(
     rows: usize,
     stage_axis: Option<&str>,
 ) -> R<(f64, Tensor)> {
+    let s = score(kind, &[], ex, out, ot, labels, rows, stage_axis)?;
+    Ok((s.loss, s.ct))
+}
+
+/// The loss, its cotangent and the sums of `metrics` (each defined for `kind`:
+/// the spec checks it, E0308).
+#[allow(clippy::too_many_arguments)]
+pub fn score(
+    kind: Loss,
+    metrics: &[Metric],
+    ex: &Exec,
+    out: &Tensor,
+    ot: &TType,
+    labels: &Tensor,
+    rows: usize,
+    stage_axis: Option<&str>,
+) -> R<Scored> {
     match kind {
-        Loss::SoftmaxCrossEntropy => cross_entropy(ex, out, ot, labels, rows, stage_axis),
-        Loss::Mse => mse(ex, out, ot, labels, rows, stage_axis),
+        Loss::SoftmaxCrossEntropy => cross_entropy(ex, metrics, out, ot, labels, rows, stage_axis),
+        Loss::Mse => {
+            let (loss, ct) = mse(ex, out, ot, labels, rows, stage_axis)?;
+            Ok(Scored {
+                loss,
+                ct,
+                sums: Vec::new(),
+            })
+        }
+        Loss::SigmoidBinaryCrossEntropy => {
+            binary_cross_entropy(ex, metrics, out, ot, labels, rows, stage_axis)
+        }
+    }
+}
+
+/// The axes an output's elements are split over (its devices' sums cover it).
+fn split_axes(ot: &TType) -> Vec<String> {
+    ot.dims.iter().flat_map(|d| d.axes.clone()).collect()
+}
+
+/// `local` summed over `axes`.
+fn psum_vec(ex: &Exec, local: Vec<f64>, axes: &[String]) -> R<Vec<f64>> {
+    if local.is_empty() {
+        return Ok(local);
+    }
+    let n = local.len();
+    let t = Tensor::from_vec(local, n, &ex.dev).map_err(ce)?;
+    ex.comm
+        .psum(ex.rank, &t, axes)
+        .and_then(|t| t.to_vec1::<f64>())
+        .map_err(ce)
+}
+
+/// Mean sigmoid binary cross-entropy over all `n` output elements (logits)
+/// against 0/1 targets shaped like them: softplus(z) − y·z, computed as
+/// max(z, 0) − y·z + ln(1 + e^−|z|). The cotangent is (σ(z) − y)/n, held as
+/// addends over the axes the output is replicated on. Accuracy counts the
+/// elements whose logit's sign is the target's; AUC bins σ(z) by target.
+#[allow(clippy::too_many_arguments)]
+fn binary_cross_entropy(
+    ex: &Exec,
+    metrics: &[Metric],
+    z: &Tensor,
+    ot: &TType,
+    y: &Tensor,
+    n: usize,
+    stage_axis: Option<&str>,
+) -> R<Scored> {
+    let topo = ex.comm.topo();
+    let y = y.to_dtype(z.dtype()).map_err(ce)?;
+    let per = z
+        .relu()
+        .and_then(|r| r.sub(&z.mul(&y)?))
+        .and_then(|r| r.add(&(z.abs()?.neg()?.exp()? + 1.0)?.log()?))
+        .map_err(ce)?;
+    let local = per
+        .sum_all()
+        .and_then(|x| x.to_dtype(DType::F64))
+        .map_err(ce)?;
+    let split = split_axes(ot);
+    let total = ex.comm.psum(ex.rank, &local, &split).map_err(ce)?;
+    let loss = total.to_scalar::<f64>().map_err(ce)? / n.max(1) as f64;
+    let sig = (z.neg().and_then(|t| t.exp()).map_err(ce)? + 1.0)
+        .and_then(|t| t.recip())
+        .map_err(ce)?;
+    let (_, rep) = topo.replication(ot, stage_axis);
+    let ct = sig
+        .sub(&y)
+        .and_then(|t| t / (n.max(1) * rep) as f64)
+        .map_err(ce)?;
+    let mut sums = Vec::new();
+    if !metrics.is_empty() {
+        let zs = Kernel64::of(z)?;
+        let ys = Kernel64::of(&y)?;
+        for m in metrics {
+            match m {
+                Metric::Accuracy => {
+                    let right = zs
+                        .iter()
+                        .zip(&ys)
+                        .filter(|(z, y)| (**z > 0.0) == (**y > 0.5))
+                        .count();
+                    sums.extend([right as f64, zs.len() as f64]);
+                }
+                Metric::Auc => {
+                    let mut h = vec![0.0; 2 * AUC_BINS];
+                    for (z, y) in zs.iter().zip(&ys) {
+                        let p = 1.0 / (1.0 + (-z).exp());
+                        let bin = ((p * AUC_BINS as f64) as usize).min(AUC_BINS - 1);
+                        h[if *y > 0.5 { bin } else { AUC_BINS + bin }] += 1.0;
+                    }
+                    sums.extend(h);
+                }
+            }
+        }
+        sums = psum_vec(ex, sums, &split)?;
+    }
+    Ok(Scored { loss, ct, sums })
+}
+
+/// A tensor's values as f64, flattened.
+struct Kernel64;
+
+impl Kernel64 {
+    fn of(t: &Tensor) -> R<Vec<f64>> {
+        t.flatten_all()
+            .and_then(|t| t.to_dtype(DType::F64))
+            .and_then(|t| t.to_vec1::<f64>())
+            .map_err(ce)
     }
 }
 
@@ -59,12 +193,13 @@ fn mse(
 /// logit cross devices. Returns the global loss and the logits' cotangent.
 fn cross_entropy(
     ex: &Exec,
+    metrics: &[Metric],
     logits: &Tensor,
     lt: &TType,
     labels: &Tensor,
     rows: usize,
     stage_axis: Option<&str>,
-) -> R<(f64, Tensor)> {
+) -> R<Scored> {
     let topo = ex.comm.topo();
     let vaxes = lt.dims[lt.rank() - 1].axes.clone();
     let vloc = logits.dims()[logits.rank() - 1];
@@ -73,6 +208,7 @@ fn cross_entropy(
     let d = candle_core::D::Minus1;
     let m = logits.max_keepdim(d).map_err(ce)?;
     let m = ex.comm.pmax(ex.rank, &m, &vaxes).map_err(ce)?;
+    let m_global = m.clone();
     let e = logits.broadcast_sub(&m).and_then(|x| x.exp()).map_err(ce)?;
     let se = e.sum_keepdim(d).map_err(ce)?;
     let se = ex.comm.psum(ex.rank, &se, &vaxes).map_err(ce)?;
@@ -94,6 +230,15 @@ fn cross_entropy(
         .map_err(ce)?;
     let tgt = logits.mul(&oh).and_then(|x| x.sum_keepdim(d)).map_err(ce)?;
     let tgt = ex.comm.psum(ex.rank, &tgt, &vaxes).map_err(ce)?;
+    // A row is right when its target's logit is the largest (ties count).
+    let mut sums = Vec::new();
+    for m in metrics {
+        if *m == Metric::Accuracy {
+            let (t, mx) = (Kernel64::of(&tgt)?, Kernel64::of(&m_global)?);
+            let right = t.iter().zip(&mx).filter(|(t, m)| *t >= *m).count();
+            sums.extend([right as f64, t.len() as f64]);
+        }
+    }
     let local = lse
         .sub(&tgt)
         .and_then(|x| x.sum_all())
@@ -106,6 +251,7 @@ fn cross_entropy(
         .collect();
     let total = ex.comm.psum(ex.rank, &local, &raxes).map_err(ce)?;
     let loss = total.to_scalar::<f64>().map_err(ce)? / rows as f64;
+    let sums = psum_vec(ex, sums, &raxes)?;
     // d loss / d logits, held as addends over the axes the logits are replicated on
     // (not a pipeline's stage axis: only the last stage computes them).
     let (_, rep) = topo.replication(lt, stage_axis);
@@ -114,5 +260,5 @@ fn cross_entropy(
         .sub(&oh)
         .and_then(|x| x / (rows * rep) as f64)
         .map_err(ce)?;
-    Ok((loss, ct))
+    Ok(Scored { loss, ct, sums })
 }

@@ -19,6 +19,23 @@ pub struct Record {
     /// SparseCore limits and FDO events of this step.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<String>,
+    /// The step's metrics by name (`accuracy`, `auc`), as fields of the record;
+    /// `null` where undefined (AUC of a batch with one class only).
+    #[serde(flatten)]
+    pub metrics: std::collections::BTreeMap<String, Option<f64>>,
+}
+
+impl Record {
+    /// The metrics as the progress line shows them: `  accuracy 0.8125  auc 0.9012`.
+    pub fn metrics_line(&self) -> String {
+        self.metrics
+            .iter()
+            .map(|(k, v)| match v {
+                Some(v) => format!("  {k} {v:.4}"),
+                None => format!("  {k} -"),
+            })
+            .collect()
+    }
 }
 
 /// The records a resumed run continues: those of `metrics.jsonl` up to the step

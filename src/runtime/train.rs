@@ -33,6 +33,8 @@ pub struct StepReport {
     pub grad_norm: f64,
     /// Mean loss on held-out batches, on the steps `eval` asks for.
     pub eval_loss: Option<f64>,
+    /// The step's metrics (`metrics:` in the `train`), over its whole batch.
+    pub metrics: Vec<(crate::spec::Metric, f64)>,
 }
 
 /// Named global arrays (parameter name → row-major values).
@@ -267,7 +269,7 @@ pub fn run_on(
             dims: out_t.dims[..out_t.rank() - 1].to_vec(),
             pending: Default::default(),
         },
-        Loss::Mse => out_t.clone(),
+        Loss::Mse | Loss::SigmoidBinaryCrossEntropy => out_t.clone(),
     };
     let rows: usize = label_t
         .dims
@@ -467,6 +469,7 @@ pub fn run_on(
                     ex.sparse.touched.borrow_mut().clear();
                     // Microbatch j is the j-th contiguous chunk of the step's batch.
                     let mut acc: Option<(Vec<Tensor>, f64)> = None;
+                    let mut metric_sums: Vec<f64> = Vec::new();
                     let mut tape = None;
                     // Microbatch j: the j-th contiguous chunk of the step's inputs,
                     // labels and lookup drop masks, and its dropout seed.
@@ -514,7 +517,12 @@ pub fn run_on(
                         *ex.sparse.keep.borrow_mut() = mb.keep;
                         let y = mb.labels;
                         let t = ex.forward(&params, &mb.inputs, mb.seed).map_err(|e| RunError::op(e, generation))?;
-                        let (loss, ct) = loss_fn(cfg.loss, &ex, &t.vals[out_id], out_t, &y, rows, None)?;
+                        let super::loss::Scored { loss, ct, sums } = super::loss::score(cfg.loss, &cfg.metrics, &ex, &t.vals[out_id], out_t, &y, rows, None)?;
+                        if metric_sums.is_empty() {
+                            metric_sums = sums;
+                        } else {
+                            metric_sums.iter_mut().zip(&sums).for_each(|(a, b)| *a += b);
+                        }
                         if !loss.is_finite() {
                             // Every device sees the same loss, so all stop here together.
                             return Err(non_finite(step, loss, &t.vals, generation));
@@ -663,7 +671,8 @@ pub fn run_on(
                     if rank == 0 {
                         let mut notes = sparse.get(step).map(|x| x.notes.clone()).unwrap_or_default();
                         notes.extend(reloaded.take());
-                        let _ = tx.send(StepReport { step, notes, loss, lr, grad_norm: norm, eval_loss });
+                        let metrics = metric_values(&cfg.metrics, &metric_sums);
+                        let _ = tx.send(StepReport { step, notes, loss, lr, grad_norm: norm, eval_loss, metrics });
                     }
                 }
                 Ok((first, memory))
@@ -850,3 +859,18 @@ impl StepBatches<'_> {
 type PieceCache = std::sync::Mutex<
     HashMap<(usize, Vec<(usize, usize)>), Arc<std::sync::OnceLock<Result<Tensor, String>>>>,
 >;
+
+/// Each metric's value from the step's sums (laid out as [`super::loss::score`]
+/// returns them); none when the step did not compute them (a pipelined model).
+fn metric_values(metrics: &[crate::spec::Metric], sums: &[f64]) -> Vec<(crate::spec::Metric, f64)> {
+    let mut at = 0;
+    let mut out = Vec::new();
+    for m in metrics {
+        let n = m.sums();
+        if let Some(s) = sums.get(at..at + n) {
+            out.push((*m, m.value(s)));
+        }
+        at += n;
+    }
+    out
+}

@@ -1,7 +1,9 @@
 //! Reading `train` and `table` declarations into typed values, with a
 //! diagnostic for every field that is unknown, missing, or of the wrong kind.
 
-use super::{Checkpoint, Data, Eval, Fdo, Loss, OptKind, Optimizer, Schedule, Spec, Table, Train};
+use super::{
+    Checkpoint, Data, Eval, Fdo, Loss, Metric, OptKind, Optimizer, Schedule, Spec, Table, Train,
+};
 use crate::ast::{self, Expr, ExprKind, OptValue, Options};
 use crate::diag::{did_you_mean, Diagnostic, Problem};
 use crate::embed::{Combiner, Overflow};
@@ -16,12 +18,14 @@ const DATA: &[(&str, &[&str])] = &[
     ("text", &["path", "seq", "vocab"]),
     ("arrays", &["path"]),
     ("synthetic", &["classes", "vocab"]),
+    ("clicks", &["vocab"]),
 ];
 const TRAIN_FIELDS: &[&str] = &[
     "data",
     "batch",
     "steps",
     "loss",
+    "metrics",
     "optimizer",
     "log_every",
     "seed",
@@ -530,22 +534,15 @@ impl Builder<'_> {
                 OptValue::Expr(Expr {
                     kind: ExprKind::Name(n),
                     span,
-                }) if !Loss::NAMES.contains(&n.as_str()) => {
-                    self.report(Problem::UnknownChoice {
+                }) => match Loss::from_name(n) {
+                    Some(l) => loss = l,
+                    None => self.report(Problem::UnknownChoice {
                         span: *span,
                         kind: "loss",
                         name: n.clone(),
                         known: Loss::NAMES.to_vec(),
-                    });
-                }
-                OptValue::Expr(Expr {
-                    kind: ExprKind::Name(n),
-                    ..
-                }) => {
-                    if n == "mse" {
-                        loss = Loss::Mse;
-                    }
-                }
+                    }),
+                },
                 other => self.report(Problem::WrongKind {
                     span: other.span(),
                     expected: "a loss name".into(),
@@ -553,6 +550,10 @@ impl Builder<'_> {
                 }),
             }
         }
+        let metrics = o
+            .get("metrics")
+            .map(|v| self.metrics(v, loss, o.get("loss").map(|l| l.span())))
+            .unwrap_or_default();
         let block = |b: &mut Builder, name: &str, fields: &[&str], req: &[&str]| {
             let mut every = None;
             let mut count = None;
@@ -645,6 +646,8 @@ impl Builder<'_> {
             seed,
             log_every,
             loss,
+            loss_span: o.get("loss").map(|v| v.span()),
+            metrics,
             optimizer,
             clip,
             eval,
@@ -656,6 +659,81 @@ impl Builder<'_> {
             fdo,
             fdo_dir_span,
         })
+    }
+
+    /// `metrics: [accuracy, auc]`: known names, each once, each defined for
+    /// the run's loss.
+    fn metrics(&mut self, v: &OptValue, loss: Loss, loss_span: Option<Span>) -> Vec<Metric> {
+        let items = match v {
+            OptValue::Expr(Expr {
+                kind: ExprKind::List(items),
+                ..
+            }) => items,
+            other => {
+                self.report(Problem::WrongKind {
+                    span: other.span(),
+                    expected: "a list of metrics like `[accuracy]`".into(),
+                    found: "something else".into(),
+                });
+                return Vec::new();
+            }
+        };
+        let mut out = Vec::new();
+        for item in items {
+            let (name, span) = match item {
+                ast::ListItem::Expr(Expr {
+                    kind: ExprKind::Name(n),
+                    span,
+                }) => (n.as_str(), *span),
+                ast::ListItem::Dim(ast::DimSpec::Dim {
+                    size: ast::DimExpr::Name(i),
+                    axes: None,
+                    ..
+                }) => (i.name.as_str(), i.span),
+                ast::ListItem::Expr(e) => {
+                    self.report(Problem::WrongKind {
+                        span: e.span,
+                        expected: "a metric name".into(),
+                        found: "an expression".into(),
+                    });
+                    continue;
+                }
+                ast::ListItem::Dim(d) => {
+                    self.report(Problem::WrongKind {
+                        span: d.span(),
+                        expected: "a metric name".into(),
+                        found: "a dimension".into(),
+                    });
+                    continue;
+                }
+            };
+            let Some(m) = Metric::from_name(name) else {
+                self.report(Problem::UnknownChoice {
+                    span,
+                    kind: "metric",
+                    name: name.into(),
+                    known: Metric::NAMES.to_vec(),
+                });
+                continue;
+            };
+            if out.contains(&m) {
+                self.report(Problem::BadValue {
+                    span,
+                    message: format!("`{name}` is listed twice"),
+                    help: Some("list each metric once".into()),
+                });
+            } else if !m.fits(loss) {
+                self.report(Problem::MetricLoss {
+                    span,
+                    metric: m.name(),
+                    loss: loss.name(),
+                    loss_span,
+                });
+            } else {
+                out.push(m);
+            }
+        }
+        out
     }
 
     /// A checked data source as a typed value.
@@ -715,6 +793,10 @@ impl Builder<'_> {
                     }
                 }
             }
+            "clicks" => Data::Clicks {
+                vocab: int(self, "vocab"),
+                vocab_span: span_of("vocab"),
+            },
             _ => Data::Synthetic {
                 classes: int(self, "classes"),
                 classes_span: span_of("classes"),

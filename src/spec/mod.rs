@@ -26,10 +26,110 @@ pub enum Loss {
     SoftmaxCrossEntropy,
     /// Targets shaped like the output: the mean over every element of (out − y)².
     Mse,
+    /// 0/1 targets shaped like the output, the output a logit: the mean over
+    /// every element of softplus(z) − y·z (numerically stable).
+    SigmoidBinaryCrossEntropy,
 }
 
 impl Loss {
-    pub const NAMES: &'static [&'static str] = &["softmax_cross_entropy", "mse"];
+    const ALL: &'static [(&'static str, Loss)] = &[
+        ("softmax_cross_entropy", Loss::SoftmaxCrossEntropy),
+        ("mse", Loss::Mse),
+        (
+            "sigmoid_binary_cross_entropy",
+            Loss::SigmoidBinaryCrossEntropy,
+        ),
+    ];
+    pub const NAMES: &'static [&'static str] = &[
+        "softmax_cross_entropy",
+        "mse",
+        "sigmoid_binary_cross_entropy",
+    ];
+    pub fn from_name(name: &str) -> Option<Loss> {
+        Loss::ALL.iter().find(|(n, _)| *n == name).map(|(_, l)| *l)
+    }
+    pub fn name(self) -> &'static str {
+        Loss::ALL
+            .iter()
+            .find(|(_, l)| *l == self)
+            .map_or("softmax_cross_entropy", |(n, _)| n)
+    }
+    /// Whether the targets are shaped like the output (not class ids).
+    pub fn targets_like_output(self) -> bool {
+        !matches!(self, Loss::SoftmaxCrossEntropy)
+    }
+}
+
+/// A figure computed from each step's outputs and targets, logged beside the
+/// loss (progress line and `metrics.jsonl`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Metric {
+    /// The share of predictions that are right: the target class has the
+    /// largest logit (softmax cross-entropy), or the logit's sign is the 0/1
+    /// target's (sigmoid binary cross-entropy).
+    Accuracy,
+    /// Area under the ROC curve of a binary output (sigmoid binary
+    /// cross-entropy), from the step's scores binned into [`AUC_BINS`] bins
+    /// of the predicted probability.
+    Auc,
+}
+
+/// Bins of the predicted probability that AUC is computed from.
+pub const AUC_BINS: usize = 1000;
+
+impl Metric {
+    pub const NAMES: &'static [&'static str] = &["accuracy", "auc"];
+    pub fn from_name(name: &str) -> Option<Metric> {
+        match name {
+            "accuracy" => Some(Metric::Accuracy),
+            "auc" => Some(Metric::Auc),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::Accuracy => "accuracy",
+            Metric::Auc => "auc",
+        }
+    }
+    /// Whether the metric is defined for `loss`.
+    pub fn fits(self, loss: Loss) -> bool {
+        match self {
+            Metric::Accuracy => loss != Loss::Mse,
+            Metric::Auc => loss == Loss::SigmoidBinaryCrossEntropy,
+        }
+    }
+    /// How many sums one step contributes (summed over devices and
+    /// microbatches before [`Metric::value`]).
+    pub fn sums(self) -> usize {
+        match self {
+            Metric::Accuracy => 2,
+            Metric::Auc => 2 * AUC_BINS,
+        }
+    }
+    /// The metric from its sums: accuracy = right / all; AUC from the positive
+    /// and negative counts per probability bin (pairs within a bin count half).
+    pub fn value(self, sums: &[f64]) -> f64 {
+        match self {
+            Metric::Accuracy => {
+                sums.first().copied().unwrap_or(0.0) / sums.get(1).copied().unwrap_or(0.0).max(1.0)
+            }
+            Metric::Auc => {
+                let (pos, neg) = sums.split_at(sums.len() / 2);
+                let (mut below, mut area) = (0.0, 0.0);
+                for (p, n) in pos.iter().zip(neg) {
+                    area += p * (below + 0.5 * n);
+                    below += n;
+                }
+                let total: f64 = pos.iter().sum::<f64>() * below;
+                if total > 0.0 {
+                    area / total
+                } else {
+                    f64::NAN
+                }
+            }
+        }
+    }
 }
 
 /// Where a run's examples come from.
@@ -60,6 +160,14 @@ pub enum Data {
         written: String,
         path_span: Span,
     },
+    /// Synthetic clicks: random inputs as `synthetic` gives them, a new batch
+    /// every step, and a 0/1 target per example from a fixed seeded rule over
+    /// the inputs (a linear score of the float inputs plus a per-id score of
+    /// the ids, with noise), so that a model can learn it.
+    Clicks {
+        vocab: Option<usize>,
+        vocab_span: Option<Span>,
+    },
     /// Random inputs of the model's input types (ids below `vocab`); labels
     /// below `classes` (both default to the model's output classes).
     Synthetic {
@@ -79,6 +187,7 @@ impl Data {
             Data::Text { .. } => "text",
             Data::Arrays { .. } => "arrays",
             Data::Synthetic { .. } => "synthetic",
+            Data::Clicks { .. } => "clicks",
         }
     }
     /// Token ids as labels (not usable with `loss: mse`).
@@ -141,6 +250,9 @@ pub struct Train {
     pub seed: u64,
     pub log_every: usize,
     pub loss: Loss,
+    pub loss_span: Option<Span>,
+    /// `metrics: [accuracy, auc]`.
+    pub metrics: Vec<Metric>,
     pub optimizer: Optimizer,
     pub clip: Option<f64>,
     pub eval: Option<Eval>,

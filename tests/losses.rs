@@ -1,0 +1,100 @@
+//! Losses and metrics beside softmax cross-entropy: sigmoid binary
+//! cross-entropy (its value where it is known, its gradients against finite
+//! differences, sharded against one device) and the metrics logged each step
+//! (accuracy and AUC from hand-computed cases).
+
+mod numerics;
+
+use numerics::*;
+use shardc::runtime::train;
+use shardc::spec::{Metric, AUC_BINS};
+
+/// A model whose logit is `x @ w + b`, trained on synthetic 0/1 targets.
+fn logistic(w_init: &str, metrics: &str) -> String {
+    format!("mesh host(data: 2)\nmodel Logit {{\n  w: f32[6, 1] init {w_init}\n  b: f32[1] init zeros\n  fn forward(x: f32[B@data, 6]) -> f32[B@data, 1] {{ x @ w + b }}\n}}\ntrain Logit on host {{\n  data: synthetic(), batch: 16, steps: 3\n  loss: sigmoid_binary_cross_entropy{metrics}\n  optimizer: sgd(lr: 0.5)\n}}\n")
+}
+
+/// At logit 0 every element costs ln 2, whatever its target.
+#[test]
+fn binary_cross_entropy_at_zero_logits_is_ln_2() {
+    let (prog, mut cfg, src) = setup_text("bce.shard", &logistic("zeros", ""), &[], None);
+    cfg.dtype = candle_core::DType::F64;
+    cfg.steps = 1;
+    let out = train::run(&prog, &cfg, &src, false, &mut |_| {}).expect("runs");
+    assert!(
+        (out.losses[0] - std::f64::consts::LN_2).abs() < 1e-12,
+        "{}",
+        out.losses[0]
+    );
+}
+
+#[test]
+fn binary_cross_entropy_gradients_match_finite_differences() {
+    finite_differences("bce_fd.shard", &logistic("normal(0.5)", ""), &[]);
+}
+
+#[test]
+fn binary_cross_entropy_sharded_equals_one_device() {
+    compare_text(
+        "bce_mesh.shard",
+        &logistic("normal(0.5)", ""),
+        &[("data", 2)],
+        &[("data", 1)],
+        None,
+    );
+}
+
+/// Accuracy and AUC are logged each step, and do not depend on the mesh.
+#[test]
+fn metrics_are_logged_and_equal_on_every_mesh() {
+    let text = logistic("normal(0.5)", "\n  metrics: [accuracy, auc]");
+    let run = |mesh: &[(&str, i64)]| {
+        let (prog, cfg, src) = setup_text("bce_metrics.shard", &text, mesh, None);
+        let mut seen = Vec::new();
+        train::run(&prog, &cfg, &src, false, &mut |r| {
+            seen.push(r.metrics.clone())
+        })
+        .expect("runs");
+        seen
+    };
+    let (two, one) = (run(&[("data", 2)]), run(&[("data", 1)]));
+    assert_eq!(two.len(), 3);
+    for (a, b) in two.iter().zip(&one) {
+        assert_eq!(
+            a.iter().map(|m| m.0).collect::<Vec<_>>(),
+            [Metric::Accuracy, Metric::Auc]
+        );
+        for ((_, x), (_, y)) in a.iter().zip(b) {
+            assert!(
+                (x - y).abs() < 1e-12 && (0.0..=1.0).contains(x),
+                "{x} vs {y}"
+            );
+        }
+    }
+}
+
+/// Positives in bins 500 and 900, negatives in bins 100 and 500: of the four
+/// (positive, negative) pairs three rank right and one ties (half): 3.5 / 4.
+#[test]
+fn auc_from_binned_scores() {
+    let mut sums = vec![0.0; 2 * AUC_BINS];
+    sums[500] += 1.0;
+    sums[900] += 1.0;
+    sums[AUC_BINS + 100] += 1.0;
+    sums[AUC_BINS + 500] += 1.0;
+    assert_eq!(Metric::Auc.value(&sums), 0.875);
+    // Perfectly separated, and inverted.
+    let mut sums = vec![0.0; 2 * AUC_BINS];
+    sums[AUC_BINS - 1] = 5.0;
+    sums[AUC_BINS] = 7.0;
+    assert_eq!(Metric::Auc.value(&sums), 1.0);
+    let mut sums = vec![0.0; 2 * AUC_BINS];
+    sums[0] = 5.0;
+    sums[2 * AUC_BINS - 1] = 7.0;
+    assert_eq!(Metric::Auc.value(&sums), 0.0);
+    // One class only: undefined.
+    let mut sums = vec![0.0; 2 * AUC_BINS];
+    sums[3] = 2.0;
+    assert!(Metric::Auc.value(&sums).is_nan());
+    assert_eq!(Metric::Accuracy.value(&[3.0, 4.0]), 0.75);
+}
