@@ -28,6 +28,13 @@ pub enum Op {
 }
 
 impl Op {
+    /// An `add_loss` or `observe`: what the runtime adds to the loss or logs.
+    pub fn aux(&self) -> Option<&crate::prim::aux::Aux> {
+        match self {
+            Op::Prim(Prim::Aux(a)) => Some(a),
+            _ => None,
+        }
+    }
     /// The table a `lookup` reads.
     pub fn lookup_table(&self) -> Option<&str> {
         match self {

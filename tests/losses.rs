@@ -98,3 +98,39 @@ fn auc_from_binned_scores() {
     assert!(Metric::Auc.value(&sums).is_nan());
     assert_eq!(Metric::Accuracy.value(&[3.0, 4.0]), 0.75);
 }
+
+/// `add_loss` adds `weight × term` to the loss: its value is the plain loss
+/// plus the weighted term, its gradient matches finite differences, and a
+/// sharded run equals one device (the replicated term's cotangent is split
+/// over the devices holding it).
+#[test]
+fn added_loss_joins_the_loss_and_its_gradient() {
+    let text = |weight: &str| {
+        format!("mesh host(data: 2)\nmodel Net {{\n  w: f32[8, 4] init normal(0.5)\n  fn forward(x: f32[B@data, 8]) -> f32[B@data, 4] {{\n    let y = x @ w\n    add_loss(y, reduce(mean(y * y)), weight: {weight}, name: l2)\n  }}\n}}\ntrain Net on host {{ data: synthetic(classes: 4), batch: 8, steps: 2, optimizer: sgd(lr: 0.1) }}\n")
+    };
+    let run = |weight: &str| {
+        let (prog, mut cfg, src) = setup_text("aux.shard", &text(weight), &[], None);
+        cfg.dtype = candle_core::DType::F64;
+        cfg.steps = 1;
+        let mut term = 0.0;
+        let out =
+            train::run(&prog, &cfg, &src, false, &mut |r| term = r.observed[0].1[0]).expect("runs");
+        (out.losses[0], term)
+    };
+    let (plain, term) = run("0.0");
+    let (with, term2) = run("0.5");
+    assert_eq!(term, term2);
+    assert!(term > 0.0);
+    assert!(
+        (with - (plain + 0.5 * term)).abs() < 1e-12,
+        "{with} vs {plain} + 0.5 × {term}"
+    );
+    finite_differences("aux_fd.shard", &text("0.5"), &[]);
+    compare_text(
+        "aux_mesh.shard",
+        &text("0.5"),
+        &[("data", 2)],
+        &[("data", 1)],
+        None,
+    );
+}

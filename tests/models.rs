@@ -268,3 +268,53 @@ fn dlrm_learns_the_clicks() {
         .expect("auc logged");
     assert!(auc > 0.8, "AUC {auc}");
 }
+
+#[test]
+fn mixtral_matches_one_device() {
+    let file = "models/mixtral.shard";
+    matches_one_device(
+        file,
+        &read(file),
+        &[("dp", 2), ("ep", 4)],
+        &[("dp", 1), ("ep", 1)],
+    );
+}
+
+#[test]
+fn mixtral_gradients_match_finite_differences() {
+    let text = with_consts(
+        &read("models/mixtral.shard"),
+        &[("VOCAB", 64), ("T", 8), ("C", 3), ("F", 16)],
+    );
+    finite_differences("models/mixtral_fd.shard", &text, &[("dp", 2), ("ep", 4)]);
+}
+
+/// Every step logs the load-balancing term (one per block, added up), the
+/// tokens each expert kept and
+/// the tokens dropped; kept and dropped add up to every routing choice (2 per
+/// token, per block).
+#[test]
+fn mixtral_logs_tokens_per_expert_and_dropped_tokens() {
+    let (prog, mut cfg, src) = setup("models/mixtral.shard", &[], None);
+    cfg.steps = 3;
+    let mut seen = Vec::new();
+    train::run(&prog, &cfg, &src, false, &mut |r| {
+        seen.push(r.observed.clone())
+    })
+    .expect("trains");
+    assert_eq!(seen.len(), 3);
+    for step in &seen {
+        let get = |n: &str| {
+            step.iter()
+                .find(|(k, _)| k == n)
+                .map(|(_, v)| v.clone())
+                .expect(n)
+        };
+        let kept: f64 = get("tokens_per_expert").iter().sum();
+        let dropped = get("dropped_tokens")[0];
+        assert_eq!(get("tokens_per_expert").len(), 8);
+        assert_eq!(kept + dropped, (2 * 2 * 16 * 32) as f64);
+        let balance = get("balance")[0];
+        assert!(balance > 0.0 && balance.is_finite(), "balance {balance}");
+    }
+}

@@ -83,3 +83,22 @@ fn plans_a_175b_model_on_1024_devices() {
     // ≈175e9 parameters over tp·pp = 64 devices, 4 bytes each: ≈ 11 GB per device.
     assert!(p.params > 10.0e9 && p.params < 12.5e9, "{}", p.params);
 }
+
+/// Expert parallelism moves the routed slots only: each all-to-all of
+/// `models/mixtral.shard` sends a device's [sequences, experts, capacity, D]
+/// queues (2 × 8 × 10 × 32 floats = capacity factor 1.25 × top-2 × its 64
+/// tokens × D × 4 bytes = 20,480 bytes) less the quarter it keeps: 15,360
+/// bytes per call, per direction, where dispatching every token to every
+/// expert would send 8 × as much. Two blocks, forward and backward: 4 calls.
+#[test]
+fn mixtral_all_to_all_moves_the_routed_slots() {
+    let p = plan_of("models/mixtral.shard", vec![]);
+    let a2a: Vec<_> = p.comms.iter().filter(|c| c.kind == "all-to-all").collect();
+    assert_eq!(a2a.len(), 2, "dispatch and combine");
+    let per_call = 1.25 * 2.0 * 64.0 * 32.0 * 4.0 * 3.0 / 4.0;
+    for c in a2a {
+        assert_eq!(c.axes, ["ep"]);
+        assert_eq!(c.count, 4);
+        assert_eq!(c.bytes, 4.0 * per_call, "{}", c.source);
+    }
+}

@@ -479,7 +479,14 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
                     metrics: r
                         .metrics
                         .iter()
-                        .map(|(m, v)| (m.name().to_string(), v.is_finite().then_some(*v)))
+                        .map(|(m, v)| (m.name().to_string(), serde_json::json!(v)))
+                        .chain(r.observed.iter().map(|(n, v)| {
+                            let v = match v.as_slice() {
+                                [x] => serde_json::json!(x),
+                                xs => serde_json::json!(xs),
+                            };
+                            (n.clone(), v)
+                        }))
                         .collect(),
                 };
                 // Limits and FDO changes are worth a line even when steps are thinned.

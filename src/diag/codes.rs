@@ -64,6 +64,7 @@ codes! {
     E0221 => "size of a trained model's input not known",
     E0222 => "count out of range for its dimension",
     E0223 => "side inputs to a pipelined stack",
+    E0224 => "added loss or observed value of the wrong kind",
     E0300 => "unknown or missing field",
     E0301 => "unknown optimizer, schedule, loss or data source",
     E0302 => "invalid option value",

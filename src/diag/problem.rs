@@ -240,6 +240,15 @@ pub enum Problem {
         message: String,
         help: Option<String>,
     },
+    /// `add_loss`'s term or `observe`'s value is not a reduced float value of
+    /// the size it must have.
+    AuxValue {
+        span: Span,
+        callee: &'static str,
+        what: String,
+        problem: String,
+        scalar: bool,
+    },
     /// A metric the run's loss does not define (AUC of a softmax, accuracy of
     /// a regression).
     MetricLoss {
@@ -537,6 +546,12 @@ impl Problem {
                 let x = d(Code::E0302, message.clone(), *span, "invalid value".into());
                 match help { Some(h) => x.help(h.clone()), None => x }
             }
+            AuxValue { span, callee, what, problem, scalar } => d(Code::E0224, format!("the {what} of `{callee}` {problem}"), *span, format!("the {what}"))
+                .help(if *scalar {
+                    "an added loss is one number for the whole batch: reduce it (`mean(...)`, `sum(...)`, then `reduce(...)` or `psum` for a sum over devices)".to_string()
+                } else {
+                    format!("an observed value is small and the same on every device: reduce it (`sum(..., dim: 0)`, then `reduce(...)`), at most {} elements", crate::prim::aux::MAX_OBSERVED)
+                }),
             MetricLoss { span, metric, loss, loss_span } => {
                 let x = d(Code::E0308, format!("`{metric}` is not defined for `loss: {loss}`"), *span, format!("needs another loss than `{loss}`"))
                     .help(match *metric {

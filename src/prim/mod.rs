@@ -29,6 +29,7 @@ pub mod rules;
 pub mod along;
 pub mod arith;
 pub mod attention;
+pub mod aux;
 pub mod axis_index;
 pub mod cast;
 pub mod collective;
@@ -210,6 +211,7 @@ families! {
     Collective(collective::Collective) => collective,
     AxisIndex(axis_index::AxisIndex) => axis_index,
     Reshard(reshard::Reshard) => reshard,
+    Aux(aux::Aux) => aux,
 }
 
 /// The named op (function or collective) called `name`.

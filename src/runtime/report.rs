@@ -19,10 +19,12 @@ pub struct Record {
     /// SparseCore limits and FDO events of this step.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<String>,
-    /// The step's metrics by name (`accuracy`, `auc`), as fields of the record;
-    /// `null` where undefined (AUC of a batch with one class only).
+    /// The step's metrics by name (`accuracy`, `auc`) and the model's added
+    /// loss terms and observed values (`add_loss`, `observe`: a number or a
+    /// list), as fields of the record; `null` where undefined (AUC of a batch
+    /// with one class only).
     #[serde(flatten)]
-    pub metrics: std::collections::BTreeMap<String, Option<f64>>,
+    pub metrics: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 impl Record {
@@ -30,11 +32,26 @@ impl Record {
     pub fn metrics_line(&self) -> String {
         self.metrics
             .iter()
-            .map(|(k, v)| match v {
-                Some(v) => format!("  {k} {v:.4}"),
-                None => format!("  {k} -"),
-            })
+            .map(|(k, v)| format!("  {k} {}", short(v)))
             .collect()
+    }
+}
+
+/// A metric's value for the progress line: numbers to 4 significant places,
+/// lists of up to 8 of them.
+fn short(v: &serde_json::Value) -> String {
+    let num = |x: &serde_json::Value| match x.as_f64() {
+        Some(f) if f != 0.0 && (f.abs() >= 1e4 || f.abs() < 1e-3) => format!("{f:.3e}"),
+        Some(f) if f.fract() == 0.0 => format!("{f:.0}"),
+        Some(f) => format!("{f:.4}"),
+        None => "-".into(),
+    };
+    match v {
+        serde_json::Value::Array(xs) if xs.len() <= 8 => {
+            format!("[{}]", xs.iter().map(num).collect::<Vec<_>>().join(" "))
+        }
+        serde_json::Value::Array(xs) => format!("[{} values]", xs.len()),
+        x => num(x),
     }
 }
 

@@ -35,6 +35,9 @@ pub struct StepReport {
     pub eval_loss: Option<f64>,
     /// The step's metrics (`metrics:` in the `train`), over its whole batch.
     pub metrics: Vec<(crate::spec::Metric, f64)>,
+    /// Added loss terms and observed values by name (`add_loss`, `observe`),
+    /// summed over nodes of one name, averaged over microbatches.
+    pub observed: Observed,
 }
 
 /// Named global arrays (parameter name → row-major values).
@@ -287,6 +290,13 @@ pub fn run_on(
     // of M microbatches.
     let stages = super::pipeline::Stages::of(prog)?;
     let stages = &stages;
+    if let (Some(_), Some(i)) = (stages, prog.nodes.iter().position(|n| n.op.aux().is_some())) {
+        return Err(RunError {
+            message: "`add_loss` and `observe` are not supported in a pipelined model yet".into(),
+            node: Some((i, 0)),
+            ..RunError::default()
+        });
+    }
     let k = cfg.accumulate.max(1) * stages.as_ref().map_or(1, |s| s.microbatches);
     let micro_sizes = input_sizes.clone();
     let input_sizes: Vec<usize> = input_sizes.iter().map(|n| n * k).collect();
@@ -470,6 +480,7 @@ pub fn run_on(
                     // Microbatch j is the j-th contiguous chunk of the step's batch.
                     let mut acc: Option<(Vec<Tensor>, f64)> = None;
                     let mut metric_sums: Vec<f64> = Vec::new();
+                    let mut observed: Observed = Vec::new();
                     let mut tape = None;
                     // Microbatch j: the j-th contiguous chunk of the step's inputs,
                     // labels and lookup drop masks, and its dropout seed.
@@ -518,6 +529,14 @@ pub fn run_on(
                         let y = mb.labels;
                         let t = ex.forward(&params, &mb.inputs, mb.seed).map_err(|e| RunError::op(e, generation))?;
                         let super::loss::Scored { loss, ct, sums } = super::loss::score(cfg.loss, &cfg.metrics, &ex, &t.vals[out_id], out_t, &y, rows, None)?;
+                        let (added, seen) = aux_values(prog, &t)?;
+                        let loss = loss + added;
+                        for (name, v) in seen {
+                            match observed.iter_mut().find(|(n, _)| *n == name) {
+                                Some((_, acc)) => acc.iter_mut().zip(&v).for_each(|(a, b)| *a += b / k as f64),
+                                None => observed.push((name, v.iter().map(|x| x / k as f64).collect())),
+                            }
+                        }
                         if metric_sums.is_empty() {
                             metric_sums = sums;
                         } else {
@@ -672,7 +691,7 @@ pub fn run_on(
                         let mut notes = sparse.get(step).map(|x| x.notes.clone()).unwrap_or_default();
                         notes.extend(reloaded.take());
                         let metrics = metric_values(&cfg.metrics, &metric_sums);
-                        let _ = tx.send(StepReport { step, notes, loss, lr, grad_norm: norm, eval_loss, metrics });
+                        let _ = tx.send(StepReport { step, notes, loss, lr, grad_norm: norm, eval_loss, metrics, observed });
                     }
                 }
                 Ok((first, memory))
@@ -873,4 +892,35 @@ fn metric_values(metrics: &[crate::spec::Metric], sums: &[f64]) -> Vec<(crate::s
         at += n;
     }
     out
+}
+
+/// Values logged by name.
+type Observed = Vec<(String, Vec<f64>)>;
+
+/// The added loss (Σ weight × term over the `add_loss` nodes) and every
+/// `add_loss` term and `observe` value by name (one name's values added up).
+fn aux_values(prog: &Program, t: &super::exec::Tape) -> R<(f64, Observed)> {
+    let mut added = 0.0;
+    let mut seen: Observed = Vec::new();
+    for (node, aux) in prog.nodes.iter().filter_map(|n| n.op.aux().map(|a| (n, a))) {
+        let Some(v) = node.args.get(1).and_then(|a| t.vals.get(*a as usize)) else {
+            continue;
+        };
+        let v: Vec<f64> = v
+            .flatten_all()
+            .and_then(|v| v.to_dtype(candle_core::DType::F64))
+            .and_then(|v| v.to_vec1::<f64>())
+            .map_err(ce)?;
+        if let Some(w) = aux.weight() {
+            added += w * v.iter().sum::<f64>();
+        }
+        match seen.iter_mut().find(|(n, _)| n == aux.name()) {
+            Some((_, acc)) if acc.len() == v.len() => {
+                acc.iter_mut().zip(&v).for_each(|(a, b)| *a += b)
+            }
+            Some(_) => {}
+            None => seen.push((aux.name().to_string(), v)),
+        }
+    }
+    Ok((added, seen))
 }

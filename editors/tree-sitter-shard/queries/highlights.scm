@@ -65,10 +65,10 @@
     "greater_equal" "less" "less_equal" "equal" "not_equal" "where" "argmax" "argmin"
     "top_k" "top_k_indices" "cumsum" "var" "take_along_axis" "scatter_add" "arange"
     "broadcast_to" "repeat" "dropout" "one_hot" "embed" "lookup" "causal_attention"
-    "softmax_cross_entropy" "repeat" "shard_params" "normal" "truncated_normal"
-    "uniform" "constant" "sgd" "adam" "adamw" "adagrad" "ftrl" "warmup_cosine"
-    "warmup_linear" "warmup_constant" "inverse_sqrt" "wsd" "shakespeare_words"
-    "shakespeare_chars" "text" "arrays" "synthetic" "rows"))
+    "softmax_cross_entropy" "add_loss" "observe" "repeat" "shard_params" "normal"
+    "truncated_normal" "uniform" "constant" "sgd" "adam" "adamw" "adagrad" "ftrl"
+    "warmup_cosine" "warmup_linear" "warmup_constant" "inverse_sqrt" "wsd"
+    "shakespeare_words" "shakespeare_chars" "text" "arrays" "synthetic" "rows"))
 
 ; collectives get a colour of their own: each one is communication.
 ((call_expr function: (ident) @function.macro)
@@ -86,11 +86,12 @@
     "greater_equal" "less" "less_equal" "equal" "not_equal" "where" "argmax" "argmin"
     "top_k" "top_k_indices" "cumsum" "var" "take_along_axis" "scatter_add" "arange"
     "broadcast_to" "repeat" "dropout" "one_hot" "embed" "lookup" "causal_attention"
-    "softmax_cross_entropy" "repeat" "shard_params" "normal" "truncated_normal"
-    "uniform" "constant" "sgd" "adam" "adamw" "adagrad" "ftrl" "warmup_cosine"
-    "warmup_linear" "warmup_constant" "inverse_sqrt" "wsd" "shakespeare_words"
-    "shakespeare_chars" "text" "arrays" "synthetic" "rows" "psum" "pmean" "pmax" "pmin"
-    "reduce" "all_gather" "psum_scatter" "all_to_all" "ppermute" "axis_index"))
+    "softmax_cross_entropy" "add_loss" "observe" "repeat" "shard_params" "normal"
+    "truncated_normal" "uniform" "constant" "sgd" "adam" "adamw" "adagrad" "ftrl"
+    "warmup_cosine" "warmup_linear" "warmup_constant" "inverse_sqrt" "wsd"
+    "shakespeare_words" "shakespeare_chars" "text" "arrays" "synthetic" "rows" "psum"
+    "pmean" "pmax" "pmin" "reduce" "all_gather" "psum_scatter" "all_to_all" "ppermute"
+    "axis_index"))
 
 ; a collective's mesh axes: `psum(x, mp)`, `all_gather(x, mp, dim: 1)`
 ((call_expr

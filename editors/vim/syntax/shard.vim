@@ -30,7 +30,7 @@ syn keyword shardBuiltin      minimum clamp pow greater greater_equal less less_
 syn keyword shardBuiltin      equal not_equal where argmax argmin top_k top_k_indices
 syn keyword shardBuiltin      cumsum var take_along_axis scatter_add arange broadcast_to
 syn keyword shardBuiltin      repeat dropout one_hot embed lookup causal_attention
-syn keyword shardBuiltin      softmax_cross_entropy
+syn keyword shardBuiltin      softmax_cross_entropy add_loss observe
 " A collective's mesh axes: `psum(x, mp)`, `all_gather(x, mp, dim: 1)`.
 syn match   shardCollectiveAxis "\%(\<\%(axis_index\)\s*(\%(\s*\h\w*\s*,\)*\s*\)\@200<=\h\w*\>\%(\s*[:([@.]\)\@!"
 syn match   shardCollectiveAxis "\%(\<\%(psum\|pmean\|pmax\|pmin\|all_gather\|psum_scatter\|all_to_all\|ppermute\)\s*(\%([^,()]\|([^()]*)\)*,\%(\s*\h\w*\s*,\)*\s*\)\@200<=\h\w*\>\%(\s*[:([@.]\)\@!"
