@@ -914,3 +914,21 @@ fn hints_actions_symbols_tokens_and_folding() {
     assert_eq!(hl.as_array().map(|a| a.len()), Some(2), "{hl}");
     s.finish();
 }
+
+#[test]
+fn incremental_edits_count_utf16_units() {
+    let uri = "file:///tmp/shardc-lsp-incremental.shard";
+    let text = "mesh m(dp: 2)\nmodel M {\n  w: f32[8, 4] init zeros\n  fn forward(x: f32[B@dp, 8]) -> f32[B@dp, 4] {\n    /* 🦀🦀 */ let h = x @ v\n    h\n  }\n}\n";
+    let mut s = Server::start();
+    s.initialize();
+    s.open(uri, text);
+    let d = s.diags(uri);
+    assert_eq!(codes(&d), ["E0100"], "{d:?}");
+    let v = pos(text, "v\n", 0);
+    assert_eq!(d[0]["range"]["start"], v, "{d:?}");
+    // Replace `v` by `w`, addressed in UTF-16 units after the emoji.
+    let end = json!({"line": v["line"], "character": v["character"].as_u64().unwrap_or(0) + 1});
+    s.send(json!({"jsonrpc": "2.0", "method": "textDocument/didChange", "params": {"textDocument": {"uri": uri, "version": 2}, "contentChanges": [{"range": {"start": v, "end": end}, "text": "w"}]}}));
+    assert_eq!(s.diags(uri), Vec::<Value>::new());
+    s.finish();
+}
