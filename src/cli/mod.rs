@@ -239,15 +239,13 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// `shardc lsp`: the server reads its options from the files (`pragma
-/// strict`); `--strict` is accepted and said to be so on the server's log.
+/// `shardc lsp`: every file is checked with the command line's options
+/// (`--strict`, like `pragma strict` in each file).
 fn lsp(args: &LspArgs) -> ExitCode {
-    if args.strict {
-        eprintln!(
-            "shardc lsp: --strict is accepted but not yet applied by the language server; write `pragma strict` in the file"
-        );
-    }
-    crate::lsp::run()
+    crate::lsp::run_with(crate::world::Options {
+        strict: args.strict,
+        ..Default::default()
+    })
 }
 
 /// `shardc fmt`: exit 0 when all is formatted (or was rewritten), 1 when

@@ -1,218 +1,54 @@
-//! `shardc lsp`: a language server on stdio. It runs the same
-//! `world::compile` as the CLI on every open or edit, publishes the diagnostics,
-//! answers hovers with the inferred type of the binding under the cursor, and
-//! formats documents as `shardc fmt` does.
+//! `shardc lsp`: a language server on stdio. Every open buffer is compiled
+//! with the same `world::compile_text` as the CLI, with all open buffers laid
+//! over the disk ([`state`]); diagnostics go to the file they are in (and to
+//! the importer, at the import); navigation, references, rename, hover,
+//! completion, signature help, inlay hints, code actions, symbols, semantic
+//! tokens and folding read an index of each compilation ([`index`], [`nav`],
+//! [`complete`], [`outline`]). Positions are UTF-16 unless the client offers
+//! UTF-8 or UTF-32 ([`text`]).
 //!
 //! Input is read by [`transport`] on a thread of its own, which never stops at
 //! malformed input: a body that is not a JSON-RPC message is answered with a
 //! protocol error, a broken header block is logged (on stderr) and skipped, and
-//! the end of the input ends the server. Each message is handled under
-//! `catch_unwind`, so a bug in one handler answers an internal error instead
-//! of ending the session. Output uses lsp-server's `Message` and its writer.
+//! the end of the input ends the server. Edits only update the buffers; the
+//! queued messages are drained before anything is re-checked, so a burst of
+//! `didChange`s costs one check (the latest edit wins). Each message is
+//! handled under `catch_unwind`, so a bug in one handler answers an internal
+//! error instead of ending the session. Output uses lsp-server's `Message`
+//! and its writer.
 
+pub mod complete;
+pub mod index;
+pub mod nav;
+pub mod outline;
+pub mod state;
+pub mod text;
 pub mod transport;
 
-use crate::check::TypeEntry;
-use crate::diag::Severity;
-use crate::files::{Disk, Overlay};
-use crate::world::{self, Options};
+use crate::world::Options;
 use lsp_server::{ErrorCode, Message, Notification, Request, Response};
 use lsp_types::notification::{
-    DidChangeTextDocument, DidOpenTextDocument, Notification as _, PublishDiagnostics,
+    DidChangeTextDocument, DidChangeWatchedFiles, DidCloseTextDocument, DidOpenTextDocument,
+    DidSaveTextDocument, Notification as _, PublishDiagnostics,
 };
-use lsp_types::request::{Formatting, HoverRequest, Initialize, Request as _, Shutdown};
+use lsp_types::request::{
+    CodeActionRequest, Completion, DocumentHighlightRequest, DocumentSymbolRequest,
+    FoldingRangeRequest, Formatting, GotoDefinition, HoverRequest, Initialize, InlayHintRequest,
+    PrepareRenameRequest, References, Rename, Request as _, SemanticTokensFullRequest, Shutdown,
+    SignatureHelpRequest,
+};
 use lsp_types::{
-    Diagnostic, DiagnosticSeverity, Hover, HoverContents, HoverProviderCapability, MarkupContent,
-    MarkupKind, NumberOrString, OneOf, Position, PublishDiagnosticsParams, Range,
-    ServerCapabilities, TextDocumentSyncCapability, TextDocumentSyncKind, TextEdit, Uri,
+    CodeActionKind, CodeActionOptions, CodeActionProviderCapability, CompletionOptions,
+    FoldingRangeProviderCapability, HoverProviderCapability, OneOf, RenameOptions,
+    SemanticTokensFullOptions, SemanticTokensOptions, SemanticTokensServerCapabilities,
+    ServerCapabilities, SignatureHelpOptions, TextDocumentSyncCapability, TextDocumentSyncKind,
+    TextDocumentSyncOptions, TextDocumentSyncSaveOptions,
 };
 use serde_json::Value;
-use std::collections::HashMap;
 use std::io::{BufRead, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
 use std::process::ExitCode;
 use transport::{clip, Incoming};
-
-fn path_of(uri: &Uri) -> PathBuf {
-    let s = uri.as_str();
-    let raw = s.strip_prefix("file://").unwrap_or(s);
-    // Undo percent-encoding (spaces and friends in paths).
-    let bytes = raw.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            // Two hex digits (`get`: a slice that is not, never a panic).
-            let hex = raw
-                .get(i + 1..i + 3)
-                .filter(|h| h.bytes().all(|c| c.is_ascii_hexdigit()));
-            if let Some(b) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                out.push(b);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    PathBuf::from(String::from_utf8_lossy(&out).into_owned())
-}
-
-/// LSP positions: 0-based line and character.
-fn position(text: &str, offset: usize) -> Position {
-    let before = text.get(..offset.min(text.len())).unwrap_or("");
-    let line = before.matches('\n').count();
-    let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count());
-    Position {
-        line: line as u32,
-        character: col as u32,
-    }
-}
-
-fn offset(text: &str, p: Position) -> usize {
-    let mut off = 0;
-    for (i, l) in text.split('\n').enumerate() {
-        if i == p.line as usize {
-            return off
-                + l.char_indices()
-                    .nth(p.character as usize)
-                    .map_or(l.len(), |(b, _)| b);
-        }
-        off += l.len() + 1;
-    }
-    text.len()
-}
-
-struct Doc {
-    text: String,
-    types: Vec<(usize, usize, TypeEntry)>,
-    /// No syntax error: formatting is offered only then (as `shardc fmt`).
-    parses: bool,
-}
-
-/// Compiles `text` as the document `uri`, records it in `docs` and returns its
-/// `publishDiagnostics` notification.
-fn check(uri: &Uri, text: String, docs: &mut HashMap<String, Doc>) -> Notification {
-    // Imports are read from the open buffers first, then the disk.
-    let mut files = Overlay::new(&Disk);
-    for (u, d) in docs.iter() {
-        if let Ok(u) = u.parse::<Uri>() {
-            files.insert(path_of(&u), d.text.clone());
-        }
-    }
-    files.insert(path_of(uri), text.clone());
-    let c = world::compile_text(&files, &path_of(uri), text.clone(), &Options::default());
-    let root = c.program.root;
-    let diagnostics: Vec<Diagnostic> = c
-        .diagnostics
-        .iter()
-        .filter(|d| d.primary.span.file == root)
-        .map(|d| {
-            let mut message = d.message.clone();
-            if let Some(h) = &d.help {
-                message.push_str(&format!("\nhelp: {h}"));
-            }
-            for n in &d.notes {
-                message.push_str(&format!("\nnote: {n}"));
-            }
-            Diagnostic {
-                range: Range {
-                    start: position(&text, d.primary.span.start as usize),
-                    end: position(&text, d.primary.span.end as usize),
-                },
-                severity: Some(match d.severity {
-                    Severity::Error => DiagnosticSeverity::ERROR,
-                    Severity::Warning => DiagnosticSeverity::WARNING,
-                    Severity::Note => DiagnosticSeverity::INFORMATION,
-                }),
-                code: Some(NumberOrString::String(d.code.as_str().to_string())),
-                source: Some("shardc".into()),
-                message,
-                ..Diagnostic::default()
-            }
-        })
-        .collect();
-    let params = PublishDiagnosticsParams {
-        uri: uri.clone(),
-        diagnostics,
-        version: None,
-    };
-    let note = Notification {
-        method: PublishDiagnostics::METHOD.to_string(),
-        params: serde_json::to_value(params).unwrap_or_default(),
-    };
-    let types = c
-        .checked
-        .types
-        .iter()
-        .filter(|t| t.span.file == root)
-        .map(|t| (t.span.start as usize, t.span.end as usize, t.clone()))
-        .collect();
-    let parses = !c
-        .diagnostics
-        .iter()
-        .any(|d| d.code == crate::diag::Code::E0001 && d.primary.span.file == root);
-    docs.insert(
-        uri.as_str().to_string(),
-        Doc {
-            text,
-            types,
-            parses,
-        },
-    );
-    note
-}
-
-/// `textDocument/formatting`: `shardc fmt`'s output as one edit of the whole
-/// document; none when it is formatted or does not parse.
-fn formatting(
-    p: lsp_types::DocumentFormattingParams,
-    docs: &HashMap<String, Doc>,
-) -> Option<Vec<TextEdit>> {
-    let doc = docs.get(p.text_document.uri.as_str())?;
-    if !doc.parses {
-        return None;
-    }
-    let new_text = crate::fmt::format(&doc.text);
-    if new_text == doc.text {
-        return Some(vec![]);
-    }
-    Some(vec![TextEdit {
-        range: Range {
-            start: Position::new(0, 0),
-            end: position(&doc.text, doc.text.len()),
-        },
-        new_text,
-    }])
-}
-
-fn hover(p: lsp_types::HoverParams, docs: &HashMap<String, Doc>) -> Option<Hover> {
-    let doc = docs.get(p.text_document_position_params.text_document.uri.as_str())?;
-    let at = offset(&doc.text, p.text_document_position_params.position);
-    let (_, _, t) = doc.types.iter().find(|(s, e, _)| *s <= at && at <= *e)?;
-    let mut value = format!(
-        "```shard\n{}: {}\n```\nper device: `{}`",
-        t.name, t.ty, t.local
-    );
-    if let Some(u) = &t.used_as {
-        value.push_str(&format!("\n\ngathered for use: `{u}`"));
-    }
-    if let Some((ty, mesh)) = &t.layout {
-        // Where the pieces live, as `shardc show` draws it.
-        let topo = crate::mesh::Topology::of(mesh);
-        let grid = crate::layout::draw(&t.name, ty, &topo, None);
-        let grid: String = grid.lines().skip(1).map(|l| format!("{l}\n")).collect();
-        value.push_str(&format!("\n\n```text\n{grid}```"));
-    }
-    Some(Hover {
-        contents: HoverContents::Markup(MarkupContent {
-            kind: MarkupKind::Markdown,
-            value,
-        }),
-        range: None,
-    })
-}
 
 /// How a session ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -256,8 +92,19 @@ impl Session {
 
 /// `shardc lsp`: serves stdin and stdout, logging to stderr.
 pub fn run() -> ExitCode {
+    run_with(Options::default())
+}
+
+/// `shardc lsp` with the command line's options (`--strict`): every file is
+/// checked with them.
+pub fn run_with(opts: Options) -> ExitCode {
     let input = std::io::BufReader::with_capacity(64 << 10, std::io::stdin());
-    let session = serve(input, std::io::stdout().lock(), &mut std::io::stderr());
+    let session = serve_with(
+        input,
+        std::io::stdout().lock(),
+        &mut std::io::stderr(),
+        opts,
+    );
     // A reader still blocked on stdin (after an `exit`, or a closed stdout)
     // ends with the process.
     ExitCode::from(session.exit_code())
@@ -271,6 +118,15 @@ pub fn run() -> ExitCode {
 /// stopped; after a failed `output` it may still be blocked on `input`, and is
 /// left to stop at its next message.
 pub fn serve<R, W>(input: R, output: W, log: &mut dyn Write) -> Session
+where
+    R: BufRead + Send + 'static,
+    W: Write,
+{
+    serve_with(input, output, log, Options::default())
+}
+
+/// [`serve`], checking every file with `opts`.
+pub fn serve_with<R, W>(input: R, output: W, log: &mut dyn Write, opts: Options) -> Session
 where
     R: BufRead + Send + 'static,
     W: Write,
@@ -296,49 +152,25 @@ where
     let mut server = Server {
         out: output,
         log,
-        docs: HashMap::new(),
-        state: State::Uninitialized,
+        st: state::State::new(opts),
+        phase: Phase::Uninitialized,
         output_closed: false,
     };
-    for incoming in rx.iter() {
-        match incoming {
-            Incoming::Log(line) => server.log(&line),
-            Incoming::Invalid(invalid) => {
-                server.log(&format!("answered: {}", invalid.message));
-                server.send_value(&invalid.response());
+    'session: while let Ok(first) = rx.recv() {
+        // Handle what came, then everything already queued behind it, and
+        // only then re-check: queued edits cost one check.
+        let mut next = Some(first);
+        while let Some(incoming) = next.take() {
+            if let Some(end) = server.incoming(incoming, &mut session) {
+                session.end = end;
+                break 'session;
             }
-            Incoming::Message(msg) => {
-                let request = match &msg {
-                    Message::Request(r) => Some((r.id.clone(), clip(&r.method, 80))),
-                    _ => None,
-                };
-                match catch_unwind(AssertUnwindSafe(|| server.handle(msg))) {
-                    Ok(None) => {}
-                    Ok(Some(end)) => {
-                        session.end = end;
-                        break;
-                    }
-                    Err(payload) => {
-                        session.panics += 1;
-                        let what = payload
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| payload.downcast_ref::<String>().cloned())
-                            .unwrap_or_else(|| "a panic".into());
-                        server.log(&format!(
-                            "internal error (a bug) handling a message: {what}"
-                        ));
-                        if let Some((id, method)) = request {
-                            server.send(Message::Response(Response::new_err(
-                                id,
-                                ErrorCode::InternalError as i32,
-                                format!("shardc lsp failed on `{method}` (a bug): {what}"),
-                            )));
-                        }
-                    }
-                }
+            if server.output_closed {
+                break;
             }
+            next = rx.try_recv().ok();
         }
+        server.flush(&mut session);
         if server.output_closed {
             session.end = End::OutputClosed;
             break;
@@ -355,18 +187,18 @@ where
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
+enum Phase {
     Uninitialized,
     Running,
     ShutDown,
 }
 
-/// The server's side of a session: the open documents and the output.
+/// The server's side of a session: the workspace state and the output.
 struct Server<'a, W: Write> {
     out: W,
     log: &'a mut dyn Write,
-    docs: HashMap<String, Doc>,
-    state: State,
+    st: state::State,
+    phase: Phase,
     output_closed: bool,
 }
 
@@ -386,18 +218,69 @@ fn params<P: serde::de::DeserializeOwned>(req: &Request) -> Result<P, Refusal> {
     })
 }
 
-fn capabilities() -> Result<Value, Refusal> {
+fn json<T: serde::Serialize>(v: T) -> Result<Value, Refusal> {
+    serde_json::to_value(v).map_err(|e| (ErrorCode::InternalError, e.to_string()))
+}
+
+fn capabilities(enc: text::Encoding) -> Result<Value, Refusal> {
     let caps = ServerCapabilities {
-        text_document_sync: Some(TextDocumentSyncCapability::Kind(TextDocumentSyncKind::FULL)),
+        position_encoding: Some(enc.kind()),
+        text_document_sync: Some(TextDocumentSyncCapability::Options(
+            TextDocumentSyncOptions {
+                open_close: Some(true),
+                change: Some(TextDocumentSyncKind::INCREMENTAL),
+                save: Some(TextDocumentSyncSaveOptions::Supported(true)),
+                ..TextDocumentSyncOptions::default()
+            },
+        )),
         hover_provider: Some(HoverProviderCapability::Simple(true)),
         document_formatting_provider: Some(OneOf::Left(true)),
+        definition_provider: Some(OneOf::Left(true)),
+        references_provider: Some(OneOf::Left(true)),
+        document_highlight_provider: Some(OneOf::Left(true)),
+        rename_provider: Some(OneOf::Right(RenameOptions {
+            prepare_provider: Some(true),
+            work_done_progress_options: Default::default(),
+        })),
+        completion_provider: Some(CompletionOptions {
+            trigger_characters: Some(complete::TRIGGERS.iter().map(|s| s.to_string()).collect()),
+            ..CompletionOptions::default()
+        }),
+        signature_help_provider: Some(SignatureHelpOptions {
+            trigger_characters: Some(vec!["(".into(), ",".into()]),
+            retrigger_characters: None,
+            work_done_progress_options: Default::default(),
+        }),
+        inlay_hint_provider: Some(OneOf::Left(true)),
+        code_action_provider: Some(CodeActionProviderCapability::Options(CodeActionOptions {
+            code_action_kinds: Some(vec![CodeActionKind::QUICKFIX]),
+            ..CodeActionOptions::default()
+        })),
+        document_symbol_provider: Some(OneOf::Left(true)),
+        semantic_tokens_provider: Some(SemanticTokensServerCapabilities::SemanticTokensOptions(
+            SemanticTokensOptions {
+                legend: outline::legend(),
+                full: Some(SemanticTokensFullOptions::Bool(true)),
+                range: None,
+                work_done_progress_options: Default::default(),
+            },
+        )),
+        folding_range_provider: Some(FoldingRangeProviderCapability::Simple(true)),
         ..ServerCapabilities::default()
     };
-    let caps = serde_json::to_value(caps).map_err(|e| (ErrorCode::InternalError, e.to_string()))?;
     Ok(serde_json::json!({
-        "capabilities": caps,
+        "capabilities": json(caps)?,
         "serverInfo": {"name": "shardc", "version": env!("CARGO_PKG_VERSION")},
     }))
+}
+
+/// A panic's message.
+fn what(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into())
 }
 
 impl<W: Write> Server<'_, W> {
@@ -430,13 +313,76 @@ impl<W: Write> Server<'_, W> {
         }
     }
 
+    /// One thing from the reader; `Some` when it ends the session.
+    fn incoming(&mut self, incoming: Incoming, session: &mut Session) -> Option<End> {
+        match incoming {
+            Incoming::Log(line) => self.log(&line),
+            Incoming::Invalid(invalid) => {
+                self.log(&format!("answered: {}", invalid.message));
+                self.send_value(&invalid.response());
+            }
+            Incoming::Message(msg) => {
+                let request = match &msg {
+                    Message::Request(r) => Some((r.id.clone(), clip(&r.method, 80))),
+                    _ => None,
+                };
+                match catch_unwind(AssertUnwindSafe(|| self.handle(msg, session))) {
+                    Ok(end) => return end,
+                    Err(payload) => {
+                        session.panics += 1;
+                        let what = what(payload.as_ref());
+                        self.log(&format!(
+                            "internal error (a bug) handling a message: {what}"
+                        ));
+                        if let Some((id, method)) = request {
+                            self.send(Message::Response(Response::new_err(
+                                id,
+                                ErrorCode::InternalError as i32,
+                                format!("shardc lsp failed on `{method}` (a bug): {what}"),
+                            )));
+                        }
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Re-checks what the handled messages changed and publishes.
+    fn flush(&mut self, session: &mut Session) {
+        if !self.st.pending() {
+            return;
+        }
+        match catch_unwind(AssertUnwindSafe(|| self.st.flush())) {
+            Ok(notes) => {
+                for p in notes {
+                    self.send(Message::Notification(Notification {
+                        method: PublishDiagnostics::METHOD.to_string(),
+                        params: serde_json::to_value(p).unwrap_or_default(),
+                    }));
+                }
+            }
+            Err(payload) => {
+                session.panics += 1;
+                let what = what(payload.as_ref());
+                self.log(&format!(
+                    "internal error (a bug) checking the buffers: {what}"
+                ));
+            }
+        }
+    }
+
     /// Handles one message; `Some` when it ends the session.
-    fn handle(&mut self, msg: Message) -> Option<End> {
+    fn handle(&mut self, msg: Message, session: &mut Session) -> Option<End> {
         match msg {
-            Message::Request(req) => self.request(req),
+            Message::Request(req) => {
+                // Answers are about the buffers as they are now.
+                self.flush(session);
+                self.request(req);
+            }
             Message::Notification(n) if n.method == "exit" => {
-                return Some(match self.state {
-                    State::ShutDown => End::Exit,
+                return Some(match self.phase {
+                    Phase::ShutDown => End::Exit,
                     _ => End::ExitWithoutShutdown,
                 });
             }
@@ -448,40 +394,83 @@ impl<W: Write> Server<'_, W> {
     }
 
     fn request(&mut self, req: Request) {
-        let answer: Result<Value, Refusal> = match (self.state, req.method.as_str()) {
-            (State::Uninitialized, Initialize::METHOD) => {
-                self.state = State::Running;
-                capabilities()
+        let st = &self.st;
+        let answer: Result<Value, Refusal> = match (self.phase, req.method.as_str()) {
+            (Phase::Uninitialized, Initialize::METHOD) => {
+                // A client whose capabilities do not fit still gets UTF-16.
+                let caps = req
+                    .params
+                    .get("capabilities")
+                    .cloned()
+                    .and_then(|c| serde_json::from_value(c).ok())
+                    .unwrap_or_default();
+                self.st.enc = text::Encoding::negotiate(&caps);
+                self.phase = Phase::Running;
+                capabilities(self.st.enc)
             }
-            (State::Uninitialized, m) => Err((
+            (Phase::Uninitialized, m) => Err((
                 ErrorCode::ServerNotInitialized,
                 format!("`{}` before `initialize`", clip(m, 80)),
             )),
-            (State::ShutDown, m) => Err((
+            (Phase::ShutDown, m) => Err((
                 ErrorCode::InvalidRequest,
                 format!(
                     "`{}` after `shutdown`: only the `exit` notification is expected",
                     clip(m, 80)
                 ),
             )),
-            (State::Running, Initialize::METHOD) => Err((
+            (Phase::Running, Initialize::METHOD) => Err((
                 ErrorCode::InvalidRequest,
                 "`initialize` was already sent".into(),
             )),
-            (State::Running, Shutdown::METHOD) => {
-                self.state = State::ShutDown;
+            (Phase::Running, Shutdown::METHOD) => {
+                self.phase = Phase::ShutDown;
                 Ok(Value::Null)
             }
-            (State::Running, HoverRequest::METHOD) => params(&req).and_then(|p| {
-                serde_json::to_value(hover(p, &self.docs))
-                    .map_err(|e| (ErrorCode::InternalError, e.to_string()))
-            }),
-            (State::Running, Formatting::METHOD) => params(&req).and_then(|p| {
-                serde_json::to_value(formatting(p, &self.docs))
-                    .map_err(|e| (ErrorCode::InternalError, e.to_string()))
-            }),
+            (Phase::Running, HoverRequest::METHOD) => {
+                params(&req).and_then(|p| json(nav::hover(st, p)))
+            }
+            (Phase::Running, Formatting::METHOD) => {
+                params(&req).and_then(|p| json(outline::formatting(st, p)))
+            }
+            (Phase::Running, GotoDefinition::METHOD) => {
+                params(&req).and_then(|p| json(nav::definition(st, p)))
+            }
+            (Phase::Running, References::METHOD) => {
+                params(&req).and_then(|p| json(nav::references(st, p)))
+            }
+            (Phase::Running, DocumentHighlightRequest::METHOD) => {
+                params(&req).and_then(|p| json(nav::highlight(st, p)))
+            }
+            (Phase::Running, PrepareRenameRequest::METHOD) => {
+                params(&req).and_then(|p| nav::prepare_rename(st, p).and_then(json))
+            }
+            (Phase::Running, Rename::METHOD) => {
+                params(&req).and_then(|p| nav::rename(st, p).and_then(json))
+            }
+            (Phase::Running, Completion::METHOD) => {
+                params(&req).and_then(|p| json(complete::completion(st, p)))
+            }
+            (Phase::Running, SignatureHelpRequest::METHOD) => {
+                params(&req).and_then(|p| json(complete::signature_help(st, p)))
+            }
+            (Phase::Running, InlayHintRequest::METHOD) => {
+                params(&req).and_then(|p| json(outline::inlay_hints(st, p)))
+            }
+            (Phase::Running, CodeActionRequest::METHOD) => {
+                params(&req).and_then(|p| json(outline::code_actions(st, p)))
+            }
+            (Phase::Running, DocumentSymbolRequest::METHOD) => {
+                params(&req).and_then(|p| json(outline::symbols(st, p)))
+            }
+            (Phase::Running, SemanticTokensFullRequest::METHOD) => {
+                params(&req).and_then(|p| json(outline::semantic_tokens(st, p)))
+            }
+            (Phase::Running, FoldingRangeRequest::METHOD) => {
+                params(&req).and_then(|p| json(outline::folding(st, p)))
+            }
             // Every request gets an answer, or the client waits for it.
-            (State::Running, m) => Err((
+            (Phase::Running, m) => Err((
                 ErrorCode::MethodNotFound,
                 format!("shardc lsp does not handle `{}`", clip(m, 80)),
             )),
@@ -500,33 +489,39 @@ impl<W: Write> Server<'_, W> {
     fn notification(&mut self, n: Notification) {
         // Before `initialize` notifications are dropped (the protocol says so),
         // and after `shutdown` there is nothing left to do.
-        if self.state != State::Running {
+        if self.phase != Phase::Running {
             return;
         }
-        let note = if n.method == DidOpenTextDocument::METHOD {
-            serde_json::from_value::<lsp_types::DidOpenTextDocumentParams>(n.params).map(|p| {
-                Some(check(
-                    &p.text_document.uri,
-                    p.text_document.text,
-                    &mut self.docs,
-                ))
-            })
-        } else if n.method == DidChangeTextDocument::METHOD {
-            serde_json::from_value::<lsp_types::DidChangeTextDocumentParams>(n.params).map(|p| {
-                let uri = p.text_document.uri;
-                let last = p.content_changes.into_iter().last();
-                last.map(|c| check(&uri, c.text, &mut self.docs))
-            })
-        } else {
-            Ok(None)
+        let method = n.method.clone();
+        let fits = match method.as_str() {
+            DidOpenTextDocument::METHOD => {
+                serde_json::from_value::<lsp_types::DidOpenTextDocumentParams>(n.params).map(|p| {
+                    let d = p.text_document;
+                    self.st.open(d.uri, d.text, d.version);
+                })
+            }
+            DidChangeTextDocument::METHOD => serde_json::from_value::<
+                lsp_types::DidChangeTextDocumentParams,
+            >(n.params)
+            .map(|p| {
+                let d = p.text_document;
+                self.st.change(&d.uri, d.version, p.content_changes);
+            }),
+            DidCloseTextDocument::METHOD => {
+                serde_json::from_value::<lsp_types::DidCloseTextDocumentParams>(n.params)
+                    .map(|p| self.st.close(&p.text_document.uri))
+            }
+            DidSaveTextDocument::METHOD | DidChangeWatchedFiles::METHOD => {
+                self.st.disk_changed();
+                Ok(())
+            }
+            _ => Ok(()),
         };
-        match note {
-            Ok(Some(note)) => self.send(Message::Notification(note)),
-            Ok(None) => {}
-            Err(e) => self.log(&format!(
+        if let Err(e) = fits {
+            self.log(&format!(
                 "ignored `{}`: its params do not fit ({e})",
-                n.method
-            )),
+                clip(&method, 80)
+            ));
         }
     }
 }

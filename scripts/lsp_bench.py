@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Latency of `shardc lsp` as an editor sees it (not a test: nothing is
+asserted about time). For models/gptj.shard and a generated model of about
+2,000 lines: edit → diagnostics (a `didChange`, then the
+`publishDiagnostics` of that version), hover and go-to-definition; median
+and 90th percentile over N rounds, in milliseconds.
+
+    python3 scripts/lsp_bench.py [path/to/shardc] [--rounds N]
+
+Figures are in docs/editors.md.
+"""
+
+import pathlib
+import platform
+import re
+import statistics
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from lsp_session import ROOT, Client, default_server, position  # noqa: E402
+
+BLOCK = """layer Block{i}(D) {{
+  ln = LayerNorm(D)
+  w1 : f32[D, 4 * D@mp] init normal(0.02)
+  b1 : f32[4 * D@mp]    init zeros
+  w2 : f32[4 * D@mp, D] init normal(0.02)
+
+  fn forward(x: f32[B@dp, T, D]) -> f32[B@dp, T, D] {{
+    let h = ln(x)
+    let u = gelu(h @ w1 + b1)
+    let y = u @ w2
+    x + psum(y, mp)
+  }}
+}}
+
+"""
+
+
+def generated(lines=2000):
+    """A model of `lines` lines or a few more: blocks, then a model calling each."""
+    n = 1
+    while True:
+        head = "import nn\n\nmesh pod(dp: 2, mp: 2)\n\nconst T = 16\nconst D = 64\n\n"
+        blocks = "".join(BLOCK.format(i=i) for i in range(n))
+        subs = "".join(f"  b{i} = Block{i}(D)\n" for i in range(n))
+        calls = "".join(f"    let x{i + 1} = b{i}(x{i})\n" for i in range(n))
+        model = (f"model Big {{\n  embed = Embed(512@mp, D)\n{subs}\n"
+                 f"  fn forward(ids: i32[B@dp, T]) -> f32[B@dp, T, D] {{\n"
+                 f"    let x0 = embed(ids)\n{calls}    x{n}\n  }}\n}}\n\n")
+        train = ("train Big on pod {\n  data: synthetic(vocab: 512)\n"
+                 "  batch: 8, steps: 2\n  optimizer: adam(lr: 1e-3)\n}\n")
+        text = head + blocks + model + train
+        if text.count("\n") >= lines:
+            return text
+        n += 1
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def bench(server, name, path, text, rounds, hover_at, def_at):
+    uri = path.as_uri()
+    c = Client(server)
+    c.initialize()
+    c.notify("textDocument/didOpen", {"textDocument": {
+        "uri": uri, "languageId": "shard", "version": 1, "text": text}})
+    diags = c.diagnostics(uri, 1)
+    errors = [d for d in diags if d.get("severity") == 1]
+    if errors:
+        sys.exit(f"{name} does not check: {errors[0]['message']}")
+    edit = []
+    for v in range(2, rounds + 2):
+        # A real change each time (the step count), so every edit is checked.
+        changed = re.sub(r"steps: \d+", f"steps: {v}", text, count=1)
+        t = time.perf_counter()
+        c.notify("textDocument/didChange", {"textDocument": {"uri": uri, "version": v},
+                                            "contentChanges": [{"text": changed}]})
+        c.diagnostics(uri, v)
+        edit.append((time.perf_counter() - t) * 1e3)
+    c.notify("textDocument/didChange", {"textDocument": {"uri": uri, "version": rounds + 2},
+                                        "contentChanges": [{"text": text}]})
+    c.diagnostics(uri, rounds + 2)
+
+    def timed(method, at):
+        xs = []
+        for _ in range(rounds):
+            t = time.perf_counter()
+            r = c.request(method, {"textDocument": {"uri": uri}, "position": at})
+            xs.append((time.perf_counter() - t) * 1e3)
+            if not r:
+                sys.exit(f"{name}: {method} answered nothing")
+        return xs
+
+    hover = timed("textDocument/hover", hover_at)
+    definition = timed("textDocument/definition", def_at)
+    c.close()
+    lines = text.count("\n")
+    for what, xs in (("edit → diagnostics", edit), ("hover", hover), ("definition", definition)):
+        print(f"| {name} ({lines} lines) | {what} | {statistics.median(xs):.1f} | {pct(xs, 90):.1f} |")
+
+
+def main():
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    rounds = 30
+    if "--rounds" in sys.argv:
+        rounds = int(sys.argv[sys.argv.index("--rounds") + 1])
+        args = [a for a in args if a != str(rounds)]
+    server = args[0] if args else default_server()
+    print(f"{server}, {rounds} rounds, {platform.processor() or platform.machine()}, "
+          f"Python {platform.python_version()}\n")
+    print("| file | operation | median ms | p90 ms |\n|---|---|---|---|")
+    gptj = ROOT / "models" / "gptj.shard"
+    text = gptj.read_text()
+    bench(server, "models/gptj.shard", gptj, text, rounds,
+          position(text, "let attn", 4), position(text, "LayerNorm(D)"))
+    big = ROOT / "target" / "lsp-bench" / "big.shard"
+    big.parent.mkdir(parents=True, exist_ok=True)
+    text = generated()
+    big.write_text(text)
+    last = text.count("let u =") - 1
+    bench(server, "generated", big, text, rounds,
+          position(text, f"let x{last} =", 4), position(text, f"Block{last}(D)\n"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,494 @@
+//! Going from a name to what it means: go-to-definition, references,
+//! highlights and rename across every file of every open buffer's
+//! compilation (and the other `.shard` files beside the open buffers, which
+//! may import them), and hover (inferred types and layouts of bindings, the
+//! declaration of what a name refers to, constants' values, axes' sizes,
+//! built-in ops with their row of the op registry).
+
+use super::index::{Index, Kind, Occ, Target};
+use super::state::{Analysis, State};
+use super::text::{self, Lines};
+use lsp_server::ErrorCode;
+use lsp_types::{
+    DocumentHighlight, DocumentHighlightKind, DocumentHighlightParams, GotoDefinitionParams,
+    GotoDefinitionResponse, Hover, HoverContents, HoverParams, Location, MarkupContent, MarkupKind,
+    Position, PrepareRenameResponse, ReferenceParams, RenameParams, TextDocumentPositionParams,
+    TextEdit, Uri, WorkspaceEdit,
+};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// A position in a file, seen through a compilation that read the file.
+pub struct At<'a> {
+    pub a: &'a Analysis,
+    pub ix: &'a Index,
+    pub file: usize,
+    pub offset: usize,
+    pub text: &'a str,
+}
+
+impl At<'_> {
+    pub fn occ(&self) -> Option<&Occ> {
+        self.ix.occ_at(self.file, self.offset)
+    }
+}
+
+pub fn at<'a>(st: &'a State, uri: &Uri, pos: Position) -> Option<At<'a>> {
+    let key = State::key_of(uri);
+    let a = st.analyses.get(&key).or_else(|| {
+        let mut v: Vec<(&PathBuf, &Analysis)> =
+            st.analyses.iter().filter(|(_, a)| a.reads(&key)).collect();
+        v.sort_by_key(|(k, _)| *k);
+        v.first().map(|(_, a)| *a)
+    })?;
+    let file = a.index.file_of(&key)?;
+    let text = match st.docs.get(&key) {
+        Some(d) => d.text.as_str(),
+        None => a.index.files[file].text.as_str(),
+    };
+    let offset = Lines::new(text, st.enc).offset(pos);
+    Some(At {
+        a,
+        ix: &a.index,
+        file,
+        offset,
+        text,
+    })
+}
+
+fn at_params<'a>(st: &'a State, p: &TextDocumentPositionParams) -> Option<At<'a>> {
+    at(st, &p.text_document.uri, p.position)
+}
+
+/// A byte range of a file of an index as a location.
+pub fn location(st: &State, ix: &Index, file: usize, start: usize, end: usize) -> Option<Location> {
+    let f = ix.files.get(file)?;
+    Some(Location {
+        uri: st.uri(&f.key)?,
+        range: Lines::new(&f.text, st.enc).range(start, end),
+    })
+}
+
+pub fn definition(st: &State, p: GotoDefinitionParams) -> Option<GotoDefinitionResponse> {
+    let at = at_params(st, &p.text_document_position_params)?;
+    let o = at.occ()?;
+    let loc = match o.target {
+        Target::Def(d) => {
+            let d = at.ix.defs.get(d)?;
+            location(st, at.ix, d.file, d.name_span.0, d.name_span.1)?
+        }
+        Target::File(f) => location(st, at.ix, f, 0, 0)?,
+        Target::Op(_) | Target::Library(_) => return None,
+    };
+    Some(GotoDefinitionResponse::Scalar(loc))
+}
+
+/// What a name is, the same in every compilation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Symbol {
+    Def(PathBuf, usize),
+    Op(&'static str),
+    Library(&'static str),
+    File(PathBuf),
+}
+
+fn symbol(ix: &Index, t: Target) -> Option<Symbol> {
+    Some(match t {
+        Target::Def(d) => {
+            let d = ix.defs.get(d)?;
+            Symbol::Def(ix.files.get(d.file)?.key.clone(), d.name_span.0)
+        }
+        Target::Op(n) => Symbol::Op(n),
+        Target::Library(n) => Symbol::Library(n),
+        Target::File(f) => Symbol::File(ix.files.get(f)?.key.clone()),
+    })
+}
+
+fn target(ix: &Index, s: &Symbol) -> Option<Target> {
+    Some(match s {
+        Symbol::Def(k, start) => Target::Def(ix.def_at(k, *start)?),
+        Symbol::Op(n) => Target::Op(n),
+        Symbol::Library(n) => Target::Library(n),
+        Symbol::File(k) => Target::File(ix.file_of(k)?),
+    })
+}
+
+/// Indexes of the `.shard` files beside the open buffers that no open
+/// buffer's compilation read (they may import what is renamed): at most 200.
+fn neighbours(st: &State) -> Vec<Index> {
+    let mut dirs: Vec<PathBuf> = st
+        .docs
+        .keys()
+        .filter(|k| !text::is_std(k))
+        .filter_map(|k| k.parent().map(Path::to_path_buf))
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    let mut out = Vec::new();
+    let mut files = crate::files::Overlay::new(&crate::files::Disk);
+    for (k, d) in &st.docs {
+        files.insert(k, d.text.clone());
+    }
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        let mut paths: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "shard"))
+            .map(|p| text::key(&p))
+            .filter(|k| !st.analyses.values().any(|a| a.reads(k)))
+            .collect();
+        paths.sort();
+        for p in paths.into_iter().take(200usize.saturating_sub(out.len())) {
+            if let Some(ix) = load(&files, &p) {
+                out.push(ix);
+            }
+        }
+    }
+    out
+}
+
+/// A file and its imports, resolved and indexed (not checked).
+fn load(files: &dyn crate::files::Files, path: &Path) -> Option<Index> {
+    let text = files.read_text(path).ok()?;
+    let own = path.parent()?.to_path_buf();
+    let allowed = crate::access::Allowed::new(files, [own]);
+    let confined = crate::access::Confined::new(files, allowed);
+    let mut sources = crate::source::SourceMap::default();
+    let mut diags = Vec::new();
+    let name = path.display().to_string();
+    let root = sources.add(crate::source::SourceFile::new(
+        path.to_path_buf(),
+        name,
+        text,
+    ));
+    let mut loader = crate::resolve::Loader::new(&mut sources, &mut diags, &confined);
+    loader.load(root);
+    let program = loader.resolve(root);
+    // Indexing recurses along the syntax trees: on the compiler's stack size.
+    std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .stack_size(crate::world::COMPILE_STACK)
+            .spawn_scoped(s, || Index::build(&sources, &program))
+            .ok()?
+            .join()
+            .ok()
+    })
+}
+
+/// Every occurrence of a symbol in every index: (file key, start, end, is a
+/// declaration), each once.
+fn occurrences(
+    st: &State,
+    s: &Symbol,
+    extra: &[Index],
+) -> Vec<(PathBuf, usize, usize, bool, String)> {
+    let mut keys: Vec<&PathBuf> = st.analyses.keys().collect();
+    keys.sort();
+    let ixs = keys
+        .into_iter()
+        .map(|k| st.analyses[k].index.as_ref())
+        .chain(extra);
+    let mut out: Vec<(PathBuf, usize, usize, bool, String)> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for ix in ixs {
+        let Some(t) = target(ix, s) else { continue };
+        for o in ix.occs_of(t) {
+            let f = &ix.files[o.file];
+            if seen.insert((f.key.clone(), o.start, o.end)) {
+                out.push((f.key.clone(), o.start, o.end, o.is_def, f.text.clone()));
+            }
+        }
+    }
+    out.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+    out
+}
+
+fn locations(st: &State, occs: &[(PathBuf, usize, usize, bool, String)]) -> Vec<Location> {
+    occs.iter()
+        .filter_map(|(k, s, e, _, text)| {
+            Some(Location {
+                uri: st.uri(k)?,
+                range: Lines::new(text, st.enc).range(*s, *e),
+            })
+        })
+        .collect()
+}
+
+pub fn references(st: &State, p: ReferenceParams) -> Option<Vec<Location>> {
+    let at = at_params(st, &p.text_document_position)?;
+    let o = at.occ()?;
+    let s = symbol(at.ix, o.target)?;
+    let extra = neighbours(st);
+    let mut occs = occurrences(st, &s, &extra);
+    if !p.context.include_declaration {
+        occs.retain(|o| !o.3);
+    }
+    Some(locations(st, &occs))
+}
+
+pub fn highlight(st: &State, p: DocumentHighlightParams) -> Option<Vec<DocumentHighlight>> {
+    let at = at_params(st, &p.text_document_position_params)?;
+    let o = at.occ()?;
+    let lines = Lines::new(at.text, st.enc);
+    Some(
+        at.ix
+            .occs_of(o.target)
+            .filter(|x| x.file == at.file)
+            .map(|x| DocumentHighlight {
+                range: lines.range(x.start, x.end),
+                kind: Some(if x.is_def {
+                    DocumentHighlightKind::WRITE
+                } else {
+                    DocumentHighlightKind::READ
+                }),
+            })
+            .collect(),
+    )
+}
+
+type Refusal = (ErrorCode, String);
+
+/// What can be renamed: a declaration outside the standard library.
+fn renamable<'a>(at: &'a At) -> Result<(&'a Occ, usize), Refusal> {
+    let refuse = |m: &str| Err((ErrorCode::RequestFailed, m.to_string()));
+    let Some(o) = at.occ() else {
+        return refuse("there is no name here to rename");
+    };
+    let d = match o.target {
+        Target::Def(d) => d,
+        Target::Op(n) | Target::Library(n) => {
+            return refuse(&format!("`{n}` is built into the language"))
+        }
+        Target::File(_) => return refuse("an import is renamed by renaming its file"),
+    };
+    let Some(def) = at.ix.defs.get(d) else {
+        return refuse("there is no name here to rename");
+    };
+    if text::is_std(&at.ix.files[def.file].key) {
+        return refuse(&format!(
+            "`{}` is declared in the standard library",
+            def.name
+        ));
+    }
+    Ok((o, d))
+}
+
+pub fn prepare_rename(
+    st: &State,
+    p: TextDocumentPositionParams,
+) -> Result<Option<PrepareRenameResponse>, Refusal> {
+    let Some(at) = at_params(st, &p) else {
+        return Ok(None);
+    };
+    let (o, _) = renamable(&at)?;
+    let range = Lines::new(at.text, st.enc).range(o.start, o.end);
+    Ok(Some(PrepareRenameResponse::Range(range)))
+}
+
+/// Whether `s` is a name the grammar accepts for a declaration.
+pub fn is_ident(s: &str) -> bool {
+    let mut c = s.chars();
+    c.next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && c.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !super::complete::KEYWORDS.contains(&s)
+        && crate::ast::DType::parse(s).is_none()
+}
+
+// `WorkspaceEdit` is keyed by `Uri`, whose hash does not change.
+#[allow(clippy::mutable_key_type)]
+pub fn rename(st: &State, p: RenameParams) -> Result<Option<WorkspaceEdit>, Refusal> {
+    let Some(at) = at_params(st, &p.text_document_position) else {
+        return Ok(None);
+    };
+    let (_, d) = renamable(&at)?;
+    if !is_ident(&p.new_name) {
+        return Err((
+            ErrorCode::InvalidParams,
+            format!(
+                "`{}` is not a name (a letter or `_`, then letters, digits or `_`; not a keyword)",
+                super::transport::clip(&p.new_name, 60)
+            ),
+        ));
+    }
+    let Some(s) = symbol(at.ix, Target::Def(d)) else {
+        return Ok(None);
+    };
+    let extra = neighbours(st);
+    let mut changes: HashMap<Uri, Vec<TextEdit>> = HashMap::new();
+    for (k, s, e, _, text) in occurrences(st, &s, &extra) {
+        let Some(uri) = st.uri(&k) else { continue };
+        // Buffers are edited as the client has them.
+        let text = st.docs.get(&k).map_or(text, |d| d.text.clone());
+        changes.entry(uri).or_default().push(TextEdit {
+            range: Lines::new(&text, st.enc).range(s, e),
+            new_text: p.new_name.clone(),
+        });
+    }
+    Ok(Some(WorkspaceEdit {
+        changes: Some(changes),
+        ..WorkspaceEdit::default()
+    }))
+}
+
+fn markdown(value: String) -> Hover {
+    Hover {
+        contents: HoverContents::Markup(MarkupContent {
+            kind: MarkupKind::Markdown,
+            value,
+        }),
+        range: None,
+    }
+}
+
+/// A binding's inferred type, per-device shape and layout.
+fn typed(t: &crate::check::TypeEntry) -> String {
+    let mut value = format!(
+        "```shard\n{}: {}\n```\nper device: `{}`",
+        t.name, t.ty, t.local
+    );
+    if let Some(u) = &t.used_as {
+        value.push_str(&format!("\n\ngathered for use: `{u}`"));
+    }
+    if let Some((ty, mesh)) = &t.layout {
+        // Where the pieces live, as `shardc show` draws it.
+        let topo = crate::mesh::Topology::of(mesh);
+        let grid = crate::layout::draw(&t.name, ty, &topo, None);
+        let grid: String = grid.lines().skip(1).map(|l| format!("{l}\n")).collect();
+        value.push_str(&format!("\n\n```text\n{grid}```"));
+    }
+    value
+}
+
+/// The registry's word on a built-in op: its signature and rule.
+pub fn op_doc(name: &str) -> Option<String> {
+    let d = crate::prim::find(name)?;
+    let kind = match d.kind {
+        crate::prim::Kind::Collective => "collective",
+        _ => "built-in function",
+    };
+    Some(format!(
+        "```shard\n{}\n```\n{kind}: {}",
+        d.signature, d.rule
+    ))
+}
+
+/// Optimizers', schedules' and data sources' arguments.
+pub fn library_args(name: &str) -> Option<(&'static str, &'static [&'static str])> {
+    crate::spec::Optimizer::NAMES
+        .iter()
+        .chain(crate::spec::Schedule::NAMES)
+        .chain(super::complete::DATA)
+        .find(|(n, _)| *n == name)
+        .copied()
+}
+
+fn library_doc(name: &str) -> String {
+    let what = if crate::spec::Optimizer::NAMES
+        .iter()
+        .any(|(n, _)| *n == name)
+    {
+        "optimizer"
+    } else if crate::spec::Schedule::NAMES.iter().any(|(n, _)| *n == name) {
+        "learning-rate schedule"
+    } else if super::complete::DATA.iter().any(|(n, _)| *n == name) {
+        "data source"
+    } else if super::index::LOSSES.contains(&name) {
+        "loss"
+    } else {
+        "built-in"
+    };
+    match library_args(name) {
+        Some((n, args)) => format!("```shard\n{n}({})\n```\n{what}", args.join(", ")),
+        None => format!("```shard\n{name}\n```\n{what}"),
+    }
+}
+
+/// What a declaration is, for hovers on it and its uses.
+fn def_doc(st: &State, a: &Analysis, ix: &Index, d: usize) -> String {
+    let def = &ix.defs[d];
+    let key = &ix.files[def.file].key;
+    // A binding with a type: as the checker inferred it (the first instance).
+    if let Some((_, _, _, t)) = a
+        .types
+        .iter()
+        .find(|(k, s, _, _)| k == key && *s == def.name_span.0)
+    {
+        return typed(t);
+    }
+    let container = def
+        .container
+        .and_then(|c| ix.defs.get(c))
+        .map(|c| format!(" of `{}`", c.name))
+        .unwrap_or_default();
+    let mut s = match def.kind {
+        Kind::Const => format!(
+            "```shard\nconst {} = {}\n```",
+            def.name,
+            def.value
+                .map_or_else(|| ix.header(def).replace("const ", ""), |v| v.to_string())
+        ),
+        Kind::Axis => {
+            let size = def
+                .value
+                .map(|v| format!(": {v} devices"))
+                .unwrap_or_default();
+            format!(
+                "```shard\n{}\n```\nmesh axis{container}{size}",
+                ix.header(def)
+            )
+        }
+        Kind::Mesh => {
+            let devices = a
+                .meshes
+                .iter()
+                .find(|(n, _)| *n == def.name)
+                .map(|(_, axes)| axes.iter().map(|x| x.1).product::<i64>());
+            let devices = devices
+                .map(|n| format!("\n\n{n} devices"))
+                .unwrap_or_default();
+            format!("```shard\n{}\n```{devices}", ix.header(def))
+        }
+        _ => format!(
+            "```shard\n{}\n```\n{}{container}",
+            ix.header(def),
+            def.kind.word()
+        ),
+    };
+    let doc = ix.doc_comment(def);
+    if !doc.is_empty()
+        && matches!(
+            def.kind,
+            Kind::Layer | Kind::Model | Kind::Const | Kind::Mesh | Kind::Table | Kind::Feature
+        )
+    {
+        s.push_str(&format!("\n\n{doc}"));
+    }
+    let _ = st;
+    s
+}
+
+pub fn hover(st: &State, p: HoverParams) -> Option<Hover> {
+    let at = at_params(st, &p.text_document_position_params)?;
+    let key = &at.ix.files[at.file].key;
+    // On a binding the checker typed.
+    if let Some((_, _, _, t)) =
+        at.a.types
+            .iter()
+            .find(|(k, s, e, _)| k == key && *s <= at.offset && at.offset <= *e)
+    {
+        return Some(markdown(typed(t)));
+    }
+    let o = at.occ()?;
+    let value = match o.target {
+        Target::Def(d) => def_doc(st, at.a, at.ix, d),
+        Target::Op(n) => op_doc(n)?,
+        Target::Library(n) => library_doc(n),
+        Target::File(f) => format!("`{}`", at.ix.files.get(f)?.name),
+    };
+    let mut h = markdown(value);
+    h.range = Some(Lines::new(at.text, st.enc).range(o.start, o.end));
+    Some(h)
+}

@@ -1,0 +1,469 @@
+//! The server's picture of the workspace: the open buffers, one compilation
+//! per open buffer (through `world::compile_text`, with every open buffer laid
+//! over the disk, so an unsaved edit to an imported file is what its importers
+//! see), and the diagnostics each file is shown. A diagnostic goes to the file
+//! it is in; one in an imported file is also shown in the importer, at the
+//! instantiation or `import` that brings it in, with the original as related
+//! information. Edits only mark buffers dirty: [`State::flush`] re-checks each
+//! dirty buffer and every open buffer that imports one, once, however many
+//! edits were queued.
+
+use super::index::{Index, Kind, Target};
+use super::text::{self, Encoding, Lines};
+use crate::check::TypeEntry;
+use crate::diag::{self, Severity};
+use crate::files::{Disk, Overlay};
+use crate::world::{self, Options};
+use lsp_types::{
+    Diagnostic, DiagnosticRelatedInformation, DiagnosticSeverity, Location, NumberOrString,
+    PublishDiagnosticsParams, Uri,
+};
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub struct Doc {
+    pub uri: Uri,
+    pub text: String,
+    pub version: i32,
+}
+
+/// What one compilation (an open buffer as the root) learned.
+pub struct Analysis {
+    pub root: usize,
+    /// The last index whose root file parsed (navigation keeps working while
+    /// a buffer is mid-edit).
+    pub index: Arc<Index>,
+    /// Types of bindings, by file key: (start, end, entry).
+    pub types: Vec<(PathBuf, usize, usize, TypeEntry)>,
+    /// Meshes: name and axes with sizes.
+    pub meshes: Vec<(String, Vec<(String, i64)>)>,
+    /// `train MODEL on MESH`.
+    pub trains: Vec<(String, String)>,
+    /// The diagnostics this compilation shows, by file key.
+    pub shown: HashMap<PathBuf, Vec<Diagnostic>>,
+    /// Whether the root file parsed (formatting needs it).
+    pub parses: bool,
+}
+
+impl Analysis {
+    /// The keys of every file the compilation read.
+    pub fn reads(&self, key: &Path) -> bool {
+        self.index.file_of(key).is_some()
+    }
+}
+
+pub struct State {
+    pub enc: Encoding,
+    pub opts: Options,
+    /// Open buffers by file key.
+    pub docs: HashMap<PathBuf, Doc>,
+    pub analyses: HashMap<PathBuf, Analysis>,
+    /// Buffers edited since the last flush.
+    dirty: BTreeSet<PathBuf>,
+    /// Re-check every open buffer at the next flush (a buffer opened or closed
+    /// can change what any import reads).
+    all_dirty: bool,
+    /// What each file was last shown.
+    published: HashMap<PathBuf, (Uri, Vec<Diagnostic>)>,
+}
+
+impl State {
+    pub fn new(opts: Options) -> State {
+        State {
+            enc: Encoding::Utf16,
+            opts,
+            docs: HashMap::new(),
+            analyses: HashMap::new(),
+            dirty: BTreeSet::new(),
+            all_dirty: false,
+            published: HashMap::new(),
+        }
+    }
+
+    pub fn key_of(uri: &Uri) -> PathBuf {
+        text::key(&text::path_of(uri))
+    }
+
+    /// The URI to show a file by: the client's own for open buffers.
+    pub fn uri(&self, key: &Path) -> Option<Uri> {
+        if let Some(d) = self.docs.get(key) {
+            return Some(d.uri.clone());
+        }
+        if text::is_std(key) {
+            text::materialize_std(key);
+        }
+        text::uri_of(key)
+    }
+
+    pub fn open(&mut self, uri: Uri, text: String, version: i32) {
+        let key = Self::key_of(&uri);
+        self.docs.insert(key.clone(), Doc { uri, text, version });
+        self.dirty.insert(key);
+        self.all_dirty = true;
+    }
+
+    /// Applies a `didChange`'s edits in order (a change without a range
+    /// replaces the whole text).
+    pub fn change(
+        &mut self,
+        uri: &Uri,
+        version: i32,
+        changes: Vec<lsp_types::TextDocumentContentChangeEvent>,
+    ) {
+        let key = Self::key_of(uri);
+        let enc = self.enc;
+        let Some(doc) = self.docs.get_mut(&key) else {
+            return;
+        };
+        for c in changes {
+            match c.range {
+                None => doc.text = c.text,
+                Some(r) => {
+                    let lines = Lines::new(&doc.text, enc);
+                    let (s, e) = (lines.offset(r.start), lines.offset(r.end));
+                    let (s, e) = (s.min(e), s.max(e));
+                    doc.text.replace_range(s..e, &c.text);
+                }
+            }
+        }
+        doc.version = version;
+        self.dirty.insert(key);
+    }
+
+    pub fn close(&mut self, uri: &Uri) {
+        let key = Self::key_of(uri);
+        self.docs.remove(&key);
+        self.analyses.remove(&key);
+        self.all_dirty = true;
+    }
+
+    /// Everything changed on disk (`didChangeWatchedFiles`, `didSave`).
+    pub fn disk_changed(&mut self) {
+        self.all_dirty = true;
+    }
+
+    pub fn pending(&self) -> bool {
+        self.all_dirty || !self.dirty.is_empty()
+    }
+
+    /// Re-checks the dirty buffers and their importers; returns the
+    /// `publishDiagnostics` to send.
+    pub fn flush(&mut self) -> Vec<PublishDiagnosticsParams> {
+        if !self.pending() {
+            return vec![];
+        }
+        let roots: BTreeSet<PathBuf> = if self.all_dirty {
+            self.docs.keys().cloned().collect()
+        } else {
+            self.docs
+                .keys()
+                .filter(|k| {
+                    self.dirty.contains(*k)
+                        || self
+                            .analyses
+                            .get(*k)
+                            .is_some_and(|a| self.dirty.iter().any(|d| a.reads(d)))
+                })
+                .cloned()
+                .collect()
+        };
+        // Buffers opened or edited get an answer even when nothing changed;
+        // their importers only when theirs did.
+        let forced: BTreeSet<PathBuf> = std::mem::take(&mut self.dirty)
+            .into_iter()
+            .filter(|k| self.docs.contains_key(k))
+            .collect();
+        self.all_dirty = false;
+        for key in &roots {
+            let mut a = self.analyze(key);
+            if let Some(old) = self.analyses.get_mut(key).filter(|_| !a.parses) {
+                // Mid-edit: keep what the last parse knew.
+                a.meshes = std::mem::take(&mut old.meshes);
+                a.trains = std::mem::take(&mut old.trains);
+                a.types = std::mem::take(&mut old.types);
+            }
+            self.analyses.insert(key.clone(), a);
+        }
+        self.publish(&forced)
+    }
+
+    fn analyze(&self, key: &Path) -> Analysis {
+        let mut files = Overlay::new(&Disk);
+        for (k, d) in &self.docs {
+            files.insert(k, d.text.clone());
+        }
+        let text = self
+            .docs
+            .get(key)
+            .map(|d| d.text.clone())
+            .unwrap_or_default();
+        let old = self.analyses.get(key).map(|a| a.index.clone());
+        let enc = self.enc;
+        let opts = self.opts.clone();
+        // Indexing walks the syntax trees recursively: on a stack as large as
+        // the compiler's.
+        let work = || analyze(&files, key, text, &opts, old, enc);
+        std::thread::scope(|s| {
+            let worker = std::thread::Builder::new()
+                .name("analyze".into())
+                .stack_size(world::COMPILE_STACK)
+                .spawn_scoped(s, work);
+            match worker {
+                Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                Err(_) => analyze(&files, key, String::new(), &self.opts, None, enc),
+            }
+        })
+    }
+
+    /// The union of what every compilation shows each file, sent for the
+    /// files whose set changed and for the re-checked roots.
+    fn publish(&mut self, roots: &BTreeSet<PathBuf>) -> Vec<PublishDiagnosticsParams> {
+        let mut now: HashMap<PathBuf, Vec<Diagnostic>> = HashMap::new();
+        for k in self.docs.keys() {
+            now.entry(k.clone()).or_default();
+        }
+        let mut keys: Vec<&PathBuf> = self.analyses.keys().collect();
+        keys.sort();
+        for k in keys {
+            for (file, ds) in &self.analyses[k].shown {
+                let all = now.entry(file.clone()).or_default();
+                for d in ds {
+                    if !all.iter().any(|x| same(x, d)) {
+                        all.push(d.clone());
+                    }
+                }
+            }
+        }
+        for k in self.published.keys() {
+            now.entry(k.clone()).or_default();
+        }
+        let mut out = Vec::new();
+        let mut files: Vec<PathBuf> = now.keys().cloned().collect();
+        files.sort();
+        for file in files {
+            let ds = now.remove(&file).unwrap_or_default();
+            let before = self.published.get(&file).map(|(_, d)| d);
+            if before == Some(&ds) && !roots.contains(&file) {
+                continue;
+            }
+            let Some(uri) = self.uri(&file) else {
+                continue;
+            };
+            let version = self.docs.get(&file).map(|d| d.version);
+            out.push(PublishDiagnosticsParams {
+                uri: uri.clone(),
+                diagnostics: ds.clone(),
+                version,
+            });
+            if ds.is_empty() && !self.docs.contains_key(&file) {
+                self.published.remove(&file);
+            } else {
+                self.published.insert(file, (uri, ds));
+            }
+        }
+        out
+    }
+
+    /// The diagnostics last shown for a file.
+    pub fn shown(&self, key: &Path) -> &[Diagnostic] {
+        self.published.get(key).map_or(&[], |(_, d)| d)
+    }
+}
+
+fn same(a: &Diagnostic, b: &Diagnostic) -> bool {
+    a.range == b.range && a.code == b.code && a.message == b.message
+}
+
+fn analyze(
+    files: &Overlay,
+    key: &Path,
+    text: String,
+    opts: &Options,
+    old: Option<Arc<Index>>,
+    enc: Encoding,
+) -> Analysis {
+    let c = world::compile_text(files, key, text, opts);
+    let root = c.program.root.0 as usize;
+    let fresh = Arc::new(Index::build(&c.sources, &c.program));
+    let parses = fresh.files.get(root).is_some_and(|f| f.parsed);
+    let keys: Vec<PathBuf> = c.sources.files().map(|(_, f)| text::key(&f.path)).collect();
+    let types = c
+        .checked
+        .types
+        .iter()
+        .filter_map(|t| {
+            let k = keys.get(t.span.file.0 as usize)?;
+            Some((
+                k.clone(),
+                t.span.start as usize,
+                t.span.end as usize,
+                t.clone(),
+            ))
+        })
+        .collect();
+    let meshes = c
+        .program
+        .meshes
+        .iter()
+        .map(|m| {
+            let axes = m.axes.iter().map(|a| (a.0.clone(), a.1)).collect();
+            (m.name.clone(), axes)
+        })
+        .collect();
+    let trains = c
+        .program
+        .trains
+        .iter()
+        .map(|t| (t.model.name.clone(), t.mesh.name.clone()))
+        .collect();
+    let mut shown: HashMap<PathBuf, Vec<Diagnostic>> = HashMap::new();
+    let texts: Vec<Lines> = c
+        .sources
+        .files()
+        .map(|(_, f)| Lines::new(&f.text, enc))
+        .collect();
+    let loc = |span: crate::source::Span| -> Option<(PathBuf, lsp_types::Range)> {
+        let f = span.file.0 as usize;
+        Some((
+            keys.get(f)?.clone(),
+            texts.get(f)?.range(span.start as usize, span.end as usize),
+        ))
+    };
+    for d in &c.diagnostics {
+        let Some((file, range)) = loc(d.primary.span) else {
+            continue;
+        };
+        let mut lsp = convert(d, range, &loc);
+        shown.entry(file.clone()).or_default().push(lsp.clone());
+        // In the importer too, where the imported file comes in.
+        let f = d.primary.span.file.0 as usize;
+        if f != root && d.severity != Severity::Note {
+            let Some(site) = site(&fresh, root, f, d.primary.span.start as usize) else {
+                continue;
+            };
+            let Some(uri) = text::uri_of(&file) else {
+                continue;
+            };
+            let name = c.sources.get(d.primary.span.file).name.clone();
+            let mut related = vec![DiagnosticRelatedInformation {
+                location: Location { uri, range },
+                message: d.message.clone(),
+            }];
+            related.extend(lsp.related_information.take().unwrap_or_default());
+            lsp.message = format!("in {name}: {}", lsp.message);
+            lsp.related_information = Some(related);
+            lsp.range = texts[root].range(site.0, site.1);
+            // A fix-it edits the other file, not this range.
+            lsp.data = None;
+            shown.entry(keys[root].clone()).or_default().push(lsp);
+        }
+    }
+    let index = match old {
+        Some(old) if !parses && old.file_of(key).is_some() => old,
+        _ => fresh,
+    };
+    Analysis {
+        root,
+        index,
+        types,
+        meshes,
+        trains,
+        shown,
+        parses,
+    }
+}
+
+/// Where the root file brings in what is at `at` of file `f`: a use of the
+/// layer declared there, else the `import` that (maybe through others) loads `f`.
+fn site(ix: &Index, root: usize, f: usize, at: usize) -> Option<(usize, usize)> {
+    if root >= ix.files.len() || f >= ix.files.len() {
+        return None;
+    }
+    let layer = ix.enclosing(f, at, &[Kind::Layer, Kind::Model]);
+    if let Some(l) = layer {
+        if let Some(o) = ix
+            .occs_of(Target::Def(l))
+            .find(|o| o.file == root && !o.is_def)
+        {
+            return Some((o.start, o.end));
+        }
+    }
+    for &(s, e, t) in &ix.files[root].imports {
+        let Some(t) = t else { continue };
+        // Files reachable from `t`.
+        let mut seen = vec![false; ix.files.len()];
+        let mut todo = vec![t];
+        while let Some(x) = todo.pop() {
+            if x == f {
+                return Some((s, e));
+            }
+            if std::mem::replace(&mut seen[x], true) {
+                continue;
+            }
+            todo.extend(ix.files[x].imports.iter().filter_map(|i| i.2));
+        }
+    }
+    None
+}
+
+/// A compiler diagnostic as the protocol's: help and notes in the message,
+/// secondary labels and the shape-flow trace as related information, the
+/// fix-it in `data` (for code actions).
+fn convert(
+    d: &diag::Diagnostic,
+    range: lsp_types::Range,
+    loc: &dyn Fn(crate::source::Span) -> Option<(PathBuf, lsp_types::Range)>,
+) -> Diagnostic {
+    let mut message = d.message.clone();
+    if let Some(h) = &d.help {
+        message.push_str(&format!("\nhelp: {h}"));
+    }
+    for n in &d.notes {
+        message.push_str(&format!("\nnote: {n}"));
+    }
+    let related: Vec<DiagnosticRelatedInformation> = d
+        .secondary
+        .iter()
+        .chain(&d.trace)
+        .filter_map(|l| {
+            let (k, r) = loc(l.span)?;
+            Some(DiagnosticRelatedInformation {
+                location: Location {
+                    uri: text::uri_of(&k)?,
+                    range: r,
+                },
+                message: if l.text.is_empty() {
+                    "here".into()
+                } else {
+                    l.text.clone()
+                },
+            })
+        })
+        .collect();
+    let data = d.fix.as_ref().and_then(|fix| {
+        let (k, r) = loc(fix.span)?;
+        Some(serde_json::json!({
+            "fix": {
+                "uri": text::uri_of(&k)?.as_str(),
+                "range": r,
+                "newText": fix.replacement,
+                "title": d.help.clone().unwrap_or_else(|| format!("replace with `{}`", fix.replacement)),
+            }
+        }))
+    });
+    Diagnostic {
+        range,
+        severity: Some(match d.severity {
+            Severity::Error => DiagnosticSeverity::ERROR,
+            Severity::Warning => DiagnosticSeverity::WARNING,
+            Severity::Note => DiagnosticSeverity::INFORMATION,
+        }),
+        code: Some(NumberOrString::String(d.code.as_str().to_string())),
+        source: Some("shardc".into()),
+        message,
+        related_information: (!related.is_empty()).then_some(related),
+        data,
+        ..Diagnostic::default()
+    }
+}
