@@ -247,7 +247,8 @@ pub enum Problem {
         callee: &'static str,
         what: String,
         problem: String,
-        scalar: bool,
+        /// The most elements allowed (1: a scalar).
+        max: i64,
     },
     /// A metric the run's loss does not define (AUC of a softmax, accuracy of
     /// a regression).
@@ -546,11 +547,11 @@ impl Problem {
                 let x = d(Code::E0302, message.clone(), *span, "invalid value".into());
                 match help { Some(h) => x.help(h.clone()), None => x }
             }
-            AuxValue { span, callee, what, problem, scalar } => d(Code::E0224, format!("the {what} of `{callee}` {problem}"), *span, format!("the {what}"))
-                .help(if *scalar {
+            AuxValue { span, callee, what, problem, max } => d(Code::E0224, format!("the {what} of `{callee}` {problem}"), *span, format!("the {what}"))
+                .help(if *max == 1 {
                     "an added loss is one number for the whole batch: reduce it (`mean(...)`, `sum(...)`, then `reduce(...)` or `psum` for a sum over devices)".to_string()
                 } else {
-                    format!("an observed value is small and the same on every device: reduce it (`sum(..., dim: 0)`, then `reduce(...)`), at most {} elements", crate::prim::aux::MAX_OBSERVED)
+                    format!("an observed value is small and the same on every device: reduce it (`sum(..., dim: 0)`, then `reduce(...)`), at most {max} elements")
                 }),
             MetricLoss { span, metric, loss, loss_span } => {
                 let x = d(Code::E0308, format!("`{metric}` is not defined for `loss: {loss}`"), *span, format!("needs another loss than `{loss}`"))

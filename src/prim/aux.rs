@@ -128,7 +128,7 @@ fn operands(cx: &mut dyn Rules, c: &Call, max: i64, what: &str) -> Option<(TType
             callee: if max == 1 { "add_loss" } else { "observe" },
             what: what.into(),
             problem,
-            scalar: max == 1,
+            max,
         });
         return None;
     }
