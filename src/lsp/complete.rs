@@ -24,46 +24,9 @@ pub const KEYWORDS: &[&str] = &[
     "let", "init", "local", "on",
 ];
 
-/// Data sources and their arguments (as `train`'s `data:` reads them).
-pub const DATA: &[(&str, &[&str])] = &[
-    ("shakespeare_words", &["vocab", "seq"]),
-    ("shakespeare_chars", &["seq"]),
-    ("text", &["path", "seq", "vocab"]),
-    ("arrays", &["path"]),
-    ("synthetic", &["classes", "vocab"]),
-];
-
-/// `train`'s options.
-pub const TRAIN_FIELDS: &[&str] = &[
-    "data",
-    "batch",
-    "steps",
-    "loss",
-    "optimizer",
-    "log_every",
-    "seed",
-    "clip_grad_norm",
-    "accumulate",
-    "eval",
-    "checkpoint",
-    "fdo",
-];
-
-/// A `table`'s options.
-pub const TABLE_FIELDS: &[&str] = &[
-    "vocab",
-    "dim",
-    "init",
-    "combiner",
-    "optimizer",
-    "max_ids_per_partition",
-    "max_unique_ids_per_partition",
-    "stack_max_ids_per_partition",
-    "stack_max_unique_ids_per_partition",
-    "suggested_buffer_size",
-    "overflow",
-    "shard",
-];
+// The option and source lists are the spec's own, so completion cannot drift
+// from what `check` accepts.
+pub use crate::spec::{DATA, TABLE_FIELDS, TRAIN_FIELDS};
 
 /// The text before the cursor with comments and strings blanked (same
 /// length), so brackets in them do not count.

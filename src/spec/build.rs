@@ -12,7 +12,8 @@ use crate::resolve::Program;
 use crate::source::{SourceMap, Span};
 use std::path::Path;
 
-const DATA: &[(&str, &[&str])] = &[
+/// Data sources and their arguments.
+pub const DATA: &[(&str, &[&str])] = &[
     ("shakespeare_words", &["vocab", "seq"]),
     ("shakespeare_chars", &["seq"]),
     ("text", &["path", "seq", "vocab"]),
@@ -20,7 +21,8 @@ const DATA: &[(&str, &[&str])] = &[
     ("synthetic", &["classes", "vocab"]),
     ("clicks", &["vocab"]),
 ];
-const TRAIN_FIELDS: &[&str] = &[
+/// `train`'s options.
+pub const TRAIN_FIELDS: &[&str] = &[
     "data",
     "batch",
     "steps",
@@ -35,7 +37,8 @@ const TRAIN_FIELDS: &[&str] = &[
     "checkpoint",
     "fdo",
 ];
-const TABLE_FIELDS: &[&str] = &[
+/// A `table`'s options.
+pub const TABLE_FIELDS: &[&str] = &[
     "vocab",
     "dim",
     "init",

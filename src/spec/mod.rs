@@ -10,7 +10,7 @@
 mod build;
 mod optimizer;
 
-pub use build::build;
+pub use build::{build, DATA, TABLE_FIELDS, TRAIN_FIELDS};
 pub use optimizer::{OptKind, Optimizer, Schedule};
 
 use crate::embed::{Combiner, Overflow};
