@@ -99,7 +99,13 @@ fn name_arg(cx: &mut dyn Rules, c: &Call) -> Option<String> {
 
 /// `y` and the value beside it: any tensor, and a reduced float tensor of at
 /// most `max` elements (E0224).
-fn operands(cx: &mut dyn Rules, c: &Call, max: i64, what: &str) -> Option<(TType, TType)> {
+fn operands(
+    cx: &mut dyn Rules,
+    c: &Call,
+    callee: &'static str,
+    max: i64,
+    what: &str,
+) -> Option<(TType, TType)> {
     let y = cx.tensor(c.pos[0], &format!("the value `{}` passes on", c.name))?;
     let v = cx.tensor(c.pos[1], &format!("the {what} of `{}`", c.name))?;
     let elements = v
@@ -125,7 +131,7 @@ fn operands(cx: &mut dyn Rules, c: &Call, max: i64, what: &str) -> Option<(TType
     if let Some(problem) = problem {
         cx.report(Problem::AuxValue {
             span: c.pos[1].span,
-            callee: if max == 1 { "add_loss" } else { "observe" },
+            callee,
             what: what.into(),
             problem,
             max,
@@ -154,7 +160,7 @@ fn add_loss(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
         },
     };
     let name = name_arg(cx, c)?;
-    let (y, _) = operands(cx, c, 1, "term")?;
+    let (y, _) = operands(cx, c, "add_loss", 1, "term")?;
     Typed::new(y, Aux::Loss { weight, name })
 }
 
@@ -163,7 +169,7 @@ fn observe(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
         return None;
     }
     let name = name_arg(cx, c)?;
-    let (y, _) = operands(cx, c, MAX_OBSERVED, "value")?;
+    let (y, _) = operands(cx, c, "observe", MAX_OBSERVED, "value")?;
     Typed::new(y, Aux::Observe { name })
 }
 

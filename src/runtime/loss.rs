@@ -6,6 +6,7 @@
 //! (accuracy, AUC) are computed from, summed over the devices.
 
 use super::exec::{Exec, R};
+use crate::prim::Kernel;
 use crate::spec::{Loss, Metric, AUC_BINS};
 use crate::types::TType;
 use candle_core::{DType, Tensor};
@@ -122,8 +123,8 @@ fn binary_cross_entropy(
         .map_err(ce)?;
     let mut sums = Vec::new();
     if !metrics.is_empty() {
-        let zs = Kernel64::of(z)?;
-        let ys = Kernel64::of(&y)?;
+        let zs = Kernel::f64s(z)?;
+        let ys = Kernel::f64s(&y)?;
         for m in metrics {
             match m {
                 Metric::Accuracy => {
@@ -150,18 +151,6 @@ fn binary_cross_entropy(
     Ok(Scored { loss, ct, sums })
 }
 
-/// A tensor's values as f64, flattened.
-struct Kernel64;
-
-impl Kernel64 {
-    fn of(t: &Tensor) -> R<Vec<f64>> {
-        t.flatten_all()
-            .and_then(|t| t.to_dtype(DType::F64))
-            .and_then(|t| t.to_vec1::<f64>())
-            .map_err(ce)
-    }
-}
-
 /// Mean squared error over all `n` elements of the (global) output; only the
 /// sum of squares crosses devices. The cotangent, 2(out − y)/n, is held as
 /// addends over the axes the output is replicated on, like cross-entropy's.
@@ -180,7 +169,7 @@ fn mse(
         .and_then(|x| x.sum_all())
         .and_then(|x| x.to_dtype(DType::F64))
         .map_err(ce)?;
-    let split: Vec<String> = ot.dims.iter().flat_map(|d| d.axes.clone()).collect();
+    let split = split_axes(ot);
     let total = ex.comm.psum(ex.rank, &local, &split).map_err(ce)?;
     let loss = total.to_scalar::<f64>().map_err(ce)? / n.max(1) as f64;
     let (_, rep) = topo.replication(ot, stage_axis);
@@ -208,7 +197,6 @@ fn cross_entropy(
     let d = candle_core::D::Minus1;
     let m = logits.max_keepdim(d).map_err(ce)?;
     let m = ex.comm.pmax(ex.rank, &m, &vaxes).map_err(ce)?;
-    let m_global = m.clone();
     let e = logits.broadcast_sub(&m).and_then(|x| x.exp()).map_err(ce)?;
     let se = e.sum_keepdim(d).map_err(ce)?;
     let se = ex.comm.psum(ex.rank, &se, &vaxes).map_err(ce)?;
@@ -232,12 +220,10 @@ fn cross_entropy(
     let tgt = ex.comm.psum(ex.rank, &tgt, &vaxes).map_err(ce)?;
     // A row is right when its target's logit is the largest (ties count).
     let mut sums = Vec::new();
-    for m in metrics {
-        if *m == Metric::Accuracy {
-            let (t, mx) = (Kernel64::of(&tgt)?, Kernel64::of(&m_global)?);
-            let right = t.iter().zip(&mx).filter(|(t, m)| *t >= *m).count();
-            sums.extend([right as f64, t.len() as f64]);
-        }
+    if metrics.contains(&Metric::Accuracy) {
+        let (t, mx) = (Kernel::f64s(&tgt)?, Kernel::f64s(&m)?);
+        let right = t.iter().zip(&mx).filter(|(t, m)| *t >= *m).count();
+        sums.extend([right as f64, t.len() as f64]);
     }
     let local = lse
         .sub(&tgt)

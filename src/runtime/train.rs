@@ -906,11 +906,7 @@ fn aux_values(prog: &Program, t: &super::exec::Tape) -> R<(f64, Observed)> {
         let Some(v) = node.args.get(1).and_then(|a| t.vals.get(*a as usize)) else {
             continue;
         };
-        let v: Vec<f64> = v
-            .flatten_all()
-            .and_then(|v| v.to_dtype(candle_core::DType::F64))
-            .and_then(|v| v.to_vec1::<f64>())
-            .map_err(ce)?;
+        let v = crate::prim::Kernel::f64s(v)?;
         if let Some(w) = aux.weight() {
             added += w * v.iter().sum::<f64>();
         }
