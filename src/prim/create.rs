@@ -11,7 +11,9 @@
 
 use super::cost::{Cost, CostCx};
 use super::kernel::{ce, Kernel};
-use super::rules::{arity, dim_index, expr_to_dim, int_of, known_named, Call, Rules, Typed};
+use super::rules::{
+    arity, dim_index, expr_to_dim, int_of, known_named, written_axes, Call, Rules, Typed,
+};
 use super::{Def, Forward, Grad, Kind, Primitive, R};
 use crate::ast::{self, DType, ExprKind, ListItem};
 use crate::diag::Problem;
@@ -108,16 +110,7 @@ fn target(cx: &mut dyn Rules, e: &ast::Expr) -> Option<Vec<(Dim, bool, Span)>> {
         let (v, layer_axes) = cx.size(size, true)?;
         let v = v.substitute(&cx.tyvars()).unwrap_or(v);
         let written = axes.is_some() || layer_axes.is_some();
-        let mut ax = layer_axes.unwrap_or_default();
-        if let Some(list) = axes {
-            ax = Vec::new();
-            for a in list {
-                if !cx.check_axis(&a.name, a.span) {
-                    return None;
-                }
-                ax.push(a.name.clone());
-            }
-        }
+        let ax = written_axes(cx, layer_axes, axes.as_deref())?;
         let d = Dim { size: v, axes: ax };
         if !cx.check_dim(&d, *span, "a dimension of `broadcast_to`") {
             return None;

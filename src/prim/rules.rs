@@ -461,16 +461,29 @@ pub fn sized(cx: &mut dyn Rules, e: &ast::Expr, what: &str) -> Option<Dim> {
         return None;
     };
     let (size, layer_axes) = cx.size(&de, false)?;
-    let mut ax = layer_axes.unwrap_or_default();
-    if let Some(list) = axes {
-        ax = Vec::new();
-        for a in list {
-            if !cx.check_axis(&a.name, a.span) {
-                return None;
-            }
-            ax.push(a.name.clone());
-        }
-    }
-    let d = Dim { size, axes: ax };
+    let d = Dim {
+        size,
+        axes: written_axes(cx, layer_axes, axes.as_deref())?,
+    };
     cx.check_dim(&d, e.span, what).then_some(d)
+}
+
+/// A size's axes: those written after its `@` (each checked against the mesh),
+/// else those the layer's size parameter carries.
+pub fn written_axes(
+    cx: &mut dyn Rules,
+    layer_axes: Option<Vec<String>>,
+    written: Option<&[ast::Ident]>,
+) -> Option<Vec<String>> {
+    let Some(list) = written else {
+        return Some(layer_axes.unwrap_or_default());
+    };
+    let mut ax = Vec::new();
+    for a in list {
+        if !cx.check_axis(&a.name, a.span) {
+            return None;
+        }
+        ax.push(a.name.clone());
+    }
+    Some(ax)
 }
