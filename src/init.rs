@@ -95,6 +95,9 @@ pub enum Init {
     Lecun,
     /// Glorot uniform.
     Xavier,
+    /// Computed from an expression (`init cos(angles)`): the program's
+    /// `inits[k]` computes it; the runtime evaluates it before training.
+    Computed(usize),
 }
 
 /// The initializers' names, for messages and editors.
@@ -120,6 +123,7 @@ impl std::fmt::Display for Init {
             Init::Uniform(v) => write!(f, "uniform({v:?})"),
             Init::Lecun => write!(f, "lecun"),
             Init::Xavier => write!(f, "xavier"),
+            Init::Computed(k) => write!(f, "computed #{k}"),
         }
     }
 }
@@ -253,6 +257,8 @@ impl Init {
                     .map(|i| a * (2.0 * uniform(seed, *i) - 1.0))
                     .collect()
             }
+            // Evaluated by the runtime (`runtime::buffers`), never here.
+            Init::Computed(_) => vec![0.0; idx.len()],
         }
     }
 }

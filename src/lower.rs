@@ -61,6 +61,7 @@ impl Lowering<'_> {
         stored: &TType,
         used: &TType,
         init: crate::init::Init,
+        frozen: bool,
         span: Span,
     ) -> Nid {
         if let Some(id) = self.params.get(&name) {
@@ -71,6 +72,7 @@ impl Lowering<'_> {
             stored: stored.clone(),
             used: used.clone(),
             init,
+            frozen,
             span,
         });
         let idx = self.prog.params.len() - 1;
@@ -92,6 +94,26 @@ impl Lowering<'_> {
         id
     }
 
+    /// A computed initial value's own program (no inputs, no parameters), kept
+    /// in the program's `inits`.
+    fn init_program(&mut self, body: usize) -> crate::init::Init {
+        let mut sub = Lowering {
+            bodies: self.bodies,
+            prog: Program {
+                model: self.prog.model.clone(),
+                mesh: self.prog.mesh.clone(),
+                bound: self.prog.bound.clone(),
+                ..Program::default()
+            },
+            params: HashMap::new(),
+            path: Vec::new(),
+            pipeline: None,
+        };
+        sub.prog.output = sub.inline(body, &[]);
+        self.prog.inits.push(sub.prog);
+        crate::init::Init::Computed(self.prog.inits.len() - 1)
+    }
+
     /// Inline body `id` with its arguments; returns its result's node.
     fn inline(&mut self, id: usize, args: &[Nid]) -> Option<Nid> {
         let body = self.bodies.get(id)?;
@@ -101,14 +123,30 @@ impl Lowering<'_> {
             vals[i] = match &v.op {
                 BOp::Arg(k) => args.get(*k).copied(),
                 BOp::Input(k) => Some(self.add(Op::Input(*k), vec![], &v.ty, v.span)),
-                BOp::Weight { name, stored, init } => {
+                BOp::Weight {
+                    name,
+                    stored,
+                    init,
+                    frozen,
+                    computed,
+                } => {
                     let mut full = self.path.clone();
                     full.push(name.clone());
-                    Some(self.param(full.join("."), stored, &v.ty, *init, v.span))
+                    let full = full.join(".");
+                    let init = match computed {
+                        Some(b) if !self.params.contains_key(&full) => self.init_program(*b),
+                        _ => *init,
+                    };
+                    Some(self.param(full, stored, &v.ty, init, *frozen, v.span))
                 }
-                BOp::Table { name, init } => {
-                    Some(self.param(format!("tables.{name}"), &v.ty, &v.ty, *init, v.span))
-                }
+                BOp::Table { name, init, frozen } => Some(self.param(
+                    format!("tables.{name}"),
+                    &v.ty,
+                    &v.ty,
+                    *init,
+                    *frozen,
+                    v.span,
+                )),
                 BOp::Prim { prim, args } => {
                     let a: Option<Vec<Nid>> = args.iter().map(get).collect();
                     a.map(|a| self.add(Op::Prim(prim.clone()), a, &v.ty, v.span))

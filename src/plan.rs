@@ -233,6 +233,10 @@ fn weights(plan: &mut Plan, prog: &Program, cx: &CostCx, w: &Weights, optimizer:
         let bytes = n * stored.dtype.bytes() as f64;
         plan.params += bytes * m;
         plan.grads += bytes * m;
+        // Frozen: no optimizer state, no gradient synchronisation.
+        if p.frozen {
+            continue;
+        }
         plan.optimizer_state += bytes * m * slots;
         if m == 0.0 {
             continue;
@@ -360,7 +364,11 @@ fn tables(plan: &mut Plan, prog: &Program, train: &Train, spec: &Spec) {
             |x: i64, m: i64| ((x.max(0) as u64).div_ceil(m.max(1) as u64) as i64).saturating_mul(m);
         let rows = pad(vocab, 8 * parts) / devices;
         let bytes = rows as f64 * pad(dim, 8) as f64 * 4.0;
-        let slots = t.optimizer.as_ref().map_or(0, |o| o.slot_count()) as f64;
+        let slots = if t.frozen {
+            0.0
+        } else {
+            t.optimizer.as_ref().map_or(0, |o| o.slot_count()) as f64
+        };
         plan.params += bytes;
         plan.grads += bytes;
         plan.optimizer_state += bytes * slots;

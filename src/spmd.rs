@@ -75,6 +75,9 @@ pub struct Param {
     pub used: TType,
     /// Its initializer.
     pub init: crate::init::Init,
+    /// Frozen (`freeze(...)` in its layer, `frozen: true` on a table): no
+    /// gradient step and no optimizer state.
+    pub frozen: bool,
     pub span: Span,
 }
 
@@ -96,6 +99,11 @@ pub struct Program {
     /// Repetitions too many to unroll: each range stands for `count` of them.
     /// Such a program is planned, never run.
     pub folds: Vec<Fold>,
+    /// Computed initial values (`w: f32[T, E] init cos(...)`): one small
+    /// program per such parameter, without inputs or parameters, whose output
+    /// is the parameter's whole (replicated) value; [`crate::init::Init::Computed`]
+    /// indexes it.
+    pub inits: Vec<Program>,
 }
 
 /// Nodes `[start, end)` are one repetition that stands for `count`.
@@ -272,11 +280,12 @@ impl Program {
         for (i, p) in self.params.iter().enumerate() {
             let _ = writeln!(
                 s,
-                "  param {i:<3} {:<28} {:<32} local {:<24} init {}",
+                "  param {i:<3} {:<28} {:<32} local {:<24} init {}{}",
                 p.name,
                 p.stored.to_string(),
                 local(&p.stored),
-                p.init
+                p.init,
+                if p.frozen { " frozen" } else { "" }
             );
         }
         for (i, n) in self.nodes.iter().enumerate() {

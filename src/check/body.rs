@@ -38,11 +38,16 @@ pub enum Op {
         name: String,
         stored: TType,
         init: Init,
+        /// `freeze(...)`d: no gradient step, no optimizer state.
+        frozen: bool,
+        /// An `init` computed by this body (no inputs; its whole value).
+        computed: Option<BodyId>,
     },
     /// An embedding table's parameter (`tables.NAME`).
     Table {
         name: String,
         init: Init,
+        frozen: bool,
     },
     Prim {
         prim: Prim,
@@ -681,6 +686,8 @@ impl<'p> Checker<'p> {
                     name: n.to_string(),
                     stored: stored.clone(),
                     init,
+                    frozen: inst.frozen.contains(n),
+                    computed: inst.computed.get(n).copied(),
                 },
                 used,
                 *wspan,

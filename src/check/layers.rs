@@ -4,12 +4,28 @@
 
 use super::{body::Op, find_fn, plural, Checker, DimVal, Inst, Scope, TypeEntry, Val};
 use crate::ast::{self, Arg, DimExpr, DimOp, DimSpec, Expr, ExprKind, LayerDecl, Member, TypeExpr};
-use crate::diag::{did_you_mean, Problem};
+use crate::diag::{did_you_mean, ComputedInitProblem, Problem};
 use crate::prim::rules::expr_to_dim;
 use crate::source::Span;
 use crate::types::{Dim, Poly, TType};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+
+/// Whether a weight's `init` is an expression computed from sizes and ops
+/// (`init cos(angles)`) rather than an initializer (`normal(0.02)`): anything
+/// but a name or a call of a name that is not an op.
+fn is_computed(e: &Expr) -> bool {
+    match &e.kind {
+        ExprKind::Name(_) => false,
+        ExprKind::Call(c, _) => match &c.kind {
+            ExprKind::Name(n) => {
+                !crate::init::NAMES.contains(&n.as_str()) && crate::prim::find(n).is_some()
+            }
+            _ => true,
+        },
+        _ => true,
+    }
+}
 
 /// Layers contain layers at most this deep (checking, lowering and planning
 /// recurse along the nesting).
@@ -78,7 +94,12 @@ impl<'p> Checker<'p> {
         label: String,
         site: Span,
     ) -> Option<Arc<Inst>> {
-        let key = format!("{label}|{:?}|{:?}", self.mesh.map(|m| &m.axes), self.fsdp);
+        let key = format!(
+            "{label}|{:?}|{:?}|{}",
+            self.mesh.map(|m| &m.axes),
+            self.fsdp,
+            self.freezing
+        );
         if let Some(i) = self.insts.get(&key) {
             return Some(i.clone());
         }
@@ -107,25 +128,32 @@ impl<'p> Checker<'p> {
             weights: HashMap::new(),
             subs: HashMap::new(),
             poisoned: HashSet::new(),
+            frozen: HashSet::new(),
+            computed: HashMap::new(),
         };
         let outer_fsdp = self.fsdp.clone();
+        // Members named by `freeze(...)`.
+        let mut freeze: HashSet<String> = HashSet::new();
         for m in &decl.members {
             if let Member::Directive { name, args, span } = m {
-                if name.name == "shard_params" {
-                    if let Some(f) = self.shard_params_directive(args, *span) {
-                        self.fsdp = Some(f);
+                match name.name.as_str() {
+                    "shard_params" => {
+                        if let Some(f) = self.shard_params_directive(args, *span) {
+                            self.fsdp = Some(f);
+                        }
                     }
-                } else {
-                    self.report(Problem::BadDirective {
+                    "freeze" => freeze.extend(self.freeze_directive(decl, args, *span)),
+                    _ => self.report(Problem::BadDirective {
                         span: name.span,
                         message: format!("unknown directive `{}`", name.name),
                         help: Some(
-                            "the only layer directive is `shard_params(axis, min_size: N)`".into(),
+                            "layer directives are `shard_params(axis, min_size: N)` and `freeze(member, ...)`".into(),
                         ),
-                    });
+                    }),
                 }
             }
         }
+        let outer_freezing = self.freezing;
         let mut member_names: HashMap<String, Span> = HashMap::new();
         for m in &decl.members {
             let name = match m {
@@ -164,14 +192,26 @@ impl<'p> Checker<'p> {
                         }
                         inst.weights
                             .insert(name.name.clone(), (t.clone(), t, name.span));
+                        if self.freezing || freeze.contains(&name.name) {
+                            inst.frozen.insert(name.name.clone());
+                        }
                     }
-                    if let Some(Err(p)) = init.as_ref().map(crate::init::Init::parse) {
-                        self.report(*p);
+                    match init {
+                        Some(e) if is_computed(e) => {}
+                        Some(e) => {
+                            if let Err(p) = crate::init::Init::parse(e) {
+                                self.report(*p);
+                            }
+                        }
+                        None => {}
                     }
                 }
                 Member::Sub { name, value, .. } => {
                     let path = format!("{label}.{}", name.name);
-                    match self.sublayer(&inst, value, &path) {
+                    self.freezing = outer_freezing || freeze.contains(&name.name);
+                    let sub = self.sublayer(&inst, value, &path);
+                    self.freezing = outer_freezing;
+                    match sub {
                         Some(v) => {
                             inst.subs.insert(name.name.clone(), v);
                         }
@@ -183,6 +223,7 @@ impl<'p> Checker<'p> {
                 Member::Directive { .. } | Member::Fn(_) => {}
             }
         }
+        self.computed_inits(&mut inst);
         if let Some((axis, min)) = self.fsdp.clone() {
             self.apply_fsdp(&mut inst, &axis, min);
         }
@@ -218,6 +259,171 @@ impl<'p> Checker<'p> {
         let rc = Arc::new(inst);
         self.insts.insert(key, rc.clone());
         Some(rc)
+    }
+
+    /// Check each weight's computed `init` (a buffer: `w: f32[T, E] init
+    /// cos(angles)`) as a body of its own: no inputs, only sizes, constants
+    /// and ops; every value whole on each device; the result the weight's
+    /// dtype and shape. The runtime evaluates it once, before training.
+    fn computed_inits(&mut self, inst: &mut Inst) {
+        let decl = inst.decl.clone();
+        let mut shared: Option<Arc<Inst>> = None;
+        for m in &decl.members {
+            let Member::Weight {
+                name,
+                init: Some(e),
+                ..
+            } = m
+            else {
+                continue;
+            };
+            if !is_computed(e) {
+                continue;
+            }
+            let Some((declared, _, _)) = inst.weights.get(&name.name).cloned() else {
+                continue;
+            };
+            let here = shared.get_or_insert_with(|| Arc::new(inst.clone())).clone();
+            self.open_body();
+            let mut scope = Scope::default();
+            let v = self.expr(&here, e, &mut scope);
+            let result = matches!(v, Val::T(_)).then_some(self.last).flatten();
+            let body = self.close_body(result);
+            match v {
+                Val::T(t) => {
+                    if !self.computed_init_ok(body, &name.name, e.span) {
+                        inst.poisoned.insert(name.name.clone());
+                        continue;
+                    }
+                    let same_shape = t.dtype == declared.dtype
+                        && t.dims.len() == declared.dims.len()
+                        && t.dims
+                            .iter()
+                            .zip(&declared.dims)
+                            .all(|(a, b)| a.size == b.size);
+                    if !same_shape {
+                        let mut whole = declared.clone();
+                        for d in &mut whole.dims {
+                            d.axes.clear();
+                        }
+                        self.report(Problem::Mismatch {
+                            span: e.span,
+                            expected: whole.to_string(),
+                            found: t.to_string(),
+                            decl: Some(name.span),
+                            detail: "the computed initial value".into(),
+                        });
+                        inst.poisoned.insert(name.name.clone());
+                        continue;
+                    }
+                    inst.computed.insert(name.name.clone(), body);
+                }
+                Val::Poison => {
+                    inst.poisoned.insert(name.name.clone());
+                }
+                other => {
+                    self.report(Problem::WrongKind {
+                        span: e.span,
+                        expected: "a tensor (the weight's initial value)".into(),
+                        found: other.describe(),
+                    });
+                    inst.poisoned.insert(name.name.clone());
+                }
+            }
+        }
+    }
+
+    /// A computed initial value uses no parameter or input and keeps every
+    /// value whole (it is computed on each device, before the mesh runs).
+    fn computed_init_ok(&mut self, body: super::BodyId, weight: &str, at: Span) -> bool {
+        let mut todo = vec![body];
+        let mut seen = HashSet::new();
+        while let Some(b) = todo.pop() {
+            if !seen.insert(b) {
+                continue;
+            }
+            let Some(values) = self.out.bodies.get(b).map(|b| b.values.clone()) else {
+                continue;
+            };
+            for v in values {
+                let uses = match &v.op {
+                    Op::Weight { name, .. } => Some(name.clone()),
+                    Op::Table { name, .. } => Some(format!("tables.{name}")),
+                    Op::Input(_) | Op::Arg(_) => Some("an input".into()),
+                    Op::Call(c) => {
+                        todo.push(c.body);
+                        None
+                    }
+                    Op::Prim { .. } => None,
+                };
+                if let Some(uses) = uses.filter(|_| b == body || !matches!(v.op, Op::Arg(_))) {
+                    self.report(Problem::ComputedInit {
+                        span: at,
+                        weight: weight.to_string(),
+                        problem: ComputedInitProblem::Uses(uses),
+                    });
+                    return false;
+                }
+                if !v.ty.all_axes().is_empty() || !v.ty.pending.is_empty() {
+                    self.report(Problem::ComputedInit {
+                        span: v.span,
+                        weight: weight.to_string(),
+                        problem: ComputedInitProblem::Split(v.ty.to_string()),
+                    });
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// `freeze(a, b, ...)`: the names of this layer's weights and sublayers to
+    /// freeze (no gradient step, no optimizer state: constants like RoPE tables,
+    /// or a pretrained part kept fixed).
+    fn freeze_directive(&mut self, decl: &LayerDecl, args: &[Arg], span: Span) -> Vec<String> {
+        let members: Vec<&str> = decl
+            .members
+            .iter()
+            .filter_map(|m| match m {
+                Member::Weight { name, .. } | Member::Sub { name, .. } => Some(name.name.as_str()),
+                _ => None,
+            })
+            .collect();
+        if args.is_empty() {
+            self.report(Problem::BadDirective {
+                span,
+                message: "`freeze` needs the weights or sublayers it freezes".into(),
+                help: Some("write `freeze(rope, w_out)`: members of this layer".into()),
+            });
+        }
+        let mut out = Vec::new();
+        for a in args {
+            match a {
+                Arg::Pos(Expr {
+                    kind: ExprKind::Name(n),
+                    span,
+                }) => {
+                    if members.contains(&n.as_str()) {
+                        out.push(n.clone());
+                    } else {
+                        let suggestion = did_you_mean(n, members.iter().copied());
+                        self.report(Problem::FreezeUnknown {
+                            span: *span,
+                            layer: decl.name.name.clone(),
+                            name: n.clone(),
+                            suggestion,
+                        });
+                    }
+                }
+                other => self.report(Problem::BadDirective {
+                    span: other.span(),
+                    message: "`freeze` takes the names of this layer's weights and sublayers"
+                        .into(),
+                    help: Some("write `freeze(rope, w_out)`".into()),
+                }),
+            }
+        }
+        out
     }
 
     pub(super) fn shard_params_directive(

@@ -78,7 +78,7 @@ struct DimVal {
     axes: Option<Vec<String>>,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Inst {
     decl: Arc<LayerDecl>,
     /// `Block(768, 12)`: shown in diagnostics and `--types`.
@@ -91,6 +91,12 @@ struct Inst {
     subs: HashMap<String, Val>,
     /// Members whose declaration had an error: uses of them report nothing more.
     poisoned: HashSet<String>,
+    /// Weights that are frozen: named by `freeze(...)` here, or every weight
+    /// of an instance inside a frozen sublayer.
+    frozen: HashSet<String>,
+    /// Weights whose `init` is an expression (buffers like RoPE tables): the
+    /// body that computes each one's whole value.
+    computed: HashMap<String, BodyId>,
 }
 
 #[derive(Clone, Debug)]
@@ -159,6 +165,8 @@ pub struct Checker<'p> {
     /// `shard_params` in force for the layers being instantiated (FSDP applies to
     /// every weight below the model or layer that asks for it).
     fsdp: Option<(String, i64)>,
+    /// Inside a sublayer named by an enclosing `freeze(...)`: every weight frozen.
+    freezing: bool,
     /// Layout asked for by the annotation of the `let` whose value is being
     /// checked: (span of that value, per-dim axes, None = not annotated). An
     /// elementwise op whose operands disagree takes it instead of being ambiguous.
@@ -192,6 +200,7 @@ impl<'p> Checker<'p> {
             bound: BTreeMap::new(),
             insts: HashMap::new(),
             fsdp: None,
+            freezing: false,
             hint: None,
             open: Vec::new(),
             last: None,

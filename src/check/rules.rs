@@ -168,6 +168,7 @@ impl<'p> Checker<'p> {
             Op::Table {
                 name: table.name.clone(),
                 init: table.init,
+                frozen: table.frozen,
             },
             &ty,
             table.span,

@@ -3,6 +3,15 @@
 use super::{Code, Diagnostic, Label};
 use crate::source::Span;
 
+/// Why a computed initial value is refused.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ComputedInitProblem {
+    /// It reads a parameter or an input (named).
+    Uses(String),
+    /// One of its values is split or pending (its type).
+    Split(String),
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Problem {
     Syntax {
@@ -284,6 +293,26 @@ pub enum Problem {
         span: Span,
         message: String,
         help: Option<String>,
+    },
+    /// `freeze(name)` naming no weight or sublayer of its layer.
+    FreezeUnknown {
+        span: Span,
+        layer: String,
+        name: String,
+        suggestion: Option<String>,
+    },
+    /// A weight's computed `init` that is not a constant computable whole on
+    /// every device.
+    ComputedInit {
+        span: Span,
+        weight: String,
+        problem: ComputedInitProblem,
+    },
+    /// A `frozen: true` table that also names its own optimizer.
+    FrozenTableOptimizer {
+        span: Span,
+        table: String,
+        frozen: Span,
     },
     StageAxisInside {
         span: Span,
@@ -582,6 +611,23 @@ impl Problem {
                 let x = d(Code::E0500, message.clone(), *span, "here".into());
                 match help { Some(h) => x.help(h.clone()), None => x }
             }
+            FreezeUnknown { span, layer, name, suggestion } => {
+                let x = d(Code::E0500, format!("`freeze({name})`: `{layer}` has no weight or sublayer `{name}`"), *span, "not a member of this layer".into());
+                match suggestion {
+                    Some(s) => x.help(format!("a member with a similar name exists: `{s}`")).fix(*span, s.clone()),
+                    None => x.help("`freeze` names weights and sublayers declared in the same layer"),
+                }
+            }
+            ComputedInit { span, weight, problem } => match problem {
+                ComputedInitProblem::Uses(what) => d(Code::E0225, format!("the initial value of `{weight}` uses {}", if what == "an input" { what.clone() } else { format!("the parameter `{what}`") }), *span, "not a constant".into())
+                    .help("a computed `init` is evaluated once before training from sizes, constants and ops (`arange`, `cos`, `concat`, ...): it cannot read inputs or other parameters"),
+                ComputedInitProblem::Split(ty) => d(Code::E0225, format!("the initial value of `{weight}` is split over the mesh here (`{ty}`)"), *span, "split value".into())
+                    .help("a computed `init` is computed whole on every device, then each device keeps its piece of the weight's layout: write its sizes without `@`"),
+            },
+            FrozenTableOptimizer { span, table, frozen } => d(Code::E0403, format!("the table `{table}` is frozen but has its own optimizer"), *span, "an optimizer for a table that is never updated".into())
+                .secondary(*frozen, "frozen here")
+                .note("a frozen table keeps its initial (or loaded) rows: no gradient step and no optimizer state")
+                .help("remove `optimizer:` from the table, or `frozen: true` to train it"),
             StageAxisInside { span, axis, ty, stack } => d(Code::E0220, format!("`{axis}` splits the pipeline's stages, but this value inside a stage is `{ty}`"), *span, format!("uses `{axis}`"))
                 .secondary(*stack, format!("stages over `{axis}` here"))
                 .help(format!("a stage holds whole layers: split their tensors over another axis, or stage over another axis than `{axis}`")),

@@ -96,6 +96,15 @@ impl Config {
     pub fn optimizer_for(&self, name: &str) -> &Optimizer {
         self.per_param.get(name).unwrap_or(&self.optimizer)
     }
+
+    /// The optimizer that steps `p`: none for a frozen parameter.
+    pub fn optimizer_of(&self, p: &crate::spmd::Param) -> Optimizer {
+        if p.frozen {
+            Optimizer::frozen()
+        } else {
+            self.optimizer_for(&p.name).clone()
+        }
+    }
 }
 
 /// The data source a `train` names (or what the data stage loaded for it from a

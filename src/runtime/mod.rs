@@ -3,6 +3,7 @@
 //! own optimizers. It takes the lowered program, the typed training
 //! specification ([`crate::spec`]) and the data the data stage loaded.
 
+pub mod buffers;
 pub mod checkpoint;
 pub mod config;
 pub mod data;

@@ -21,7 +21,8 @@ pub struct Probe {
 }
 
 /// Run `prog` once: parameters and inputs are global arrays (parameters by
-/// name), `ct` the output's cotangent (global). The output must owe no
+/// name; computed ones, buffers, default to their computed value), `ct` the
+/// output's cotangent (global). The output must owe no
 /// reduction. `dropout_seed`: dropout's stream (as a training step's).
 pub fn probe(
     prog: &Program,
@@ -36,6 +37,9 @@ pub fn probe(
     if !out_t.pending.is_empty() {
         return Err(format!("the output `{out_t}` owes a reduction"));
     }
+    let mut with_buffers = super::buffers::computed(prog)?;
+    with_buffers.extend(params.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let params = &with_buffers;
     let topo = Topology::of(&prog.mesh);
     let comm = Comm::new(topo.clone());
     let input_types: Vec<_> = prog

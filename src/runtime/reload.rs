@@ -175,10 +175,18 @@ pub fn compare(
         why.push("the tables' settings changed".into());
     }
     for p in &old.params {
-        let (a, b) = (
-            old_cfg.optimizer_for(&p.name),
-            new_cfg.optimizer_for(&p.name),
-        );
+        let Some(q) = new.params.iter().find(|q| q.name == p.name) else {
+            continue;
+        };
+        if p.frozen != q.frozen {
+            why.push(format!(
+                "`{}` was {} (its optimizer state would change)",
+                p.name,
+                if q.frozen { "frozen" } else { "unfrozen" }
+            ));
+            continue;
+        }
+        let (a, b) = (old_cfg.optimizer_of(p), new_cfg.optimizer_of(q));
         if a.slots() != b.slots() {
             why.push(format!(
                 "the optimizer of `{}` changed from {} to {}, which keeps other state",

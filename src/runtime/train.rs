@@ -325,6 +325,9 @@ pub fn run_on(
     let step_batches = &step_batches;
     let placements = super::sparse::placements(prog, &cfg.sparse);
     let placements = &placements;
+    // Computed initial values (buffers), whole, once for every device.
+    let computed = super::buffers::computed(prog)?;
+    let computed = &computed;
     // SparseCore input statistics, limits and FDO, ahead of the devices.
     let host = super::sparse::Host {
         process: cluster.process().0,
@@ -401,7 +404,7 @@ pub fn run_on(
                     };
                     let make = || -> R<Tensor> {
                     let idx = param_indices(topo, rank, p, placements.get(&pi), prog)?;
-                    let v = match cfg.init.get(&p.name) {
+                    let v = match cfg.init.get(&p.name).or_else(|| computed.get(&p.name)) {
                         Some(g) => idx
                             .iter()
                             .map(|i| g.get(*i as usize).copied().unwrap_or(0.0))
@@ -431,7 +434,7 @@ pub fn run_on(
                         None => make()?,
                     });
                 }
-                let opts = prog.params.iter().map(|p| cfg.optimizer_for(&p.name).clone()).collect();
+                let opts = prog.params.iter().map(|p| cfg.optimizer_of(p)).collect();
                 let mut state = OptState::new(&params, opts)?;
                 // Resuming: optimizer slots from their global arrays.
                 for (i, p) in prog.params.iter().enumerate() {
@@ -461,7 +464,7 @@ pub fn run_on(
                         let agreed = agreed.first().copied().unwrap_or(0.0) as usize;
                         if agreed > active.as_ref().map_or(0, |u| u.generation) {
                             let u = rl.get(agreed).ok_or("a reload was lost")?;
-                            state.opts = base.params.iter().map(|p| u.cfg.optimizer_for(&p.name).clone()).collect();
+                            state.opts = base.params.iter().map(|p| u.cfg.optimizer_of(p)).collect();
                             reloaded = Some(format!("reload {}: {}", u.generation, u.summary));
                             active_stages = Some(super::pipeline::Stages::of(&u.prog)?);
                             active = Some(u);
@@ -765,6 +768,11 @@ pub(crate) fn sync_grads(ex: &Exec, grads: Vec<Tensor>) -> R<Vec<Tensor>> {
             out.push(g);
             continue;
         }
+        // A frozen parameter takes no step: no gradient, no communication.
+        if ex.prog.params.get(i).is_some_and(|p| p.frozen) {
+            out.push(g.zeros_like().map_err(ce)?);
+            continue;
+        }
         let rep = ex.replicas(i).0;
         out.push(ex.comm.psum(ex.rank, &g, &rep).map_err(ce)?);
     }
@@ -775,7 +783,8 @@ pub(crate) fn sync_grads(ex: &Exec, grads: Vec<Tensor>) -> R<Vec<Tensor>> {
 fn global_norm(ex: &Exec, grads: &[Tensor]) -> R<f64> {
     let mut local = 0.0;
     for (i, g) in grads.iter().enumerate() {
-        if !ex.holds(i) {
+        // Frozen parameters take no step: their gradients are not clipped.
+        if !ex.holds(i) || ex.prog.params.get(i).is_some_and(|p| p.frozen) {
             continue;
         }
         let rep = ex.replicas(i).1;

@@ -44,6 +44,7 @@ pub const TABLE_FIELDS: &[&str] = &[
     "init",
     "combiner",
     "optimizer",
+    "frozen",
     "max_ids_per_partition",
     "max_unique_ids_per_partition",
     "stack_max_ids_per_partition",
@@ -825,6 +826,7 @@ impl Builder<'_> {
             init: Init::Normal(1.0),
             combiner: Combiner::Sum,
             optimizer: None,
+            frozen: false,
             max_ids: None,
             max_unique_ids: None,
             stack_max_ids: None,
@@ -899,7 +901,28 @@ impl Builder<'_> {
                     }),
                 },
                 "shard" => table.axis = self.shard(v),
+                "frozen" => match v {
+                    OptValue::Expr(Expr {
+                        kind: ExprKind::Name(b),
+                        ..
+                    }) if b == "true" || b == "false" => table.frozen = b == "true",
+                    _ => self.report(Problem::TableField {
+                        span: v.span(),
+                        message: "`frozen` must be `true` or `false`".into(),
+                        help: Some("`frozen: true` keeps the table's rows fixed: looked up, never updated".into()),
+                    }),
+                },
                 _ => {}
+            }
+        }
+        if table.frozen {
+            let span_of = |k: &str| t.options.entries.iter().find(|(n, _)| n.name == k);
+            if let (Some((_, opt)), Some((f, _))) = (span_of("optimizer"), span_of("frozen")) {
+                self.report(Problem::FrozenTableOptimizer {
+                    span: opt.span(),
+                    table: table.name.clone(),
+                    frozen: f.span,
+                });
             }
         }
         // `max_unique_ids_per_partition` may exceed `max_ids_per_partition`, as

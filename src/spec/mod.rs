@@ -285,6 +285,8 @@ pub struct Table {
     pub combiner: Combiner,
     /// Its own optimizer (else the run's).
     pub optimizer: Option<Optimizer>,
+    /// `frozen: true`: looked up, never updated (no optimizer state).
+    pub frozen: bool,
     pub max_ids: Option<i64>,
     pub max_unique_ids: Option<i64>,
     /// `stack_max_ids_per_partition` / `stack_max_unique_ids_per_partition`: the

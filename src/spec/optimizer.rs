@@ -182,6 +182,9 @@ pub enum OptKind {
         l2: f64,
         initial_accumulator: f64,
     },
+    /// A frozen parameter's: never steps, keeps no state. Not written in a
+    /// source; given to parameters that `freeze(...)` or `frozen: true` mark.
+    Frozen,
 }
 
 /// An optimizer and its learning-rate schedule.
@@ -225,6 +228,7 @@ impl Optimizer {
             OptKind::AdamW { .. } => "adamw",
             OptKind::Adagrad { .. } => "adagrad",
             OptKind::Ftrl { .. } => "ftrl",
+            OptKind::Frozen => "frozen",
         }
     }
 
@@ -244,7 +248,7 @@ impl Optimizer {
             OptKind::Adam { .. } | OptKind::AdamW { .. } | OptKind::Ftrl { .. } => (true, true),
             OptKind::Adagrad { .. } => (false, true),
             OptKind::Sgd { momentum, .. } if momentum > 0.0 => (true, false),
-            OptKind::Sgd { .. } => (false, false),
+            OptKind::Sgd { .. } | OptKind::Frozen => (false, false),
         }
     }
 
@@ -292,6 +296,15 @@ impl Optimizer {
                 ("l2", f(l2)),
                 ("initial_accumulator", f(initial_accumulator)),
             ],
+            OptKind::Frozen => vec![],
+        }
+    }
+
+    /// A frozen parameter's optimizer: no step, no state.
+    pub fn frozen() -> Optimizer {
+        Optimizer {
+            kind: OptKind::Frozen,
+            lr: Schedule::Constant(0.0),
         }
     }
 

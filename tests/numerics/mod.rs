@@ -101,6 +101,14 @@ pub fn compare_text(
     };
     let (g8, _) = grads_and_losses(file, sharded, model, 1, true);
     let (g1, _) = grads_and_losses(file, single, model, 1, true);
+    // Frozen parameters (buffers) have no gradient.
+    let (prog, _, _) = setup_text(file, text, single, model);
+    let frozen: Vec<&str> = prog
+        .params
+        .iter()
+        .filter(|p| p.frozen)
+        .map(|p| p.name.as_str())
+        .collect();
     assert_eq!(g8.len(), g1.len());
     for ((n8, a), (n1, b)) in g8.iter().zip(&g1) {
         assert_eq!(n8, n1);
@@ -109,10 +117,17 @@ pub fn compare_text(
             r < 1e-5,
             "{file} {model:?}: gradient of `{n8}` differs by {r:e} (relative)"
         );
-        assert!(
-            b.iter().any(|x| *x != 0.0),
-            "`{n1}` has an all-zero gradient"
-        );
+        if frozen.contains(&n1.as_str()) {
+            assert!(
+                b.iter().all(|x| *x == 0.0),
+                "the frozen `{n1}` has a gradient"
+            );
+        } else {
+            assert!(
+                b.iter().any(|x| *x != 0.0),
+                "`{n1}` has an all-zero gradient"
+            );
+        }
     }
     let (_, l8) = grads_and_losses(file, sharded, model, 10, false);
     let (_, l1) = grads_and_losses(file, single, model, 10, false);
@@ -144,19 +159,7 @@ pub fn global_params(prog: &Program, cfg: &Config) -> Named {
     let t = &prog.params;
     t.iter()
         .map(|p| {
-            let n: usize = p
-                .stored
-                .dims
-                .iter()
-                .map(|d| d.size.as_const().unwrap_or(0) as usize)
-                .product();
-            let idx: Vec<u64> = (0..n as u64).collect();
-            let v = p.init.values(
-                &p.stored,
-                cfg.seed ^ shardc::init::hash_str(&p.name),
-                &idx,
-                &prog.bound,
-            );
+            let v = shardc::runtime::buffers::initial(prog, p, cfg.seed).expect("initial value");
             (p.name.clone(), v)
         })
         .collect()
@@ -178,6 +181,14 @@ pub fn finite_differences(name: &str, text: &str, mesh: &[(&str, i64)]) {
     let h = 1e-5;
     let noise = 8.0 * f64::EPSILON * out.losses[0].abs().max(1.0) / h;
     for (pi, (pname, values)) in params.iter().enumerate() {
+        // A frozen parameter has no gradient (the run reports zeros for it).
+        if prog.params[pi].frozen {
+            assert!(
+                grads[pi].1.iter().all(|g| *g == 0.0),
+                "{name}: the frozen {pname} has a gradient"
+            );
+            continue;
+        }
         let n = values.len();
         // Every element of a small parameter, a few of a large one.
         let picks: Vec<usize> = if n <= 24 {

@@ -404,14 +404,7 @@ pub fn dump_init(prog: &crate::spmd::Program, seed: u64, path: &Path) -> Result<
     let mut arrays: Arrays = Vec::new();
     for p in &prog.params {
         let shape: Vec<usize> = p.stored.known_shape();
-        let n: usize = shape.iter().product();
-        let idx: Vec<u64> = (0..n as u64).collect();
-        let v = p.init.values(
-            &p.stored,
-            seed ^ crate::init::hash_str(&p.name),
-            &idx,
-            &prog.bound,
-        );
+        let v = crate::runtime::buffers::initial(prog, p, seed)?;
         arrays.push((p.name.clone(), shape, v));
     }
     let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = arrays

@@ -82,7 +82,7 @@ pub(super) fn fits(
     };
     for p in &prog.params {
         let shape = p.stored.known_shape();
-        let opt = cfg.optimizer_for(&p.name);
+        let opt = cfg.optimizer_of(p);
         let (has_m, has_v) = opt.slots();
         for (slot, wanted) in [("param", true), ("opt_m", has_m), ("opt_v", has_v)] {
             let key = format!("{slot}/{}", p.name);

@@ -97,6 +97,11 @@ pub fn rule(o: &Optimizer) -> Box<dyn Rule + Send + Sync> {
             l2,
             initial_accumulator,
         }),
+        // Never stepped: `OptState::update` skips frozen parameters.
+        OptKind::Frozen => Box::new(sgd::Sgd {
+            momentum: 0.0,
+            nesterov: false,
+        }),
     }
 }
 
@@ -168,6 +173,9 @@ impl OptState {
                 continue;
             }
             let o = &self.opts[i];
+            if o.kind == OptKind::Frozen {
+                continue;
+            }
             let r = rule(o);
             let lr = o.lr.at(step - 1);
             let unmasked = masks.get(i).is_none_or(Option::is_none);
