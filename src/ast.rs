@@ -340,6 +340,8 @@ pub enum ExprKind {
     Bin(Box<Expr>, BinOp, Box<Expr>),
     Call(Box<Expr>, Vec<Arg>),
     Index(Box<Expr>, Vec<Slice>),
+    /// `embed.w`: a member (weight) of a sublayer, by path.
+    Member(Box<Expr>, Ident),
     List(Vec<ListItem>),
     Local(Vec<Ident>, Block),
 }

@@ -166,6 +166,7 @@ fn rule_name(r: Rule) -> Option<&'static str> {
         Rule::bin_op => "an operator",
         Rule::call_args => "`(`",
         Rule::index => "`[`",
+        Rule::member_access => "`.name`",
         Rule::options => "`{`",
         Rule::option => "`name: value`",
         Rule::block => "`{`",
@@ -656,6 +657,19 @@ impl Cx {
                     kind: ExprKind::Call(Box::new(e), self.call_args(q)?),
                     span,
                 },
+                Rule::member_access => {
+                    let name = q.into_inner().next().map(|n| Ident {
+                        name: n.as_str().to_string(),
+                        span: self.span(&n),
+                    });
+                    match name {
+                        Some(name) => Expr {
+                            kind: ExprKind::Member(Box::new(e), name),
+                            span,
+                        },
+                        None => e,
+                    }
+                }
                 _ => {
                     let mut slices = Vec::new();
                     for s in q.into_inner() {

@@ -187,7 +187,7 @@ fn every_editor_grammar_names_every_op() {
         )
     };
     let mut builtins = functions.clone();
-    builtins.extend(["repeat", "shard_params"]);
+    builtins.extend(["repeat", "shard_params", "freeze"]);
     errs.extend(
         region(
             &tm_path,

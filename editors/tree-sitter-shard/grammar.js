@@ -242,7 +242,7 @@ module.exports = grammar({
 
     unary_expr: $ => prec(PREC.unary, seq(field('operator', '-'), field('operand', $._expr))),
 
-    _postfix: $ => choice($.call_expr, $.index_expr, $._primary),
+    _postfix: $ => choice($.call_expr, $.index_expr, $.member_expr, $._primary),
 
     call_expr: $ => prec(PREC.postfix, seq(
       field('function', $._postfix),
@@ -250,6 +250,13 @@ module.exports = grammar({
     )),
 
     index_expr: $ => prec(PREC.postfix, seq(field('value', $._postfix), field('index', $.index))),
+
+    // `embed.w`: a sublayer's weight (pest's `member_access`, no spaces).
+    member_expr: $ => prec(PREC.postfix, seq(
+      field('value', $._postfix),
+      token.immediate('.'),
+      field('member', alias(token.immediate(/[A-Za-z_][A-Za-z0-9_]*/), $.ident)),
+    )),
 
     _primary: $ => choice($.local_block, $.paren, $.list, $.float, $.int, $.string, $.ident),
 

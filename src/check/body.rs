@@ -621,6 +621,7 @@ impl<'p> Checker<'p> {
                 r
             }
             ExprKind::Call(callee, args) => self.call(inst, callee, args, e, scope),
+            ExprKind::Member(..) => self.member(inst, e),
             ExprKind::Index(base, slices) => {
                 let v = self.expr(inst, base, scope);
                 let ib = self.last;
@@ -659,6 +660,141 @@ impl<'p> Checker<'p> {
         }
     }
 
+    /// Record weight `n` of `inst` as a parameter called `path` (relative to
+    /// the layer being checked: `w`, or `embed.w` through a sublayer), at
+    /// `span` (its declaration's by default).
+    fn record_weight(&mut self, inst: &Arc<Inst>, n: &str, path: String, span: Option<Span>) {
+        let Some((stored, used, wspan)) = inst.weights.get(n) else {
+            return;
+        };
+        let init = inst
+            .decl
+            .members
+            .iter()
+            .find_map(|m| match m {
+                Member::Weight {
+                    name: w,
+                    init: Some(i),
+                    ..
+                } if w.name == n => crate::init::Init::parse(i).ok(),
+                _ => None,
+            })
+            .unwrap_or(crate::init::Init::Zeros);
+        self.record(
+            Op::Weight {
+                name: path,
+                stored: stored.clone(),
+                init,
+                frozen: inst.frozen.contains(n),
+                computed: inst.computed.get(n).copied(),
+            },
+            used,
+            span.unwrap_or(*wspan),
+        );
+    }
+
+    /// `embed.w` (or `enc.block.w`): a weight of a sublayer, the very parameter
+    /// the sublayer uses (weight tying by path).
+    fn member(&mut self, inst: &Arc<Inst>, e: &Expr) -> Val {
+        let mut segs: Vec<&crate::ast::Ident> = Vec::new();
+        let mut cur = e;
+        let (root, root_span) = loop {
+            match &cur.kind {
+                ExprKind::Member(b, f) => {
+                    segs.push(f);
+                    cur = b;
+                }
+                ExprKind::Name(n) => break (n, cur.span),
+                _ => {
+                    self.report(Problem::WrongKind {
+                        span: cur.span,
+                        expected: "a sublayer, as in `embed.w`".into(),
+                        found: "an expression".into(),
+                    });
+                    return Val::Poison;
+                }
+            }
+        };
+        segs.reverse();
+        if inst.poisoned.contains(root) {
+            return Val::Poison;
+        }
+        let mut here = match inst.subs.get(root) {
+            Some(Val::Layer(i)) => i.clone(),
+            Some(Val::Poison) => return Val::Poison,
+            Some(other) => {
+                self.report(Problem::WrongKind {
+                    span: root_span,
+                    expected: "a sublayer, whose weights `.` names".into(),
+                    found: match other {
+                        Val::Repeat(..) => {
+                            "a repeated stack (each repetition has its own weights)".into()
+                        }
+                        v => v.describe(),
+                    },
+                });
+                return Val::Poison;
+            }
+            None => {
+                let found = if inst.weights.contains_key(root) {
+                    Some("a weight")
+                } else {
+                    None
+                };
+                match found {
+                    Some(f) => self.report(Problem::WrongKind {
+                        span: root_span,
+                        expected: "a sublayer, whose weights `.` names".into(),
+                        found: f.into(),
+                    }),
+                    None => {
+                        let suggestion = did_you_mean(root, inst.subs.keys().map(|s| s.as_str()));
+                        self.report(Problem::UnknownName {
+                            span: root_span,
+                            name: root.clone(),
+                            what: "sublayer",
+                            suggestion,
+                        });
+                    }
+                }
+                return Val::Poison;
+            }
+        };
+        let mut path = vec![root.clone()];
+        for (k, seg) in segs.iter().enumerate() {
+            let last = k + 1 == segs.len();
+            if last {
+                if let Some((_, used, _)) = here.weights.get(&seg.name) {
+                    let used = used.clone();
+                    path.push(seg.name.clone());
+                    self.record_weight(&here, &seg.name, path.join("."), Some(e.span));
+                    return Val::T(used);
+                }
+            } else if let Some(Val::Layer(i)) = here.subs.get(&seg.name) {
+                path.push(seg.name.clone());
+                here = i.clone();
+                continue;
+            }
+            if here.poisoned.contains(&seg.name) {
+                return Val::Poison;
+            }
+            let cands: Vec<&str> = if last {
+                here.weights.keys().map(|s| s.as_str()).collect()
+            } else {
+                here.subs.keys().map(|s| s.as_str()).collect()
+            };
+            let suggestion = did_you_mean(&seg.name, cands);
+            self.report(Problem::UnknownName {
+                span: seg.span,
+                name: format!("{}.{}", path.join("."), seg.name),
+                what: if last { "weight" } else { "sublayer" },
+                suggestion: suggestion.map(|s| format!("{}.{s}", path.join("."))),
+            });
+            return Val::Poison;
+        }
+        Val::Poison
+    }
+
     pub(super) fn name(&mut self, inst: &Arc<Inst>, n: &str, span: Span, scope: &Scope) -> Val {
         if let Some(b) = scope.vars.get(n) {
             self.last = b.vid;
@@ -667,32 +803,10 @@ impl<'p> Checker<'p> {
         if scope.poisoned.contains(n) || inst.poisoned.contains(n) {
             return Val::Poison;
         }
-        if let Some((stored, used, wspan)) = inst.weights.get(n) {
-            let init = inst
-                .decl
-                .members
-                .iter()
-                .find_map(|m| match m {
-                    Member::Weight {
-                        name: w,
-                        init: Some(i),
-                        ..
-                    } if w.name == n => crate::init::Init::parse(i).ok(),
-                    _ => None,
-                })
-                .unwrap_or(crate::init::Init::Zeros);
-            self.record(
-                Op::Weight {
-                    name: n.to_string(),
-                    stored: stored.clone(),
-                    init,
-                    frozen: inst.frozen.contains(n),
-                    computed: inst.computed.get(n).copied(),
-                },
-                used,
-                *wspan,
-            );
-            return Val::T(used.clone());
+        if let Some((_, used, _)) = inst.weights.get(n) {
+            let used = used.clone();
+            self.record_weight(inst, n, n.to_string(), None);
+            return Val::T(used);
         }
         if let Some(s) = inst.subs.get(n) {
             return s.clone();

@@ -522,7 +522,7 @@ impl Builder {
         match &e.kind {
             ExprKind::Float(_) | ExprKind::Int(_) | ExprKind::Str(_) => {}
             ExprKind::Name(n) => self.name(f, n, e.span, frames),
-            ExprKind::Neg(x) => self.expr(f, x, frames),
+            ExprKind::Neg(x) | ExprKind::Member(x, _) => self.expr(f, x, frames),
             ExprKind::Bin(a, _, b) => {
                 self.expr(f, a, frames);
                 self.expr(f, b, frames);

@@ -65,7 +65,7 @@
     "greater_equal" "less" "less_equal" "equal" "not_equal" "where" "argmax" "argmin"
     "top_k" "top_k_indices" "cumsum" "var" "take_along_axis" "scatter_add" "arange"
     "broadcast_to" "repeat" "dropout" "one_hot" "embed" "lookup" "causal_attention"
-    "softmax_cross_entropy" "add_loss" "observe" "repeat" "shard_params" "freeze" "normal"
+    "softmax_cross_entropy" "add_loss" "observe" "repeat" "shard_params" "normal"
     "truncated_normal" "uniform" "constant" "sgd" "adam" "adamw" "adagrad" "ftrl"
     "warmup_cosine" "warmup_linear" "warmup_constant" "inverse_sqrt" "wsd"
     "shakespeare_words" "shakespeare_chars" "text" "arrays" "synthetic" "rows"))
@@ -86,7 +86,7 @@
     "greater_equal" "less" "less_equal" "equal" "not_equal" "where" "argmax" "argmin"
     "top_k" "top_k_indices" "cumsum" "var" "take_along_axis" "scatter_add" "arange"
     "broadcast_to" "repeat" "dropout" "one_hot" "embed" "lookup" "causal_attention"
-    "softmax_cross_entropy" "add_loss" "observe" "repeat" "shard_params" "freeze" "normal"
+    "softmax_cross_entropy" "add_loss" "observe" "repeat" "shard_params" "normal"
     "truncated_normal" "uniform" "constant" "sgd" "adam" "adamw" "adagrad" "ftrl"
     "warmup_cosine" "warmup_linear" "warmup_constant" "inverse_sqrt" "wsd"
     "shakespeare_words" "shakespeare_chars" "text" "arrays" "synthetic" "rows" "psum"
