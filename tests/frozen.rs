@@ -63,13 +63,7 @@ fn frozen_weights_keep_no_optimizer_state() {
     assert_eq!(p.params, trained + 16.0 * 4.0);
     assert_eq!(p.optimizer_state, 2.0 * trained);
     let (prog, _, _) = setup_text("frozen.shard", &scaled("freeze(s, mask)", true), &[], None);
-    let frozen: Vec<&str> = prog
-        .params
-        .iter()
-        .filter(|p| p.frozen)
-        .map(|p| p.name.as_str())
-        .collect();
-    assert_eq!(frozen, ["s.g", "mask"]);
+    assert_eq!(frozen_names(&prog), ["s.g", "mask"]);
 }
 
 /// A buffer computed from `arange` and `cos` equals the formula, stored whole

@@ -12,14 +12,16 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// Whether a weight's `init` is an expression computed from sizes and ops
-/// (`init cos(angles)`) rather than an initializer (`normal(0.02)`): anything
-/// but a name or a call of a name that is not an op.
-fn is_computed(e: &Expr) -> bool {
+/// (`init cos(angles())`) rather than an initializer (`normal(0.02)`): anything
+/// but a name, or a call of a name that is neither an op nor a function of
+/// the layer (`decl`).
+fn is_computed(e: &Expr, decl: &LayerDecl) -> bool {
     match &e.kind {
         ExprKind::Name(_) => false,
         ExprKind::Call(c, _) => match &c.kind {
             ExprKind::Name(n) => {
-                !crate::init::NAMES.contains(&n.as_str()) && crate::prim::find(n).is_some()
+                !crate::init::NAMES.contains(&n.as_str())
+                    && (crate::prim::find(n).is_some() || find_fn(decl, n).is_some())
             }
             _ => true,
         },
@@ -197,7 +199,7 @@ impl<'p> Checker<'p> {
                         }
                     }
                     match init {
-                        Some(e) if is_computed(e) => {}
+                        Some(e) if is_computed(e, decl) => {}
                         Some(e) => {
                             if let Err(p) = crate::init::Init::parse(e) {
                                 self.report(*p);
@@ -277,7 +279,7 @@ impl<'p> Checker<'p> {
             else {
                 continue;
             };
-            if !is_computed(e) {
+            if !is_computed(e, &decl) {
                 continue;
             }
             let Some((declared, _, _)) = inst.weights.get(&name.name).cloned() else {

@@ -89,6 +89,15 @@ pub fn grads_and_losses_text(
     (out.first_grads.expect("grads"), out.losses)
 }
 
+/// The names of a program's frozen parameters (buffers among them).
+pub fn frozen_names(prog: &Program) -> Vec<&str> {
+    prog.params
+        .iter()
+        .filter(|p| p.frozen)
+        .map(|p| p.name.as_str())
+        .collect()
+}
+
 pub fn compare_text(
     file: &str,
     text: &str,
@@ -103,12 +112,7 @@ pub fn compare_text(
     let (g1, _) = grads_and_losses(file, single, model, 1, true);
     // Frozen parameters (buffers) have no gradient.
     let (prog, _, _) = setup_text(file, text, single, model);
-    let frozen: Vec<&str> = prog
-        .params
-        .iter()
-        .filter(|p| p.frozen)
-        .map(|p| p.name.as_str())
-        .collect();
+    let frozen = frozen_names(&prog);
     assert_eq!(g8.len(), g1.len());
     for ((n8, a), (n1, b)) in g8.iter().zip(&g1) {
         assert_eq!(n8, n1);
