@@ -18,7 +18,7 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from lsp_session import ROOT, Client, default_server, position  # noqa: E402
+from lsp_stdio import ROOT, Client, default_server, position  # noqa: E402
 
 BLOCK = """layer Block{i}(D) {{
   ln = LayerNorm(D)

@@ -1,200 +1,259 @@
 #!/usr/bin/env python3
-"""A scripted editor session against `shardc lsp`, as a client library would
-drive it (the standard library only: JSON-RPC framing over the server's
-stdio). It opens models/gptj.shard, breaks it and fixes it (watching the
-diagnostics), hovers, jumps to a standard-library definition and formats.
-Exits non-zero at the first answer that is not what an editor expects.
+"""A scripted editor session against `shardc lsp`, driven by a real LSP client
+library: pygls's `BaseLanguageClient` (typed lsprotocol requests over the
+server's stdio). It opens models/gptj.shard, breaks it and fixes it (watching
+the published diagnostics), hovers, jumps to a standard-library definition
+and formats, then shuts the server down. Each step prints `ok` or `FAIL`;
+the first failure (a wrong answer, an error response, a timeout, a server
+that exits early or with a non-zero status) ends the script with status 1
+and says why.
 
-    python3 scripts/lsp_session.py [path/to/shardc]
+    python3 -m venv target/lsp-venv && target/lsp-venv/bin/pip install -r scripts/requirements-lsp.txt
+    target/lsp-venv/bin/python scripts/lsp_session.py [path/to/shardc]
 
 The default server is target/release/shardc, else target/debug/shardc.
-`Client` is also what scripts/lsp_bench.py drives the server with.
+tests/lsp_pygls.rs runs this script when a Python with pygls is available.
 """
 
-import json
+import asyncio
 import os
 import pathlib
-import queue
-import subprocess
 import sys
-import threading
-import time
+import traceback
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from lsp_stdio import ROOT, default_server, position  # noqa: E402
+
+try:
+    import attrs
+    import pygls
+    from lsprotocol import types
+    from pygls.exceptions import JsonRpcException
+    from pygls.lsp.client import BaseLanguageClient
+except ImportError as e:  # pragma: no cover - the message is the point
+    sys.exit(f"lsp_session.py needs pygls ({e}): "
+             "pip install -r scripts/requirements-lsp.txt")
+
+# Seconds any one answer may take (a debug build checks gptj in well under one).
+TIMEOUT = 60
 
 
-def default_server():
-    for p in ("target/release/shardc", "target/debug/shardc"):
-        if (ROOT / p).exists():
-            return str(ROOT / p)
-    sys.exit("build shardc first (cargo build --release)")
+class Failed(Exception):
+    """A step did not get what an editor expects."""
 
 
-class Client:
-    """A language client: requests wait for their response; notifications
-    from the server are queued and read with `wait_for`."""
+class Session(BaseLanguageClient):
+    """The client: published diagnostics are queued (by the handler below)
+    and read with `diagnostics`, the server's exit status is kept."""
 
-    def __init__(self, server, args=()):
-        self.proc = subprocess.Popen(
-            [server, "lsp", *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        self.inbox = queue.Queue()
+    def __init__(self):
+        super().__init__("shardc-lsp-session", "1")
+        self.published = asyncio.Queue()
         self.stash = []
-        self.next_id = 1
-        threading.Thread(target=self._read, daemon=True).start()
+        self.returncode = None
+        self.exited = asyncio.Event()
+        self.stderr = []
 
-    def _read(self):
-        out = self.proc.stdout
+    async def server_exit(self, server):
+        self.returncode = server.returncode
+        self.exited.set()
+
+    def report_server_error(self, error, source):
+        print(f"pygls: the server sent something unexpected: {error}", file=sys.stderr)
+
+    async def drain_stderr(self):
+        """Reads the server's log (so that it never blocks on a full pipe);
+        shown when a step fails."""
+        while self._server is None:
+            await asyncio.sleep(0.01)
+        while line := await self._server.stderr.readline():
+            self.stderr.append(line.decode(errors="replace").rstrip())
+
+    async def diagnostics(self, uri, version):
+        """The diagnostics published for `uri` at `version`."""
+        for i, p in enumerate(self.stash):
+            if p.uri == uri and p.version == version:
+                return self.stash.pop(i).diagnostics
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + TIMEOUT
         while True:
-            length = None
-            while True:
-                line = out.readline()
-                if not line:
-                    self.inbox.put(None)
-                    return
-                line = line.strip()
-                if not line:
-                    break
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":")[1])
-            self.inbox.put(json.loads(out.read(length)))
-
-    def send(self, msg):
-        body = json.dumps({"jsonrpc": "2.0", **msg}).encode()
-        self.proc.stdin.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)
-        self.proc.stdin.flush()
-
-    def notify(self, method, params):
-        self.send({"method": method, "params": params})
-
-    def wait_for(self, want, timeout=60):
-        for i, m in enumerate(self.stash):
-            if want(m):
-                return self.stash.pop(i)
-        deadline = time.monotonic() + timeout
-        while True:
-            m = self.inbox.get(timeout=max(0.0, deadline - time.monotonic()))
-            if m is None:
-                raise RuntimeError("the server closed its output")
-            if want(m):
-                return m
-            self.stash.append(m)
-
-    def request(self, method, params):
-        rid = self.next_id
-        self.next_id += 1
-        self.send({"id": rid, "method": method, "params": params})
-        r = self.wait_for(lambda m: m.get("id") == rid and "method" not in m)
-        if "error" in r:
-            raise RuntimeError(f"{method}: {r['error']}")
-        return r.get("result")
-
-    def diagnostics(self, uri, version=None):
-        def want(m):
-            p = m.get("params", {})
-            return (
-                m.get("method") == "textDocument/publishDiagnostics"
-                and p.get("uri") == uri
-                and (version is None or p.get("version") == version)
-            )
-
-        return self.wait_for(want)["params"]["diagnostics"]
-
-    def initialize(self, encodings=("utf-16",)):
-        r = self.request(
-            "initialize",
-            {
-                "processId": os.getpid(),
-                "rootUri": ROOT.as_uri(),
-                "capabilities": {"general": {"positionEncodings": list(encodings)}},
-            },
-        )
-        self.notify("initialized", {})
-        return r
-
-    def close(self):
-        self.request("shutdown", None)
-        self.notify("exit", None)
-        return self.proc.wait(timeout=30)
+            left = deadline - loop.time()
+            if left <= 0 or self.exited.is_set():
+                break
+            try:
+                p = await asyncio.wait_for(self.published.get(), min(left, 0.5))
+            except asyncio.TimeoutError:
+                continue
+            if p.uri == uri and p.version == version:
+                return p.diagnostics
+            self.stash.append(p)
+        why = "the server exited" if self.exited.is_set() else f"none within {TIMEOUT} s"
+        raise Failed(f"no diagnostics for version {version} of {uri} ({why})")
 
 
-def position(text, needle, skip=0):
-    """Line and UTF-16 character of the first `needle` (plus `skip`)."""
-    at = text.index(needle)
-    line = text.count("\n", 0, at)
-    start = text.rfind("\n", 0, at) + 1
-    col = len(text[start:at].encode("utf-16-le")) // 2 + skip
-    return {"line": line, "character": col}
+def on_diagnostics(ls, params: types.PublishDiagnosticsParams):
+    ls.published.put_nowait(params)
+
+
+async def ask(client, what, request):
+    """Awaits a request's answer, turning error responses, timeouts and a
+    server that exits first into failures."""
+    answer = asyncio.ensure_future(request)
+    exited = asyncio.ensure_future(client.exited.wait())
+    done, _ = await asyncio.wait({answer, exited}, timeout=TIMEOUT,
+                                 return_when=asyncio.FIRST_COMPLETED)
+    exited.cancel()
+    if answer in done:
+        try:
+            return answer.result()
+        except JsonRpcException as e:
+            raise Failed(f"{what}: the server answered an error: {e}") from None
+    answer.cancel()
+    if exited in done:
+        raise Failed(f"{what}: the server exited (status {client.returncode}) "
+                     "before answering")
+    raise Failed(f"{what}: no answer within {TIMEOUT} s")
+
+
+def step(what, ok, detail=""):
+    print(f"{'ok ' if ok else 'FAIL'} {what}{': ' + detail if detail else ''}", flush=True)
+    if not ok:
+        raise Failed(what)
+
+
+def pos(text, needle, skip=0):
+    p = position(text, needle, skip)
+    return types.Position(line=p["line"], character=p["character"])
 
 
 def errors(diags):
-    return [d for d in diags if d.get("severity") == 1]
+    return [d for d in diags if d.severity == types.DiagnosticSeverity.Error]
 
 
-def main():
-    server = sys.argv[1] if len(sys.argv) > 1 else default_server()
+async def session(client, server):
     path = ROOT / "models" / "gptj.shard"
     text = path.read_text()
     uri = path.as_uri()
-    c = Client(server)
-    caps = c.initialize()["capabilities"]
-    print(f"initialized: position encoding {caps['positionEncoding']}, "
-          f"{sum(1 for k in caps if k.endswith('Provider'))} providers")
+    doc = types.TextDocumentIdentifier(uri=uri)
 
-    def step(what, ok, detail=""):
-        print(f"{'ok ' if ok else 'FAIL'} {what}{': ' + detail if detail else ''}")
-        if not ok:
-            sys.exit(1)
+    client.feature(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)(on_diagnostics)
+    await client.start_io(server, "lsp")
+    asyncio.get_running_loop().create_task(client.drain_stderr())
+    init = await ask(client, "initialize", client.initialize_async(types.InitializeParams(
+        process_id=os.getpid(),
+        root_uri=ROOT.as_uri(),
+        workspace_folders=[types.WorkspaceFolder(uri=ROOT.as_uri(), name=ROOT.name)],
+        capabilities=types.ClientCapabilities(general=types.GeneralClientCapabilities(
+            position_encodings=[types.PositionEncodingKind.Utf16])),
+    )))
+    caps = init.capabilities
+    providers = sum(1 for f in attrs.fields(type(caps))
+                    if f.name.endswith("_provider") and getattr(caps, f.name) is not None)
+    info = init.server_info
+    print(f"initialized {info.name if info else '?'} {info.version if info else ''} "
+          f"with pygls {pygls_version()}: position encoding {caps.position_encoding}, "
+          f"{providers} providers")
+    client.initialized(types.InitializedParams())
 
-    c.notify("textDocument/didOpen", {"textDocument": {
-        "uri": uri, "languageId": "shard", "version": 1, "text": text}})
-    d = c.diagnostics(uri, 1)
+    def change(version, new_text):
+        client.text_document_did_change(types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+            content_changes=[types.TextDocumentContentChangeEvent_Type2(text=new_text)]))
+
+    client.text_document_did_open(types.DidOpenTextDocumentParams(
+        text_document=types.TextDocumentItem(uri=uri, language_id="shard", version=1, text=text)))
+    d = await client.diagnostics(uri, 1)
     step("open models/gptj.shard", not errors(d), f"{len(d)} diagnostics, no errors")
 
     broken = text.replace("wo : f32[H, D / H, D]", "wo : f32[H, D / H, 2 * D]")
-    c.notify("textDocument/didChange", {"textDocument": {"uri": uri, "version": 2},
-                                        "contentChanges": [{"text": broken}]})
-    d = errors(c.diagnostics(uri, 2))
+    step("the edit changes the file", broken != text)
+    change(2, broken)
+    d = errors(await client.diagnostics(uri, 2))
     step("break it", len(d) > 0,
-         f"{d[0]['code']} at line {d[0]['range']['start']['line'] + 1}: "
-         f"{d[0]['message'].splitlines()[0]}" if d else "no error")
+         f"{d[0].code} at line {d[0].range.start.line + 1}: "
+         f"{d[0].message.splitlines()[0]}" if d else "no error")
 
-    c.notify("textDocument/didChange", {"textDocument": {"uri": uri, "version": 3},
-                                        "contentChanges": [{"text": text}]})
-    step("fix it", not errors(c.diagnostics(uri, 3)))
+    change(3, text)
+    d = errors(await client.diagnostics(uri, 3))
+    step("fix it", not d, "no errors" if not d else d[0].message.splitlines()[0])
 
-    def hover(needle, skip=0):
-        r = c.request("textDocument/hover", {"textDocument": {"uri": uri},
-                                             "position": position(text, needle, skip)})
-        return (r or {}).get("contents", {}).get("value", "")
+    async def hover(needle, skip=0):
+        r = await ask(client, f"hover at {needle!r}", client.text_document_hover_async(
+            types.HoverParams(text_document=doc, position=pos(text, needle, skip))))
+        value = getattr(getattr(r, "contents", None), "value", "") if r else ""
+        return value, (value.splitlines() or [""])
 
-    h = hover("let attn", 4)
-    step("hover a let", "attn: f32[16@dp, 32, 3072] partial(mp)" in h, h.splitlines()[1])
-    h = hover("psum(attn")
-    step("hover a collective", "collective" in h, h.splitlines()[1])
-    h = hover("pod(dp", 0)
-    step("hover the mesh", "8 devices" in h, h.splitlines()[-1])
+    h, lines = await hover("let attn", 4)
+    want = "attn: f32[16@dp, 32, 3072] partial(mp)"
+    step("hover a let", want in h, lines[1] if len(lines) > 1 else f"no {want!r} in {h!r}")
+    h, lines = await hover("psum(attn")
+    step("hover a collective", "collective" in h, lines[-1])
+    h, lines = await hover("pod(dp")
+    step("hover the mesh", "8 devices" in h, lines[-1])
 
-    r = c.request("textDocument/definition", {"textDocument": {"uri": uri},
-                                              "position": position(text, "LayerNorm(D)")})
-    target = pathlib.Path(r["uri"].removeprefix("file://"))
-    line = target.read_text().splitlines()[r["range"]["start"]["line"]]
+    r = await ask(client, "definition", client.text_document_definition_async(
+        types.DefinitionParams(text_document=doc, position=pos(text, "LayerNorm(D)"))))
+    loc = r[0] if isinstance(r, list) and r else r
+    if not isinstance(loc, types.Location):
+        raise Failed(f"jump to a stdlib definition: expected a location, got {r!r}")
+    target = pathlib.Path(loc.uri.removeprefix("file://"))
+    line_no = loc.range.start.line
+    lines = target.read_text().splitlines()
+    line = lines[line_no] if line_no < len(lines) else ""
     step("jump to a stdlib definition", line.startswith("layer LayerNorm"),
-         f"{target}:{r['range']['start']['line'] + 1}: {line}")
+         f"{target}:{line_no + 1}: {line}")
 
     messy = text.replace("  let h = ln(x)", "let h=ln(x)")
-    c.notify("textDocument/didChange", {"textDocument": {"uri": uri, "version": 4},
-                                        "contentChanges": [{"text": messy}]})
-    c.diagnostics(uri, 4)
-    edits = c.request("textDocument/formatting", {"textDocument": {"uri": uri},
-                                                  "options": {"tabSize": 2, "insertSpaces": True}})
-    step("format", bool(edits) and edits[0]["newText"] == text, "one edit, the file as committed")
+    step("the mess changes the file", messy != text)
+    change(4, messy)
+    await client.diagnostics(uri, 4)
+    edits = await ask(client, "formatting", client.text_document_formatting_async(
+        types.DocumentFormattingParams(
+            text_document=doc, options=types.FormattingOptions(tab_size=2, insert_spaces=True))))
+    step("format", bool(edits) and len(edits) == 1 and edits[0].new_text == text,
+         "one edit, the file as committed" if edits else "no edits")
 
-    step("shut down", c.close() == 0)
+    await ask(client, "shutdown", client.shutdown_async(None))
+    client.exit(None)
+    try:
+        await asyncio.wait_for(client.exited.wait(), TIMEOUT)
+    except asyncio.TimeoutError:
+        raise Failed(f"the server did not exit within {TIMEOUT} s of `exit`") from None
+    step("shut down", client.returncode == 0, f"exit status {client.returncode}")
+
+
+def pygls_version():
+    try:
+        from importlib.metadata import version
+        return version("pygls")
+    except Exception:
+        return getattr(pygls, "__version__", "?")
+
+
+async def main():
+    server = sys.argv[1] if len(sys.argv) > 1 else default_server()
+    client = Session()
+    status = 0
+    try:
+        await session(client, server)
+    except Failed as e:
+        print(f"lsp_session.py: failed: {e}", file=sys.stderr)
+        status = 1
+    except Exception as e:
+        # Anything else (the server cannot be started, an answer of the wrong
+        # shape): say what, with where, and fail.
+        traceback.print_exc()
+        print(f"lsp_session.py: failed: {type(e).__name__}: {e}", file=sys.stderr)
+        status = 1
+    finally:
+        if status and client.stderr:
+            print("the server's log:\n  " + "\n  ".join(client.stderr[-20:]), file=sys.stderr)
+        try:
+            await asyncio.wait_for(client.stop(), 10)
+        except (asyncio.TimeoutError, Exception):
+            pass
+    return status
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(asyncio.run(main()))

@@ -4,8 +4,9 @@
 //! the importer, at the import); navigation, references, rename, hover,
 //! completion, signature help, inlay hints, code actions, symbols, semantic
 //! tokens and folding read an index of each compilation ([`index`], [`nav`],
-//! [`complete`], [`outline`]). Positions are UTF-16 unless the client offers
-//! UTF-8 or UTF-32 ([`text`]).
+//! [`complete`], [`outline`]); references and rename also read the `.shard`
+//! files of the workspace folders named at `initialize` ([`workspace`]).
+//! Positions are UTF-16 unless the client offers UTF-8 or UTF-32 ([`text`]).
 //!
 //! Input is read by [`transport`] on a thread of its own, which never stops at
 //! malformed input: a body that is not a JSON-RPC message is answered with a
@@ -24,25 +25,27 @@ pub mod outline;
 pub mod state;
 pub mod text;
 pub mod transport;
+pub mod workspace;
 
 use crate::world::Options;
 use lsp_server::{ErrorCode, Message, Notification, Request, Response};
 use lsp_types::notification::{
-    DidChangeTextDocument, DidChangeWatchedFiles, DidCloseTextDocument, DidOpenTextDocument,
-    DidSaveTextDocument, Notification as _, PublishDiagnostics,
+    DidChangeTextDocument, DidChangeWatchedFiles, DidChangeWorkspaceFolders, DidCloseTextDocument,
+    DidOpenTextDocument, DidSaveTextDocument, Notification as _, PublishDiagnostics,
 };
 use lsp_types::request::{
     CodeActionRequest, Completion, DocumentHighlightRequest, DocumentSymbolRequest,
     FoldingRangeRequest, Formatting, GotoDefinition, HoverRequest, Initialize, InlayHintRequest,
-    PrepareRenameRequest, References, Rename, Request as _, SemanticTokensFullRequest, Shutdown,
-    SignatureHelpRequest,
+    PrepareRenameRequest, References, Rename, Request as _, SemanticTokensFullRequest,
+    SemanticTokensRangeRequest, Shutdown, SignatureHelpRequest,
 };
 use lsp_types::{
     CodeActionKind, CodeActionOptions, CodeActionProviderCapability, CompletionOptions,
     FoldingRangeProviderCapability, HoverProviderCapability, OneOf, RenameOptions,
     SemanticTokensFullOptions, SemanticTokensOptions, SemanticTokensServerCapabilities,
     ServerCapabilities, SignatureHelpOptions, TextDocumentSyncCapability, TextDocumentSyncKind,
-    TextDocumentSyncOptions, TextDocumentSyncSaveOptions,
+    TextDocumentSyncOptions, TextDocumentSyncSaveOptions, WorkspaceFoldersServerCapabilities,
+    WorkspaceServerCapabilities,
 };
 use serde_json::Value;
 use std::io::{BufRead, Write};
@@ -261,11 +264,18 @@ fn capabilities(enc: text::Encoding) -> Result<Value, Refusal> {
             SemanticTokensOptions {
                 legend: outline::legend(),
                 full: Some(SemanticTokensFullOptions::Bool(true)),
-                range: None,
+                range: Some(true),
                 work_done_progress_options: Default::default(),
             },
         )),
         folding_range_provider: Some(FoldingRangeProviderCapability::Simple(true)),
+        workspace: Some(WorkspaceServerCapabilities {
+            workspace_folders: Some(WorkspaceFoldersServerCapabilities {
+                supported: Some(true),
+                change_notifications: Some(OneOf::Left(true)),
+            }),
+            file_operations: None,
+        }),
         ..ServerCapabilities::default()
     };
     Ok(serde_json::json!({
@@ -405,6 +415,7 @@ impl<W: Write> Server<'_, W> {
                     .and_then(|c| serde_json::from_value(c).ok())
                     .unwrap_or_default();
                 self.st.enc = text::Encoding::negotiate(&caps);
+                self.st.roots = workspace::roots_of(&req.params);
                 self.phase = Phase::Running;
                 capabilities(self.st.enc)
             }
@@ -466,6 +477,9 @@ impl<W: Write> Server<'_, W> {
             (Phase::Running, SemanticTokensFullRequest::METHOD) => {
                 params(&req).and_then(|p| json(outline::semantic_tokens(st, p)))
             }
+            (Phase::Running, SemanticTokensRangeRequest::METHOD) => {
+                params(&req).and_then(|p| json(outline::semantic_tokens_range(st, p)))
+            }
             (Phase::Running, FoldingRangeRequest::METHOD) => {
                 params(&req).and_then(|p| json(outline::folding(st, p)))
             }
@@ -484,6 +498,9 @@ impl<W: Write> Server<'_, W> {
             Err((code, message)) => Response::new_err(req.id, code as i32, message),
         };
         self.send(Message::Response(response));
+        for line in self.st.take_notes() {
+            self.log(&line);
+        }
     }
 
     fn notification(&mut self, n: Notification) {
@@ -513,6 +530,10 @@ impl<W: Write> Server<'_, W> {
             }
             DidSaveTextDocument::METHOD | DidChangeWatchedFiles::METHOD => {
                 self.st.disk_changed();
+                Ok(())
+            }
+            DidChangeWorkspaceFolders::METHOD => {
+                self.st.roots = workspace::changed(&self.st.roots, &n.params);
                 Ok(())
             }
             _ => Ok(()),

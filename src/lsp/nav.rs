@@ -1,7 +1,8 @@
-//! Going from a name to what it means: go-to-definition, references,
-//! highlights and rename across every file of every open buffer's
-//! compilation (and the other `.shard` files beside the open buffers, which
-//! may import them), and hover (inferred types and layouts of bindings, the
+//! Going from a name to what it means: go-to-definition, highlights, and
+//! references and rename across every file of every open buffer's
+//! compilation and every `.shard` file of the workspace ([`super::workspace`]:
+//! under the workspace folders and beside the open buffers, open or not,
+//! which may import them), and hover (inferred types and layouts of bindings, the
 //! declaration of what a name refers to, constants' values, axes' sizes,
 //! built-in ops with their row of the op registry).
 
@@ -113,47 +114,88 @@ fn target(ix: &Index, s: &Symbol) -> Option<Target> {
     })
 }
 
-/// Indexes of the `.shard` files beside the open buffers that no open
-/// buffer's compilation read (they may import what is renamed): at most 200.
-fn neighbours(st: &State) -> Vec<Index> {
-    let mut dirs: Vec<PathBuf> = st
+/// Indexes of the workspace's `.shard` files ([`super::workspace`]: under
+/// the workspace folders, and beside the open buffers) that no open buffer's
+/// compilation read and whose text holds `needle` (a file without the name
+/// cannot use it): each with its imports, resolved and indexed (not checked).
+/// Open buffers are read from the overlay, other files from disk.
+fn others(st: &State, needle: &str) -> Vec<Index> {
+    let mut beside: Vec<PathBuf> = st
         .docs
         .keys()
         .filter(|k| !text::is_std(k))
         .filter_map(|k| k.parent().map(Path::to_path_buf))
         .collect();
-    dirs.sort();
-    dirs.dedup();
-    let mut out = Vec::new();
+    beside.sort();
+    beside.dedup();
+    let scan = super::workspace::shard_files(&st.roots, &beside);
+    if let Some(note) = scan.note {
+        st.note(note);
+    }
     let mut files = crate::files::Overlay::new(&crate::files::Disk);
     for (k, d) in &st.docs {
         files.insert(k, d.text.clone());
     }
-    for dir in dirs {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        let mut paths: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "shard"))
-            .map(|p| text::key(&p))
-            .filter(|k| !st.analyses.values().any(|a| a.reads(k)))
-            .collect();
-        paths.sort();
-        for p in paths.into_iter().take(200usize.saturating_sub(out.len())) {
-            if let Some(ix) = load(&files, &p) {
-                out.push(ix);
+    let todo: Vec<PathBuf> = scan
+        .files
+        .into_iter()
+        .filter(|k| !st.analyses.values().any(|a| a.reads(k)))
+        .collect();
+    let grants: Vec<PathBuf> = st
+        .opts
+        .grants
+        .iter()
+        .chain(st.opts.data.iter())
+        .cloned()
+        .collect();
+    // One file that trips a bug is left out (and logged), not the search.
+    let work = || {
+        let mut out = Vec::new();
+        let mut failed = Vec::new();
+        for p in &todo {
+            let Ok(text) = crate::files::Files::read_text(&files, p) else {
+                continue;
+            };
+            if !needle.is_empty() && !text.contains(needle) {
+                continue;
+            }
+            let one = || load(&files, p, text, &grants);
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(one)) {
+                Ok(ix) => out.extend(ix),
+                Err(_) => failed.push(p.display().to_string()),
             }
         }
+        (out, failed)
+    };
+    // Indexing recurses along the syntax trees: on the compiler's stack size.
+    let (out, failed) = std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .name("workspace".into())
+            .stack_size(crate::world::COMPILE_STACK)
+            .spawn_scoped(s, work)
+            .ok()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default()
+    });
+    for f in failed {
+        st.note(format!(
+            "internal error (a bug) indexing {f} for references: left out"
+        ));
     }
     out
 }
 
-/// A file and its imports, resolved and indexed (not checked).
-fn load(files: &dyn crate::files::Files, path: &Path) -> Option<Index> {
-    let text = files.read_text(path).ok()?;
+/// A file and its imports, resolved and indexed (not checked), reading what
+/// `shardc check` would let it read: its own directory and the granted ones.
+fn load(
+    files: &dyn crate::files::Files,
+    path: &Path,
+    text: String,
+    grants: &[PathBuf],
+) -> Option<Index> {
     let own = path.parent()?.to_path_buf();
-    let allowed = crate::access::Allowed::new(files, [own]);
+    let allowed =
+        crate::access::Allowed::new(files, std::iter::once(own).chain(grants.iter().cloned()));
     let confined = crate::access::Confined::new(files, allowed);
     let mut sources = crate::source::SourceMap::default();
     let mut diags = Vec::new();
@@ -166,15 +208,24 @@ fn load(files: &dyn crate::files::Files, path: &Path) -> Option<Index> {
     let mut loader = crate::resolve::Loader::new(&mut sources, &mut diags, &confined);
     loader.load(root);
     let program = loader.resolve(root);
-    // Indexing recurses along the syntax trees: on the compiler's stack size.
-    std::thread::scope(|s| {
-        std::thread::Builder::new()
-            .stack_size(crate::world::COMPILE_STACK)
-            .spawn_scoped(s, || Index::build(&sources, &program))
-            .ok()?
-            .join()
-            .ok()
-    })
+    Some(Index::build(&sources, &program))
+}
+
+/// The text a file of another compilation must hold to use a symbol.
+fn needle(ix: &Index, s: &Symbol) -> String {
+    match s {
+        Symbol::Def(k, start) => ix
+            .def_at(k, *start)
+            .and_then(|d| ix.defs.get(d))
+            .map(|d| d.name.clone())
+            .unwrap_or_default(),
+        Symbol::Op(n) | Symbol::Library(n) => n.to_string(),
+        Symbol::File(k) => k
+            .file_stem()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string(),
+    }
 }
 
 /// Every occurrence of a symbol in every index: (file key, start, end, is a
@@ -220,7 +271,7 @@ pub fn references(st: &State, p: ReferenceParams) -> Option<Vec<Location>> {
     let at = at_params(st, &p.text_document_position)?;
     let o = at.occ()?;
     let s = symbol(at.ix, o.target)?;
-    let extra = neighbours(st);
+    let extra = others(st, &needle(at.ix, &s));
     let mut occs = occurrences(st, &s, &extra);
     if !p.context.include_declaration {
         occs.retain(|o| !o.3);
@@ -316,7 +367,7 @@ pub fn rename(st: &State, p: RenameParams) -> Result<Option<WorkspaceEdit>, Refu
     let Some(s) = symbol(at.ix, Target::Def(d)) else {
         return Ok(None);
     };
-    let extra = neighbours(st);
+    let extra = others(st, &needle(at.ix, &s));
     let mut changes: HashMap<Uri, Vec<TextEdit>> = HashMap::new();
     for (k, s, e, _, text) in occurrences(st, &s, &extra) {
         let Some(uri) = st.uri(&k) else { continue };

@@ -1,6 +1,7 @@
 //! Whole-document features: formatting (as `shardc fmt`), inlay hints (each
 //! `let`'s inferred type and sharding), code actions (the fix-it of every
-//! diagnostic shown), document symbols, semantic tokens and folding ranges.
+//! diagnostic shown), document symbols, semantic tokens (of the whole file or
+//! a range) and folding ranges.
 
 use super::index::{Kind, Target};
 use super::state::State;
@@ -10,8 +11,8 @@ use lsp_types::{
     DocumentSymbol, DocumentSymbolParams, DocumentSymbolResponse, FoldingRange, FoldingRangeKind,
     FoldingRangeParams, InlayHint, InlayHintKind, InlayHintLabel, InlayHintParams,
     InlayHintTooltip, Position, Range, SemanticToken, SemanticTokenModifier, SemanticTokenType,
-    SemanticTokens, SemanticTokensLegend, SemanticTokensParams, SemanticTokensResult, SymbolKind,
-    TextEdit, Uri, WorkspaceEdit,
+    SemanticTokens, SemanticTokensLegend, SemanticTokensParams, SemanticTokensRangeParams,
+    SemanticTokensRangeResult, SemanticTokensResult, SymbolKind, TextEdit, Uri, WorkspaceEdit,
 };
 use std::collections::HashMap;
 
@@ -237,13 +238,38 @@ fn token_type(k: Kind) -> u32 {
 /// Every name the index knows, classified (keywords, numbers and comments
 /// are the grammars' job).
 pub fn semantic_tokens(st: &State, p: SemanticTokensParams) -> Option<SemanticTokensResult> {
-    let at = super::nav::at(st, &p.text_document.uri, Position::new(0, 0))?;
+    tokens(st, &p.text_document.uri, None).map(SemanticTokensResult::Tokens)
+}
+
+/// The tokens of [`semantic_tokens`] that overlap the range (a token the
+/// range's start or end falls inside included); the first one's position is
+/// relative to the start of the file, as the protocol says.
+pub fn semantic_tokens_range(
+    st: &State,
+    p: SemanticTokensRangeParams,
+) -> Option<SemanticTokensRangeResult> {
+    tokens(st, &p.text_document.uri, Some(p.range)).map(SemanticTokensRangeResult::Tokens)
+}
+
+fn tokens(st: &State, uri: &Uri, range: Option<Range>) -> Option<SemanticTokens> {
+    let at = super::nav::at(st, uri, Position::new(0, 0))?;
     let ix = at.ix;
     let text = &ix.files[at.file].text;
     let lines = Lines::new(text, st.enc);
+    // The range as byte offsets: a token overlaps it when it starts before
+    // its end and ends after its start (or at an empty range's point).
+    let window = range.map(|r| {
+        let (s, e) = (lines.offset(r.start), lines.offset(r.end));
+        (s.min(e), s.max(e))
+    });
+    let inside = |o: &&super::index::Occ| match window {
+        None => true,
+        Some((s, e)) if s == e => o.start <= s && s <= o.end,
+        Some((s, e)) => o.start < e && o.end > s,
+    };
     let mut data = Vec::new();
     let (mut line, mut col) = (0u32, 0u32);
-    for o in ix.occs.iter().filter(|o| o.file == at.file) {
+    for o in ix.occs.iter().filter(|o| o.file == at.file).filter(inside) {
         let (ty, mut mods) = match o.target {
             Target::Def(d) => {
                 let d = &ix.defs[d];
@@ -276,10 +302,10 @@ pub fn semantic_tokens(st: &State, p: SemanticTokensParams) -> Option<SemanticTo
         });
         (line, col) = (s.line, s.character);
     }
-    Some(SemanticTokensResult::Tokens(SemanticTokens {
+    Some(SemanticTokens {
         result_id: None,
         data,
-    }))
+    })
 }
 
 /// Declarations over several lines, and runs of comment lines.

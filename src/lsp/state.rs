@@ -20,7 +20,7 @@ use lsp_types::{
 };
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 pub struct Doc {
     pub uri: Uri,
@@ -66,6 +66,10 @@ pub struct State {
     all_dirty: bool,
     /// What each file was last shown.
     published: HashMap<PathBuf, (Uri, Vec<Diagnostic>)>,
+    /// The workspace folders ([`super::workspace`]), canonical.
+    pub roots: Vec<PathBuf>,
+    /// Lines for the log from handlers that only read the state.
+    notes: Mutex<Vec<String>>,
 }
 
 impl State {
@@ -78,6 +82,23 @@ impl State {
             dirty: BTreeSet::new(),
             all_dirty: false,
             published: HashMap::new(),
+            roots: Vec::new(),
+            notes: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A line for the server's log (written after the request is answered).
+    pub fn note(&self, line: String) {
+        if let Ok(mut notes) = self.notes.lock() {
+            notes.push(line);
+        }
+    }
+
+    /// The lines [`State::note`] collected since the last call.
+    pub fn take_notes(&mut self) -> Vec<String> {
+        match self.notes.get_mut() {
+            Ok(notes) => std::mem::take(notes),
+            Err(poisoned) => std::mem::take(poisoned.into_inner()),
         }
     }
 
