@@ -138,6 +138,8 @@ impl Index {
             globals: HashMap::new(),
             axes: HashMap::new(),
             item_defs: HashMap::new(),
+            sub_layers: HashMap::new(),
+            members: Vec::new(),
         };
         for (f, ast) in asts.iter().enumerate() {
             if let Some(ast) = ast {
@@ -150,6 +152,7 @@ impl Index {
                 b.uses(f, ast);
             }
         }
+        b.resolve_members();
         let mut ix = b.ix;
         ix.occs.sort_by_key(|o| (o.file, o.start, o.end));
         ix
@@ -240,6 +243,11 @@ struct Builder {
     axes: Frame,
     /// Per file, per item (in order): its declaration.
     item_defs: HashMap<(usize, usize), usize>,
+    /// A sublayer's declaration → the name of the layer it instantiates.
+    sub_layers: HashMap<usize, String>,
+    /// `embed.w` members, resolved once every layer's members are declared:
+    /// (file, the member's span, the sublayer's declaration, the path after it).
+    members: Vec<(usize, crate::source::Span, usize, Vec<String>)>,
 }
 
 impl Builder {
@@ -427,8 +435,16 @@ impl Builder {
                 Member::Weight { name, span, .. } => {
                     Some(self.def(Kind::Weight, f, name, *span, Some(id)))
                 }
-                Member::Sub { name, span, .. } => {
-                    Some(self.def(Kind::Sub, f, name, *span, Some(id)))
+                Member::Sub {
+                    name, span, value, ..
+                } => {
+                    let d = self.def(Kind::Sub, f, name, *span, Some(id));
+                    if let ExprKind::Call(c, _) = &value.kind {
+                        if let ExprKind::Name(layer) = &c.kind {
+                            self.sub_layers.insert(d, layer.clone());
+                        }
+                    }
+                    Some(d)
                 }
                 Member::Fn(func) => Some(self.def(Kind::Fn, f, &func.name, func.span, Some(id))),
                 Member::Directive { .. } => None,
@@ -512,6 +528,37 @@ impl Builder {
             .map(Target::Library)
     }
 
+    /// Point each `embed.w` member at its declaration in the sublayer's layer.
+    fn resolve_members(&mut self) {
+        for (f, span, root, path) in std::mem::take(&mut self.members) {
+            let mut at = root;
+            let mut found = true;
+            for seg in &path {
+                let layer = self
+                    .sub_layers
+                    .get(&at)
+                    .and_then(|l| self.globals.get(l))
+                    .copied();
+                let next = layer.and_then(|l| {
+                    self.ix
+                        .defs
+                        .iter()
+                        .position(|d| d.container == Some(l) && &d.name == seg)
+                });
+                match next {
+                    Some(n) => at = n,
+                    None => {
+                        found = false;
+                        break;
+                    }
+                }
+            }
+            if found {
+                self.occ(f, span, Target::Def(at));
+            }
+        }
+    }
+
     fn name(&mut self, f: usize, name: &str, span: crate::source::Span, frames: &[Frame]) {
         if let Some(t) = self.resolve(name, frames) {
             self.occ(f, span, t);
@@ -522,7 +569,23 @@ impl Builder {
         match &e.kind {
             ExprKind::Float(_) | ExprKind::Int(_) | ExprKind::Str(_) => {}
             ExprKind::Name(n) => self.name(f, n, e.span, frames),
-            ExprKind::Neg(x) | ExprKind::Member(x, _) => self.expr(f, x, frames),
+            ExprKind::Neg(x) => self.expr(f, x, frames),
+            ExprKind::Member(x, field) => {
+                self.expr(f, x, frames);
+                // `embed.w`, `lm.embed.w`: the path from a sublayer of this layer.
+                let mut path = vec![field.name.clone()];
+                let mut cur: &Expr = x;
+                while let ExprKind::Member(b, seg) = &cur.kind {
+                    path.push(seg.name.clone());
+                    cur = b;
+                }
+                if let ExprKind::Name(root) = &cur.kind {
+                    if let Some(Target::Def(d)) = self.resolve(root, frames) {
+                        path.reverse();
+                        self.members.push((f, field.span, d, path));
+                    }
+                }
+            }
             ExprKind::Bin(a, _, b) => {
                 self.expr(f, a, frames);
                 self.expr(f, b, frames);
