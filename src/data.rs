@@ -131,7 +131,7 @@ struct Shapes {
     /// `loss: mse` or `sigmoid_binary_cross_entropy`: the labels are targets
     /// shaped like the output.
     regression: bool,
-    loss: spec::Loss,
+    loss: String,
     eval: Option<Span>,
 }
 
@@ -185,13 +185,11 @@ impl Shapes {
             inputs[0].0 = "x".into();
         }
         let out = prog.output.and_then(|o| prog.nodes.get(o as usize));
-        let regression = t.loss.targets_like_output();
-        let (labels, classes) = match out {
-            Some(o) if regression => (full(&o.ty.dims), 1),
-            Some(o) if o.ty.rank() > 0 => (
-                full(&o.ty.dims[..o.ty.rank() - 1]),
-                o.ty.dims.last().map(size).unwrap_or(1),
-            ),
+        let targets = prog.targets(t.loss);
+        let regression = targets.as_ref().is_some_and(|x| !x.classes);
+        let (labels, classes) = match (out, targets) {
+            (Some(_), Some(x)) if regression => (full(&x.ty.dims), 1),
+            (Some(o), Some(x)) => (full(&x.ty.dims), o.ty.dims.last().map(size).unwrap_or(1)),
             _ => (vec![batch], 1),
         };
         Shapes {
@@ -201,7 +199,7 @@ impl Shapes {
             labels,
             classes,
             regression,
-            loss: t.loss,
+            loss: t.loss_name(),
             eval: t.eval_span,
         }
     }
@@ -235,7 +233,7 @@ impl Cx<'_> {
                 label: "data named here",
                 message: format!(
                     "gives token ids as labels, but `loss: {}` needs targets shaped like the output, {}",
-                    shape.loss.name(),
+                    shape.loss,
                     dims(&shape.labels)
                 ),
                 help: Some("train with `data: arrays(path: ...)` holding those targets as `y`, or with `loss: softmax_cross_entropy`".into()),

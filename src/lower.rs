@@ -34,6 +34,12 @@ pub fn lower(model: &Model, bodies: &Bodies) -> Program {
         pipeline: model.pipeline.clone(),
     };
     l.prog.output = l.inline(model.body, &[]);
+    if let Some(b) = model.loss {
+        let mut sub = l.sub();
+        sub.prog.input_names = vec!["out".into(), "y".into()];
+        sub.prog.output = sub.inline(b, &[]);
+        l.prog.loss = Some(Box::new(sub.prog));
+    }
     l.prog
 }
 
@@ -94,21 +100,27 @@ impl Lowering<'_> {
         id
     }
 
-    /// A computed initial value's own program (no inputs, no parameters), kept
-    /// in the program's `inits`.
-    fn init_program(&mut self, body: usize) -> crate::init::Init {
-        let mut sub = Lowering {
+    /// An empty program of the same model and mesh, lowered on its own.
+    fn sub(&self) -> Lowering<'_> {
+        Lowering {
             bodies: self.bodies,
             prog: Program {
                 model: self.prog.model.clone(),
                 mesh: self.prog.mesh.clone(),
                 bound: self.prog.bound.clone(),
+                batch: self.prog.batch,
                 ..Program::default()
             },
             params: HashMap::new(),
             path: Vec::new(),
             pipeline: None,
-        };
+        }
+    }
+
+    /// A computed initial value's own program (no inputs, no parameters), kept
+    /// in the program's `inits`.
+    fn init_program(&mut self, body: usize) -> crate::init::Init {
+        let mut sub = self.sub();
         sub.prog.output = sub.inline(body, &[]);
         self.prog.inits.push(sub.prog);
         crate::init::Init::Computed(self.prog.inits.len() - 1)

@@ -111,13 +111,37 @@ pub fn of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> Pl
         bound: &prog.bound,
     };
     let weight = Weights::new(prog);
+    let acts = values(&mut plan, prog, &cx, &|i| weight.of(i), sources);
+    // A loss function's own program runs once per (micro)batch, after the model.
+    let loss_acts: f64 = match &prog.loss {
+        Some(l) => values(&mut plan, l, &cx, &|_| 1.0, sources).iter().sum(),
+        None => 0.0,
+    };
+    plan.activations = acts.iter().sum::<f64>() + loss_acts;
+    weights(&mut plan, prog, &cx, &weight, &optimizer);
+    if let Some(pp) = &prog.pipeline {
+        pipeline(&mut plan, prog, pp, &acts);
+    }
+    tables(&mut plan, prog, train, spec);
+    plan
+}
+
+/// Activations, FLOPs and collectives of `prog`'s values, node `i` counting
+/// `weight(i)` times; returns each node's activation bytes.
+fn values(
+    plan: &mut Plan,
+    prog: &Program,
+    cx: &CostCx,
+    weight: &dyn Fn(usize) -> f64,
+    sources: &SourceMap,
+) -> Vec<f64> {
     // Activations and FLOPs: every computed value (not an input, a parameter, a
     // layout change the checker inserted, or FSDP's gather of a parameter) is
     // kept for backward; elementwise work is one FLOP per element, and ops add
     // their own. Collectives count forward and backward.
     let mut acts = vec![0.0f64; prog.nodes.len()];
     for (i, n) in prog.nodes.iter().enumerate() {
-        let m = weight.of(i);
+        let m = weight(i);
         if m == 0.0 {
             continue;
         }
@@ -128,7 +152,7 @@ pub fn of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> Pl
             .is_some_and(|a| matches!(prog.nodes[*a as usize].op, Op::Param(_)))
             && matches!(p, Prim::Collective(_));
         let ts: Vec<&TType> = n.args.iter().map(|a| &prog.nodes[*a as usize].ty).collect();
-        let cost = p.get().cost(&cx, &ts, &n.ty).unwrap_or_default();
+        let cost = p.get().cost(cx, &ts, &n.ty).unwrap_or_default();
         if !gathers_param && !matches!(p, Prim::Reshard(_)) {
             if let Some(numel) = cx.local_numel(&n.ty) {
                 acts[i] = numel * n.ty.dtype.bytes() as f64 * m;
@@ -151,13 +175,7 @@ pub fn of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> Pl
             });
         }
     }
-    plan.activations = acts.iter().sum();
-    weights(&mut plan, prog, &cx, &weight, &optimizer);
-    if let Some(pp) = &prog.pipeline {
-        pipeline(&mut plan, prog, pp, &acts);
-    }
-    tables(&mut plan, prog, train, spec);
-    plan
+    acts
 }
 
 /// How many times each node counts: a pipelined stack counts one stage's share

@@ -104,6 +104,18 @@ pub struct Program {
     /// is the parameter's whole (replicated) value; [`crate::init::Init::Computed`]
     /// indexes it.
     pub inits: Vec<Program>,
+    /// `loss: NAME` naming a `fn` of the model: its own program, with the
+    /// model's output as input 0 and the targets as input 1, whose output is
+    /// the loss (a reduced float scalar). It has no parameters.
+    pub loss: Option<Box<Program>>,
+}
+
+/// What a program's output is trained against: the targets' type (global,
+/// as the data are fed) and whether they are class ids.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Targets {
+    pub ty: TType,
+    pub classes: bool,
 }
 
 /// Nodes `[start, end)` are one repetition that stands for `count`.
@@ -133,6 +145,40 @@ impl Program {
     pub fn add(&mut self, op: Op, args: Vec<Nid>, ty: TType, span: Span) -> Nid {
         self.nodes.push(Node { op, args, ty, span });
         (self.nodes.len() - 1) as Nid
+    }
+
+    /// The targets `loss` trains the output against: class ids shaped like
+    /// the output without its class dimension (softmax cross-entropy), the
+    /// loss function's second input, or values shaped like the output.
+    pub fn targets(&self, loss: crate::spec::Loss) -> Option<Targets> {
+        use crate::spec::Loss;
+        let out = &self.nodes.get(self.output? as usize)?.ty;
+        Some(match loss {
+            Loss::SoftmaxCrossEntropy => Targets {
+                ty: TType {
+                    dtype: crate::ast::DType::I64,
+                    dims: out.dims[..out.rank().saturating_sub(1)].to_vec(),
+                    pending: Default::default(),
+                },
+                classes: true,
+            },
+            Loss::Mse | Loss::SigmoidBinaryCrossEntropy => Targets {
+                ty: out.clone(),
+                classes: false,
+            },
+            Loss::Function => {
+                let l = self.loss.as_deref()?;
+                let ty = l
+                    .nodes
+                    .iter()
+                    .find(|n| n.op == Op::Input(1))
+                    .map(|n| n.ty.clone())?;
+                Targets {
+                    classes: !ty.dtype.is_float(),
+                    ty,
+                }
+            }
+        })
     }
 
     fn axis_size(&self, a: &str) -> Option<i64> {
@@ -194,6 +240,12 @@ impl Program {
             if o as usize >= self.nodes.len() {
                 errs.push("the output is not a node".into());
             }
+        }
+        if let Some(l) = &self.loss {
+            if !l.params.is_empty() {
+                errs.push("the loss function reads parameters".into());
+            }
+            errs.extend(l.verify().into_iter().map(|e| format!("loss: {e}")));
         }
         errs
     }

@@ -72,16 +72,6 @@ impl Compilation {
         model: Option<&str>,
     ) -> Result<(&Program_, &crate::spec::Train, Config, Source), String> {
         let (prog, t, cfg) = self.settings(model)?;
-        let classes = prog
-            .output
-            .and_then(|o| {
-                prog.nodes[o as usize]
-                    .ty
-                    .dims
-                    .last()
-                    .and_then(|d| d.size.as_const())
-            })
-            .unwrap_or(1) as usize;
         let loaded = self.data.iter().find(|d| d.model == t.model);
         if loaded.is_none() {
             // A file source that did not load has a diagnostic; never fall back silently.
@@ -91,12 +81,13 @@ impl Compilation {
                 return Err(format!("the `{}` data could not be loaded", d.name()));
             }
         }
-        let src = crate::runtime::config::source(t, classes, loaded.map(|d| &d.data));
-        if cfg.loss.targets_like_output() && matches!(src, Source::Tokens { .. }) {
+        let src = crate::runtime::config::source(t, prog, loaded.map(|d| &d.data));
+        let like_output = prog.targets(cfg.loss).is_some_and(|x| !x.classes);
+        if like_output && matches!(src, Source::Tokens { .. }) {
             // The data stage reports this (E0305); never train on ids as targets.
             return Err(format!(
                 "`loss: {}` needs targets shaped like the output; a text source gives token ids",
-                cfg.loss.name()
+                t.loss_name()
             ));
         }
         Ok((prog, t, cfg, src))

@@ -98,6 +98,52 @@ impl Bodies {
     pub fn get(&self, id: BodyId) -> Option<&Body> {
         self.0.get(id)
     }
+
+    /// The first weight, table, added loss or observed value that body `id`
+    /// reads, itself or through the bodies it calls: what it is, and where.
+    pub fn reads_state(&self, id: BodyId) -> Option<(String, Span)> {
+        let mut todo = vec![id];
+        let mut seen = HashSet::new();
+        while let Some(b) = todo.pop() {
+            if !seen.insert(b) {
+                continue;
+            }
+            let values = self.get(b).map_or(&[][..], |b| &b.values);
+            // Where a weight or table is used (its value's span is its declaration).
+            let used_at = |k: usize, at: Span| {
+                values
+                    .iter()
+                    .find(|u| match &u.op {
+                        Op::Prim { args, .. } => args.contains(&(k as VId)),
+                        Op::Call(c) => c.args.contains(&(k as VId)),
+                        _ => false,
+                    })
+                    .map_or(at, |u| u.span)
+            };
+            for (k, v) in values.iter().enumerate() {
+                match &v.op {
+                    Op::Weight { name, .. } => {
+                        return Some((format!("the weight `{name}`"), used_at(k, v.span)))
+                    }
+                    Op::Table { name, .. } => {
+                        return Some((format!("the table `{name}`"), used_at(k, v.span)))
+                    }
+                    Op::Prim {
+                        prim: Prim::Aux(a), ..
+                    } => {
+                        let what = match a.weight() {
+                            Some(_) => "add_loss",
+                            None => "observe",
+                        };
+                        return Some((format!("`{what}` (`{}`)", a.name()), v.span));
+                    }
+                    Op::Call(c) => todo.push(c.body),
+                    _ => {}
+                }
+            }
+        }
+        None
+    }
 }
 
 impl<'p> Checker<'p> {

@@ -4,7 +4,7 @@
 
 use super::{Checker, Val};
 use crate::ast::{self, ExprKind, OptValue};
-use crate::diag::{did_you_mean, Problem};
+use crate::diag::{did_you_mean, LossFnProblem, Problem};
 use crate::source::Span;
 
 /// A `repeat(n, Layer, stages: axis, microbatches: m, schedule: s)` member.
@@ -165,8 +165,12 @@ impl<'p> Checker<'p> {
             }
         }
         let errors_before = self.diags.iter().filter(|d| d.is_error()).count();
-        let Some((_, out, _, body)) = self.check_model(&decl, batch) else {
+        let Some((inst, out, _, body)) = self.check_model(&decl, batch) else {
             return;
+        };
+        let loss = match (&out, &t.loss_fn) {
+            (Val::T(ty), Some(name)) => self.check_loss_fn(&inst, &decl, t, name, ty),
+            _ => None,
         };
         if let Val::T(ty) = &out {
             if !ty.pending.is_empty() {
@@ -236,8 +240,78 @@ impl<'p> Checker<'p> {
                 bound: self.bound.clone(),
                 inputs,
                 body,
+                loss,
                 pipeline,
             });
         }
+    }
+
+    /// `loss: NAME` naming a `fn` of the model: checked on the forward's
+    /// output and the targets its second parameter declares, as a body of its
+    /// own. It must return a reduced float scalar and read no weight, table
+    /// or added loss (E0226).
+    fn check_loss_fn(
+        &mut self,
+        inst: &std::sync::Arc<super::Inst>,
+        decl: &ast::LayerDecl,
+        t: &crate::spec::Train,
+        name: &str,
+        out: &crate::types::TType,
+    ) -> Option<super::BodyId> {
+        let f = super::find_fn(decl, name)?;
+        let chosen = t.loss_span.unwrap_or(t.model_span);
+        let fail = |c: &mut Self, span: Span, problem: LossFnProblem| {
+            c.report(Problem::LossFn {
+                span,
+                name: name.to_string(),
+                chosen,
+                problem,
+            });
+        };
+        if f.params.len() != 2 {
+            fail(self, f.name.span, LossFnProblem::Params(f.params.len()));
+            return None;
+        }
+        let (yname, yte) = &f.params[1];
+        let mut scope = super::Scope::default();
+        let y = self.eval_type(yte, inst, &mut scope, true, None)?;
+        let y = self.apply_bound(y);
+        if !self.validate_type(&y, yte, &format!("of `{}`", yname.name)) {
+            return None;
+        }
+        if let Some(d) = y.dims.iter().find(|d| !d.size.is_const()) {
+            self.report(Problem::UnboundSize {
+                span: yte.span,
+                size: d.size.to_string(),
+                input: yname.name.clone(),
+                batch: None,
+                train: t.model_span,
+            });
+            return None;
+        }
+        self.open_body();
+        let a0 = self.record(super::Op::Input(0), out, f.params[0].0.span);
+        let a1 = self.record(super::Op::Input(1), &y, yname.span);
+        let args = vec![
+            (Val::T(out.clone()), chosen, a0),
+            (Val::T(y), yname.span, a1),
+        ];
+        self.sites.push((chosen, name.to_string()));
+        let res = self.call_fn(inst, f, args, chosen, None);
+        self.sites.pop();
+        let result = matches!(res, Val::T(_)).then_some(self.last).flatten();
+        let body = self.close_body(result);
+        let Val::T(ty) = res else {
+            return None;
+        };
+        if ty.rank() != 0 || !ty.dtype.is_float() || !ty.pending.is_empty() {
+            fail(self, f.name.span, LossFnProblem::Result(ty.to_string()));
+            return None;
+        }
+        if let Some((what, span)) = self.out.bodies.reads_state(body) {
+            fail(self, span, LossFnProblem::Reads(what));
+            return None;
+        }
+        Some(body)
     }
 }

@@ -58,6 +58,9 @@ pub struct Model {
     /// The forward's parameter names.
     pub inputs: Vec<String>,
     pub body: BodyId,
+    /// `loss: NAME` naming a `fn` of the model: its body, whose inputs are the
+    /// forward's output and the targets.
+    pub loss: Option<BodyId>,
     /// `repeat(..., stages: axis)`: microbatches and schedule.
     pub pipeline: Option<(usize, String)>,
 }

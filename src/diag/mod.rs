@@ -6,7 +6,7 @@ mod problem;
 pub mod render;
 
 pub use codes::Code;
-pub use problem::{ComputedInitProblem, Problem};
+pub use problem::{ComputedInitProblem, LossFnProblem, Problem};
 
 use crate::source::Span;
 use serde::Serialize;

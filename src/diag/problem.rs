@@ -12,6 +12,17 @@ pub enum ComputedInitProblem {
     Split(String),
 }
 
+/// Why a loss function (`loss: NAME` naming a `fn` of the model) is refused.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LossFnProblem {
+    /// It takes this many parameters, not (output, targets).
+    Params(usize),
+    /// It returns this type, not a reduced float scalar.
+    Result(String),
+    /// It reads model state or adds to the loss (what).
+    Reads(String),
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Problem {
     Syntax {
@@ -264,7 +275,7 @@ pub enum Problem {
     MetricLoss {
         span: Span,
         metric: &'static str,
-        loss: &'static str,
+        loss: String,
         loss_span: Option<Span>,
     },
     BatchIndivisible {
@@ -307,6 +318,15 @@ pub enum Problem {
         span: Span,
         weight: String,
         problem: ComputedInitProblem,
+    },
+    /// A loss function that is not a function of the output and targets to
+    /// a float scalar.
+    LossFn {
+        span: Span,
+        name: String,
+        /// `loss: NAME` in the `train`.
+        chosen: Span,
+        problem: LossFnProblem,
     },
     /// A `frozen: true` table that also names its own optimizer.
     FrozenTableOptimizer {
@@ -570,6 +590,9 @@ impl Problem {
                     let k: Vec<String> = known.iter().map(|s| s.to_string()).collect();
                     x = x.help(format!("known: {}", list(&k)));
                 }
+                if *kind == "loss" {
+                    x = x.note("a loss may also be a `fn` of the model taking the output and the targets, returning a float scalar: `loss: my_loss`");
+                }
                 x
             }
             BadValue { span, message, help } => {
@@ -624,6 +647,16 @@ impl Problem {
                 ComputedInitProblem::Split(ty) => d(Code::E0225, format!("the initial value of `{weight}` is split over the mesh here (`{ty}`)"), *span, "split value".into())
                     .help("a computed `init` is computed whole on every device, then each device keeps its piece of the weight's layout: write its sizes without `@`"),
             },
+            LossFn { span, name, chosen, problem } => {
+                let (message, label, help) = match problem {
+                    LossFnProblem::Params(n) => (format!("the loss function `{name}` takes {n} parameter{}, not 2", if *n == 1 { "" } else { "s" }), "not (output, targets)".to_string(), format!("declare it as `fn {name}(out: <the forward's output type>, y: <the targets' type>) -> f32[]`")),
+                    LossFnProblem::Result(ty) => (format!("the loss function `{name}` returns `{ty}`, not a float scalar"), format!("returns `{ty}`"), "reduce the loss to one number, e.g. `mean(...)` over every dimension, and declare `-> f32[]`".to_string()),
+                    LossFnProblem::Reads(what) => (format!("the loss function `{name}` uses {what}"), "not a function of the output and targets".to_string(), "a loss function sees only the forward's output and the targets: use weights in `forward`, and add terms to the loss there with `add_loss`".to_string()),
+                };
+                d(Code::E0226, message, *span, label)
+                    .secondary(*chosen, "the loss is chosen here")
+                    .help(help)
+            }
             FrozenTableOptimizer { span, table, frozen } => d(Code::E0403, format!("the table `{table}` is frozen but has its own optimizer"), *span, "an optimizer for a table that is never updated".into())
                 .secondary(*frozen, "frozen here")
                 .note("a frozen table keeps its initial (or loaded) rows: no gradient step and no optimizer state")

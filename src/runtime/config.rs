@@ -108,8 +108,13 @@ impl Config {
 }
 
 /// The data source a `train` names (or what the data stage loaded for it from a
-/// file, or `--data`), or synthetic data. `classes` is the model's output size.
-pub fn source(t: &spec::Train, classes: usize, loaded: Option<&crate::data::Loaded>) -> Source {
+/// file, or `--data`), or synthetic data for the targets `prog`'s loss trains
+/// against (classes: the output's last dimension).
+pub fn source(
+    t: &spec::Train,
+    prog: &crate::spmd::Program,
+    loaded: Option<&crate::data::Loaded>,
+) -> Source {
     match loaded {
         Some(crate::data::Loaded::Arrays(a)) => return Source::Arrays(a.clone()),
         Some(crate::data::Loaded::Text { ids, seq }) => {
@@ -120,10 +125,24 @@ pub fn source(t: &spec::Train, classes: usize, loaded: Option<&crate::data::Load
         }
         None => {}
     }
+    let classes = prog
+        .output
+        .and_then(|o| {
+            prog.nodes[o as usize]
+                .ty
+                .dims
+                .last()
+                .and_then(|d| d.size.as_const())
+        })
+        .unwrap_or(1) as usize;
     let targets = match t.loss {
         Loss::SoftmaxCrossEntropy => Targets::Classes,
         Loss::Mse => Targets::Normal,
         Loss::SigmoidBinaryCrossEntropy => Targets::Binary,
+        Loss::Function => match prog.targets(t.loss) {
+            Some(x) if x.classes => Targets::Classes,
+            _ => Targets::Normal,
+        },
     };
     match &t.data {
         Some(spec::Data::ShakespeareWords { vocab, seq, .. }) => Source::Tokens {

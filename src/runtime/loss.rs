@@ -63,7 +63,64 @@ pub fn score(
         Loss::SigmoidBinaryCrossEntropy => {
             binary_cross_entropy(ex, metrics, out, ot, labels, rows, stage_axis)
         }
+        Loss::Function => {
+            let (loss, ct) = function(ex, out, labels, stage_axis)?;
+            Ok(Scored {
+                loss,
+                ct,
+                sums: Vec::new(),
+            })
+        }
     }
+}
+
+/// The model's loss function (the program's `loss`): run forward on the
+/// output and the targets, then backward from its scalar, whose cotangent is
+/// 1 held as addends over the devices it is replicated on (not a pipeline's
+/// stage axis: only the last stage computes it). Its value is the same on
+/// every device (the checker made it a reduced scalar).
+fn function(
+    ex: &Exec,
+    out: &Tensor,
+    labels: &Tensor,
+    stage_axis: Option<&str>,
+) -> R<(f64, Tensor)> {
+    let lp = ex
+        .prog
+        .loss
+        .as_deref()
+        .ok_or("the program has no loss function")?;
+    let mut lex = ex.with_program(lp);
+    lex.stage = None;
+    let tape = lex
+        .forward(&[], &[out.clone(), labels.clone()], None)
+        .map_err(String::from)?;
+    let o = lp.output.ok_or("the loss function has no result")? as usize;
+    let value = &tape.vals[o];
+    let loss = value
+        .to_dtype(DType::F64)
+        .and_then(|v| v.flatten_all())
+        .and_then(|v| v.to_vec1::<f64>())
+        .map_err(ce)?
+        .first()
+        .copied()
+        .ok_or("the loss function's result is empty")?;
+    let (_, rep) = ex.comm.topo().replication(&lp.nodes[o].ty, stage_axis);
+    let seed = (value.ones_like().map_err(ce)? / rep as f64).map_err(ce)?;
+    // The inputs come first; the cotangents of values before the range are
+    // returned, not consumed.
+    let is_input = |n: &crate::spmd::Node| matches!(n.op, crate::spmd::Op::Input(_));
+    let start = lp.nodes.iter().rposition(is_input).map_or(0, |i| i + 1);
+    let cts = lex.backward_range(&tape, &[(o, seed)], start..lp.nodes.len(), &mut [])?;
+    let input = lp
+        .nodes
+        .iter()
+        .position(|n| n.op == crate::spmd::Op::Input(0));
+    let ct = match input.and_then(|i| cts.get(i).cloned().flatten()) {
+        Some(ct) => ct,
+        None => out.zeros_like().map_err(ce)?,
+    };
+    Ok((loss, ct))
 }
 
 /// The axes an output's elements are split over (its devices' sums cover it).

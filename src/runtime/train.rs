@@ -11,7 +11,6 @@ use super::optim::OptState;
 use crate::ast::DType as SDType;
 use crate::init;
 use crate::mesh::{Collectives, Topology};
-use crate::spec::Loss;
 use crate::spmd::{Op, Program};
 use crate::types::TType;
 use candle_core::{DType, Device, Tensor};
@@ -264,16 +263,12 @@ pub fn run_on(
         .last()
         .and_then(|d| d.size.as_const())
         .unwrap_or(1) as usize;
-    // Class ids shaped like the output without its class dimension, or, for a
-    // regression, targets shaped like the output.
-    let label_t = match cfg.loss {
-        Loss::SoftmaxCrossEntropy => TType {
-            dtype: SDType::I64,
-            dims: out_t.dims[..out_t.rank() - 1].to_vec(),
-            pending: Default::default(),
-        },
-        Loss::Mse | Loss::SigmoidBinaryCrossEntropy => out_t.clone(),
-    };
+    // Class ids shaped like the output without its class dimension, targets
+    // shaped like the output, or the loss function's targets.
+    let label_t = prog
+        .targets(cfg.loss)
+        .ok_or("the program has no output or loss function to train")?
+        .ty;
     let rows: usize = label_t
         .dims
         .iter()

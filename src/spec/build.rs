@@ -533,6 +533,7 @@ impl Builder<'_> {
             None => None,
         };
         let mut loss = Loss::SoftmaxCrossEntropy;
+        let mut loss_fn = None;
         if let Some(v) = o.get("loss") {
             match v {
                 OptValue::Expr(Expr {
@@ -540,6 +541,10 @@ impl Builder<'_> {
                     span,
                 }) => match Loss::from_name(n) {
                     Some(l) => loss = l,
+                    None if n != "forward" && has_fn(decl, n) => {
+                        loss = Loss::Function;
+                        loss_fn = Some(n.clone());
+                    }
                     None => self.report(Problem::UnknownChoice {
                         span: *span,
                         kind: "loss",
@@ -556,7 +561,7 @@ impl Builder<'_> {
         }
         let metrics = o
             .get("metrics")
-            .map(|v| self.metrics(v, loss, o.get("loss").map(|l| l.span())))
+            .map(|v| self.metrics(v, loss, loss_fn.as_deref(), o.get("loss").map(|l| l.span())))
             .unwrap_or_default();
         let block = |b: &mut Builder, name: &str, fields: &[&str], req: &[&str]| {
             let mut every = None;
@@ -651,6 +656,7 @@ impl Builder<'_> {
             log_every,
             loss,
             loss_span: o.get("loss").map(|v| v.span()),
+            loss_fn: loss_fn.clone(),
             metrics,
             optimizer,
             clip,
@@ -667,7 +673,13 @@ impl Builder<'_> {
 
     /// `metrics: [accuracy, auc]`: known names, each once, each defined for
     /// the run's loss.
-    fn metrics(&mut self, v: &OptValue, loss: Loss, loss_span: Option<Span>) -> Vec<Metric> {
+    fn metrics(
+        &mut self,
+        v: &OptValue,
+        loss: Loss,
+        loss_fn: Option<&str>,
+        loss_span: Option<Span>,
+    ) -> Vec<Metric> {
         let items = match v {
             OptValue::Expr(Expr {
                 kind: ExprKind::List(items),
@@ -730,7 +742,7 @@ impl Builder<'_> {
                 self.report(Problem::MetricLoss {
                     span,
                     metric: m.name(),
-                    loss: loss.name(),
+                    loss: loss_fn.unwrap_or(loss.name()).to_string(),
                     loss_span,
                 });
             } else {
@@ -969,4 +981,11 @@ impl Builder<'_> {
         }
         axis
     }
+}
+
+/// Whether the layer declares a function `name`.
+fn has_fn(decl: &ast::LayerDecl, name: &str) -> bool {
+    decl.members
+        .iter()
+        .any(|m| matches!(m, ast::Member::Fn(f) if f.name.name == name))
 }

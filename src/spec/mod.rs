@@ -29,6 +29,10 @@ pub enum Loss {
     /// 0/1 targets shaped like the output, the output a logit: the mean over
     /// every element of softplus(z) − y·z (numerically stable).
     SigmoidBinaryCrossEntropy,
+    /// A `fn` of the model (named by [`Train::loss_fn`]) of the output and the
+    /// targets, returning a float scalar: the targets are its second
+    /// parameter's type (class ids when integer, values when float).
+    Function,
 }
 
 impl Loss {
@@ -48,15 +52,13 @@ impl Loss {
     pub fn from_name(name: &str) -> Option<Loss> {
         Loss::ALL.iter().find(|(n, _)| *n == name).map(|(_, l)| *l)
     }
+    /// The built-in loss's name (`fn` for a loss function of the model: see
+    /// [`Train::loss_name`]).
     pub fn name(self) -> &'static str {
         Loss::ALL
             .iter()
             .find(|(_, l)| *l == self)
-            .map_or("softmax_cross_entropy", |(n, _)| n)
-    }
-    /// Whether the targets are shaped like the output (not class ids).
-    pub fn targets_like_output(self) -> bool {
-        !matches!(self, Loss::SoftmaxCrossEntropy)
+            .map_or("fn", |(n, _)| n)
     }
 }
 
@@ -95,7 +97,10 @@ impl Metric {
     /// Whether the metric is defined for `loss`.
     pub fn fits(self, loss: Loss) -> bool {
         match self {
-            Metric::Accuracy => loss != Loss::Mse,
+            Metric::Accuracy => matches!(
+                loss,
+                Loss::SoftmaxCrossEntropy | Loss::SigmoidBinaryCrossEntropy
+            ),
             Metric::Auc => loss == Loss::SigmoidBinaryCrossEntropy,
         }
     }
@@ -251,6 +256,8 @@ pub struct Train {
     pub log_every: usize,
     pub loss: Loss,
     pub loss_span: Option<Span>,
+    /// `loss: NAME` naming a `fn` of the model ([`Loss::Function`]).
+    pub loss_fn: Option<String>,
     /// `metrics: [accuracy, auc]`.
     pub metrics: Vec<Metric>,
     pub optimizer: Optimizer,
@@ -268,6 +275,13 @@ pub struct Train {
 }
 
 impl Train {
+    /// What `loss:` names: a built-in loss or the model's loss function.
+    pub fn loss_name(&self) -> String {
+        match (&self.loss_fn, self.loss) {
+            (Some(f), Loss::Function) => f.clone(),
+            (_, l) => l.name().to_string(),
+        }
+    }
     /// The batch each accumulated microbatch runs (what the model is checked for).
     pub fn micro_batch(&self) -> Option<usize> {
         self.batch.map(|b| b / self.accumulate.max(1))
