@@ -134,3 +134,48 @@ fn added_loss_joins_the_loss_and_its_gradient() {
         None,
     );
 }
+
+/// A pipelined model: `add_loss` inside its stages and after them, an
+/// `observe`d value, and metrics. The losses, gradients, logged values and
+/// metrics equal the same model on one device (the stages' values cross the
+/// stage axis once per step; a term's cotangent is split only over the
+/// devices of its own stage).
+#[test]
+fn a_pipelined_model_adds_losses_observes_and_logs_metrics() {
+    let text = "mesh host(pp: 2, data: 2)\nlayer Block(D) {\n  w: f32[D, D] init normal(0.4)\n  fn forward(x: f32[B@data, D]) -> f32[B@data, D] {\n    let h = tanh(x @ w)\n    add_loss(h, reduce(mean(h * h)), weight: 0.1, name: act)\n  }\n}\nmodel Deep {\n  blocks = repeat(4, Block(6), stages: pp, microbatches: 2)\n  head: f32[6, 1] init normal(0.5)\n  fn forward(x: f32[B@data, 6]) -> f32[B@data, 1] {\n    let z = blocks(x) @ head\n    let zz: f32[] = mean(z * z)\n    observe(add_loss(z, zz, weight: 0.01, name: size), zz, name: seen)\n  }\n}\ntrain Deep on host {\n  data: synthetic(), batch: 8, steps: 3, seed: 2\n  loss: sigmoid_binary_cross_entropy\n  metrics: [accuracy, auc]\n  optimizer: sgd(lr: 0.2)\n}\n";
+    compare_text(
+        "pipe_aux.shard",
+        text,
+        &[("pp", 2), ("data", 2)],
+        &[("pp", 1), ("data", 1)],
+        None,
+    );
+    finite_differences("pipe_aux_fd.shard", text, &[("pp", 2), ("data", 2)]);
+    let run = |mesh: &[(&str, i64)]| {
+        let (prog, mut cfg, src) = setup_text("pipe_aux_log.shard", text, mesh, None);
+        cfg.dtype = candle_core::DType::F64;
+        let mut seen = Vec::new();
+        train::run(&prog, &cfg, &src, false, &mut |r| {
+            seen.push((r.loss, r.observed.clone(), r.metrics.clone()))
+        })
+        .expect("runs");
+        seen
+    };
+    let (staged, one) = (
+        run(&[("pp", 2), ("data", 2)]),
+        run(&[("pp", 1), ("data", 1)]),
+    );
+    assert_eq!(staged.len(), 3);
+    for ((l2, o2, m2), (l1, o1, m1)) in staged.iter().zip(&one) {
+        assert!((l2 - l1).abs() < 1e-12 * l1.abs().max(1.0), "{l2} vs {l1}");
+        let names: Vec<&str> = o2.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["act", "size", "seen"], "{o2:?}");
+        for ((n2, v2), (n1, v1)) in o2.iter().zip(o1) {
+            assert_eq!(n2, n1);
+            assert!(v2[0] > 0.0, "{n2}: {v2:?}");
+            assert!((v2[0] - v1[0]).abs() < 1e-12, "{n2}: {v2:?} vs {v1:?}");
+        }
+        assert_eq!(m2.len(), 2, "{m2:?}");
+        assert_eq!(m2, m1);
+    }
+}

@@ -197,9 +197,10 @@ impl Primitive for Aux {
     fn vjp(&self, k: &Kernel, g: &Grad) -> R<Vec<Option<Tensor>>> {
         Ok(match self {
             Aux::Loss { weight, .. } => {
-                // The term is the same scalar on every device holding it: its
-                // cotangent is held as equal addends over them.
-                let (_, rep) = k.topo().replication(g.ts[1], None);
+                // The term is the same scalar on every device holding it (in a
+                // pipeline, its stage's): its cotangent is held as equal
+                // addends over them.
+                let (_, rep) = k.topo().replication(g.ts[1], k.stage_axis);
                 let seed = g.x[1]
                     .ones_like()
                     .and_then(|t| t * (*weight / rep.max(1) as f64))

@@ -38,6 +38,9 @@ pub struct Kernel<'a> {
     pub sparse: &'a SparseState,
     /// The parameter behind operand 0, when it is one (a lookup's table).
     pub table: Option<usize>,
+    /// A pipeline's stage axis: a value is computed on one stage only, so it
+    /// is not replicated over this axis.
+    pub stage_axis: Option<&'a str>,
 }
 
 impl Kernel<'_> {

@@ -104,6 +104,7 @@ impl<'a> Exec<'a> {
             dropout_seed,
             sparse: &self.sparse,
             table,
+            stage_axis: self.stage.as_ref().map(|s| s.0.as_str()),
         }
     }
 

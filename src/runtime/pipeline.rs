@@ -126,6 +126,11 @@ pub struct Chunk {
     pub grads: Vec<Option<Tensor>>,
     /// Summed microbatch losses, on every device.
     pub loss: f64,
+    /// The metrics' sums (see [`super::loss::score`]) and the `add_loss` /
+    /// `observe` values (see [`aux_flat`]), summed over the microbatches, on
+    /// every device.
+    pub sums: Vec<f64>,
+    pub aux: Vec<f64>,
     /// The most bytes of activations this device held at once.
     pub peak_activations: f64,
     /// A tape of the last stage's last microbatch (for the NaN report).
@@ -142,15 +147,59 @@ fn tape_bytes(prog: &Program, t: &Tape) -> f64 {
         .sum()
 }
 
+/// The values of the program's `add_loss` terms and `observe`d values, in
+/// node order, flattened: each node's elements where `computed(node)`, zeros
+/// elsewhere (so that devices computing different nodes, a pipeline's stages,
+/// can sum them).
+pub fn aux_flat(prog: &Program, t: &Tape, computed: &dyn Fn(usize) -> bool) -> R<Vec<f64>> {
+    let mut out = Vec::new();
+    for (i, n) in prog.nodes.iter().enumerate() {
+        if n.op.aux().is_none() {
+            continue;
+        }
+        let term = n.args.get(1).map(|a| *a as usize);
+        let ty = term.and_then(|a| prog.nodes.get(a)).map(|t| &t.ty);
+        let len: usize = match ty {
+            Some(ty) => prog.local_shape(ty)?.iter().product::<i64>() as usize,
+            None => 0,
+        };
+        match term.and_then(|a| t.vals.get(a)).filter(|_| computed(i)) {
+            Some(v) => {
+                let v = crate::prim::Kernel::f64s(v)?;
+                if v.len() != len {
+                    return Err(format!(
+                        "an added loss or observed value has {} elements, not {len}",
+                        v.len()
+                    ));
+                }
+                out.extend(v);
+            }
+            None => out.extend(std::iter::repeat_n(0.0, len)),
+        }
+    }
+    Ok(out)
+}
+
+/// `v` added into `acc` elementwise (`acc` empty: a copy of `v`).
+pub fn add_into(acc: &mut Vec<f64>, v: &[f64]) {
+    if acc.is_empty() {
+        acc.extend_from_slice(v);
+    } else {
+        acc.iter_mut().zip(v).for_each(|(a, b)| *a += b);
+    }
+}
+
 /// Run microbatches `0..M` of one chunk through the stages. `loss` turns the
-/// program's output and labels into (loss, cotangent).
-#[allow(clippy::type_complexity)]
+/// program's output and labels into the loss, its cotangent and the metrics'
+/// sums (`n_sums` of them).
+#[allow(clippy::too_many_arguments)]
 pub fn run_chunk(
     ex: &Exec,
     st: &Stages,
     params: &[Tensor],
     micro: &dyn Fn(usize) -> R<Micro>,
-    loss: &dyn Fn(&Tensor, &Tensor) -> R<(f64, Tensor)>,
+    loss: &dyn Fn(&Tensor, &Tensor) -> R<super::loss::Scored>,
+    n_sums: usize,
     microbatches: usize,
     train: bool,
 ) -> R<Chunk> {
@@ -169,6 +218,8 @@ pub fn run_chunk(
     let mut recv_b: HashMap<usize, Tensor> = HashMap::new();
     let mut grads: Vec<Option<Tensor>> = vec![None; params.len()];
     let mut loss_sum = 0.0;
+    let mut sums = vec![0.0; n_sums];
+    let mut aux = aux_flat(ex.prog, &ex.empty_tape(params, &[])?, &|_| false)?;
     let mut peak = 0.0f64;
     let mut last_tape = None;
     // The shape every boundary value has (the repeated layer keeps its type).
@@ -199,8 +250,13 @@ pub fn run_chunk(
                 if me == s_last {
                     ex.forward_range(&mut tape, st.post.clone(), mb.seed)?;
                     let out = ex.prog.output.ok_or("no output")? as usize;
-                    let (l, ct) = loss(&tape.vals[out], &mb.labels)?;
+                    let super::loss::Scored {
+                        loss: l,
+                        ct,
+                        sums: s,
+                    } = loss(&tape.vals[out], &mb.labels)?;
                     loss_sum += l;
+                    sums.iter_mut().zip(&s).for_each(|(a, b)| *a += b);
                     if train {
                         let cts =
                             ex.backward_range(&tape, &[(out, ct)], st.post.clone(), &mut grads)?;
@@ -211,6 +267,13 @@ pub fn run_chunk(
                     let next_in = st.inputs[me + 1];
                     send_f = (tape.vals[next_in].clone(), m as i64);
                 }
+                // The added losses and observed values this stage computed.
+                let mine = |i: usize| {
+                    (me == 0 && st.pre.contains(&i))
+                        || st.ranges[me].contains(&i)
+                        || (me == s_last && st.post.contains(&i))
+                };
+                add_into(&mut aux, &aux_flat(ex.prog, &tape, &mine)?);
                 if train {
                     tapes.insert(m, tape);
                     peak = peak.max(tapes.values().map(|t| tape_bytes(ex.prog, t)).sum());
@@ -277,8 +340,13 @@ pub fn run_chunk(
             recv_b.insert(bk as usize, bv);
         }
     }
-    // Every device reports the losses the last stage computed.
-    let total = Tensor::new(&[loss_sum], &ex.dev).map_err(ce)?;
+    // Every device reports the losses and metrics the last stage computed, and
+    // the values each stage added or observed.
+    let mut all = vec![loss_sum];
+    all.extend(&sums);
+    all.extend(&aux);
+    let n = all.len();
+    let total = Tensor::from_vec(all, n, &ex.dev).map_err(ce)?;
     let total = ex
         .comm
         .psum(ex.rank, &total, std::slice::from_ref(&st.axis))
@@ -287,6 +355,8 @@ pub fn run_chunk(
     Ok(Chunk {
         grads,
         loss: total.first().copied().unwrap_or(f64::NAN),
+        sums: total.get(1..1 + n_sums).unwrap_or_default().to_vec(),
+        aux: total.get(1 + n_sums..).unwrap_or_default().to_vec(),
         peak_activations: peak,
         tape: last_tape,
     })

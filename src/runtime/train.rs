@@ -285,13 +285,6 @@ pub fn run_on(
     // of M microbatches.
     let stages = super::pipeline::Stages::of(prog)?;
     let stages = &stages;
-    if let (Some(_), Some(i)) = (stages, prog.nodes.iter().position(|n| n.op.aux().is_some())) {
-        return Err(RunError {
-            message: "`add_loss` and `observe` are not supported in a pipelined model yet".into(),
-            node: Some((i, 0)),
-            ..RunError::default()
-        });
-    }
     let k = cfg.accumulate.max(1) * stages.as_ref().map_or(1, |s| s.microbatches);
     let micro_sizes = input_sizes.clone();
     let input_sizes: Vec<usize> = input_sizes.iter().map(|n| n * k).collect();
@@ -478,7 +471,8 @@ pub fn run_on(
                     // Microbatch j is the j-th contiguous chunk of the step's batch.
                     let mut acc: Option<(Vec<Tensor>, f64)> = None;
                     let mut metric_sums: Vec<f64> = Vec::new();
-                    let mut observed: Observed = Vec::new();
+                    // The `add_loss` / `observe` values, summed over microbatches.
+                    let mut aux_sum: Vec<f64> = Vec::new();
                     let mut tape = None;
                     // Microbatch j: the j-th contiguous chunk of the step's inputs,
                     // labels and lookup drop masks, and its dropout seed.
@@ -508,13 +502,17 @@ pub fn run_on(
                         let m_count = st.microbatches;
                         for a in 0..k / m_count {
                             let micro = |m: usize| microbatch(a * m_count + m);
-                            let loss_of = |logits: &Tensor, y: &Tensor| loss_fn(cfg.loss, &ex, logits, out_t, y, rows, Some(st.axis.as_str()));
-                            let c = super::pipeline::run_chunk(&ex, st, &params, &micro, &loss_of, m_count, true)?;
+                            let loss_of = |logits: &Tensor, y: &Tensor| super::loss::score(cfg.loss, &cfg.metrics, &ex, logits, out_t, y, rows, Some(st.axis.as_str()));
+                            let n_sums = cfg.metrics.iter().map(|m| m.sums()).sum();
+                            let c = super::pipeline::run_chunk(&ex, st, &params, &micro, &loss_of, n_sums, m_count, true)?;
                             peak_activations = peak_activations.max(c.peak_activations);
                             let g: Vec<Tensor> = c.grads.into_iter().zip(&params).map(|(g, p)| g.map_or_else(|| p.zeros_like().map_err(ce), Ok)).collect::<R<_>>()?;
+                            let loss = c.loss + aux_split(prog, &c.aux).0;
+                            super::pipeline::add_into(&mut metric_sums, &c.sums);
+                            super::pipeline::add_into(&mut aux_sum, &c.aux);
                             acc = Some(match acc {
-                                None => (g, c.loss),
-                                Some((x, l)) => (x.iter().zip(&g).map(|(x, y)| x + y).collect::<candle_core::Result<_>>().map_err(ce)?, l + c.loss),
+                                None => (g, loss),
+                                Some((x, l)) => (x.iter().zip(&g).map(|(x, y)| x + y).collect::<candle_core::Result<_>>().map_err(ce)?, l + loss),
                             });
                             if c.tape.is_some() {
                                 tape = c.tape;
@@ -527,19 +525,10 @@ pub fn run_on(
                         let y = mb.labels;
                         let t = ex.forward(&params, &mb.inputs, mb.seed).map_err(|e| RunError::op(e, generation))?;
                         let super::loss::Scored { loss, ct, sums } = super::loss::score(cfg.loss, &cfg.metrics, &ex, &t.vals[out_id], out_t, &y, rows, None)?;
-                        let (added, seen) = aux_values(prog, &t)?;
-                        let loss = loss + added;
-                        for (name, v) in seen {
-                            match observed.iter_mut().find(|(n, _)| *n == name) {
-                                Some((_, acc)) => acc.iter_mut().zip(&v).for_each(|(a, b)| *a += b / k as f64),
-                                None => observed.push((name, v.iter().map(|x| x / k as f64).collect())),
-                            }
-                        }
-                        if metric_sums.is_empty() {
-                            metric_sums = sums;
-                        } else {
-                            metric_sums.iter_mut().zip(&sums).for_each(|(a, b)| *a += b);
-                        }
+                        let aux = super::pipeline::aux_flat(prog, &t, &|_| true)?;
+                        let loss = loss + aux_split(prog, &aux).0;
+                        super::pipeline::add_into(&mut aux_sum, &aux);
+                        super::pipeline::add_into(&mut metric_sums, &sums);
                         if !loss.is_finite() {
                             // Every device sees the same loss, so all stop here together.
                             return Err(non_finite(step, loss, &t.vals, generation));
@@ -673,8 +662,8 @@ pub fn run_on(
                                             let (inputs, labels) = mb.borrow_mut().take().ok_or("one held-out batch")?;
                                             Ok(super::pipeline::Micro { inputs, labels, seed: None, keep: Default::default() })
                                         };
-                                        let loss_of = |logits: &Tensor, y: &Tensor| loss_fn(cfg.loss, &ex, logits, out_t, y, rows, Some(st.axis.as_str()));
-                                        super::pipeline::run_chunk(&ex, st, &params, &micro, &loss_of, 1, false)?.loss
+                                        let loss_of = |logits: &Tensor, y: &Tensor| super::loss::score(cfg.loss, &[], &ex, logits, out_t, y, rows, Some(st.axis.as_str()));
+                                        super::pipeline::run_chunk(&ex, st, &params, &micro, &loss_of, 0, 1, false)?.loss
                                     }
                                     None => {
                                         let t = ex.forward(&params, &xs, None).map_err(|e| RunError::op(e, generation))?;
@@ -689,6 +678,8 @@ pub fn run_on(
                         let mut notes = sparse.get(step).map(|x| x.notes.clone()).unwrap_or_default();
                         notes.extend(reloaded.take());
                         let metrics = metric_values(&cfg.metrics, &metric_sums);
+                        // Observed values: the mean over the step's microbatches.
+                        let observed: Observed = aux_split(prog, &aux_sum).1.into_iter().map(|(n, v)| (n, v.iter().map(|x| x / k as f64).collect())).collect();
                         let _ = tx.send(StepReport { step, notes, loss, lr, grad_norm: norm, eval_loss, metrics, observed });
                     }
                 }
@@ -884,7 +875,7 @@ type PieceCache = std::sync::Mutex<
 >;
 
 /// Each metric's value from the step's sums (laid out as [`super::loss::score`]
-/// returns them); none when the step did not compute them (a pipelined model).
+/// returns them).
 fn metric_values(metrics: &[crate::spec::Metric], sums: &[f64]) -> Vec<(crate::spec::Metric, f64)> {
     let mut at = 0;
     let mut out = Vec::new();
@@ -902,25 +893,31 @@ fn metric_values(metrics: &[crate::spec::Metric], sums: &[f64]) -> Vec<(crate::s
 type Observed = Vec<(String, Vec<f64>)>;
 
 /// The added loss (Σ weight × term over the `add_loss` nodes) and every
-/// `add_loss` term and `observe` value by name (one name's values added up).
-fn aux_values(prog: &Program, t: &super::exec::Tape) -> R<(f64, Observed)> {
+/// `add_loss` term and `observe` value by name (one name's values added up),
+/// from their values as [`super::pipeline::aux_flat`] lays them out.
+fn aux_split(prog: &Program, flat: &[f64]) -> (f64, Observed) {
     let mut added = 0.0;
     let mut seen: Observed = Vec::new();
+    let mut at = 0;
     for (node, aux) in prog.nodes.iter().filter_map(|n| n.op.aux().map(|a| (n, a))) {
-        let Some(v) = node.args.get(1).and_then(|a| t.vals.get(*a as usize)) else {
-            continue;
-        };
-        let v = crate::prim::Kernel::f64s(v)?;
+        let len = node
+            .args
+            .get(1)
+            .and_then(|a| prog.nodes.get(*a as usize))
+            .and_then(|t| prog.local_shape(&t.ty).ok())
+            .map_or(0, |s| s.iter().product::<i64>() as usize);
+        let v = flat.get(at..at + len).unwrap_or_default();
+        at += len;
         if let Some(w) = aux.weight() {
             added += w * v.iter().sum::<f64>();
         }
         match seen.iter_mut().find(|(n, _)| n == aux.name()) {
             Some((_, acc)) if acc.len() == v.len() => {
-                acc.iter_mut().zip(&v).for_each(|(a, b)| *a += b)
+                acc.iter_mut().zip(v).for_each(|(a, b)| *a += b)
             }
             Some(_) => {}
-            None => seen.push((aux.name().to_string(), v)),
+            None => seen.push((aux.name().to_string(), v.to_vec())),
         }
     }
-    Ok((added, seen))
+    (added, seen)
 }
