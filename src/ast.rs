@@ -97,6 +97,9 @@ pub struct Block {
 #[derive(Clone, Debug)]
 pub struct Let {
     pub name: Ident,
+    /// `let (a, b, c) = ...`: the names after the first (`b`, `c`), one per
+    /// further result of a multi-result op; empty for `let a = ...`.
+    pub rest: Vec<Ident>,
     pub ty: Option<TypeExpr>,
     pub value: Expr,
     pub span: Span,

@@ -171,6 +171,7 @@ fn rule_name(r: Rule) -> Option<&'static str> {
         Rule::option => "`name: value`",
         Rule::block => "`{`",
         Rule::let_stmt => "`let`",
+        Rule::let_names => "names like `(a, b)`",
         Rule::fn_decl => "`fn`",
         Rule::weight_decl | Rule::sublayer | Rule::directive => "a layer member",
         Rule::import
@@ -439,7 +440,14 @@ impl Cx {
                 Rule::let_stmt => {
                     let lspan = self.span(&q);
                     let mut it = q.into_inner();
-                    let name = self.ident(next(&mut it));
+                    let first = next(&mut it);
+                    let (name, rest) = if first.as_rule() == Rule::let_names {
+                        let mut names = first.into_inner();
+                        let name = self.ident(next(&mut names));
+                        (name, names.map(|n| self.ident(n)).collect())
+                    } else {
+                        (self.ident(first), Vec::new())
+                    };
                     let a = next(&mut it);
                     let (ty, value) = if a.as_rule() == Rule::tensor_type {
                         (Some(self.ty(a)?), self.expr(next(&mut it))?)
@@ -448,6 +456,7 @@ impl Cx {
                     };
                     lets.push(Let {
                         name,
+                        rest,
                         ty,
                         value,
                         span: lspan,

@@ -246,6 +246,10 @@ const COVERED_ELSEWHERE: &[(&str, &str)] = &[
         "needs a table and its SparseCore placement: tests/runtime.rs finite_differences_table_lookup, tests/embed.rs",
     ),
     (
+        "split",
+        "several results, named by `let (a, b) =`, where the examples are single expressions: tests/split.rs",
+    ),
+    (
         "reshard",
         "inserted by the checker, never written: tests/runtime.rs finite_differences_collectives_and_reshards",
     ),

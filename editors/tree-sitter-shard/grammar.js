@@ -219,12 +219,15 @@ module.exports = grammar({
 
     let_stmt: $ => seq(
       'let',
-      field('name', $.ident),
+      choice(field('name', $.ident), field('names', $.let_names)),
       optional(seq(':', field('type', $.tensor_type))),
       '=',
       field('value', $._expr),
       optional(';'),
     ),
+
+    // `let (q, k, v) = split(...)`: one name per result.
+    let_names: $ => seq('(', field('name', $.ident), repeat1(seq(',', field('name', $.ident))), optional(','), ')'),
 
     _expr: $ => choice($.binary_expr, $.unary_expr, $._postfix),
 

@@ -506,7 +506,6 @@ impl<'p> Checker<'p> {
     }
 
     pub(super) fn block(&mut self, inst: &Arc<Inst>, b: &ast::Block, scope: &mut Scope) -> Val {
-        let mut local_names = Vec::new();
         for l in &b.lets {
             self.hint = l.ty.as_ref().and_then(|te| {
                 let mut h = Vec::new();
@@ -524,6 +523,10 @@ impl<'p> Checker<'p> {
             let v = self.expr(inst, &l.value, scope);
             self.hint = None;
             let deps = expr_names(&l.value);
+            if !l.rest.is_empty() {
+                self.let_names(l, v, deps, scope);
+                continue;
+            }
             let Val::T(mut t) = v else {
                 if !matches!(v, Val::Poison) {
                     self.report(Problem::WrongKind {
@@ -561,7 +564,6 @@ impl<'p> Checker<'p> {
                 },
                 &t,
             );
-            local_names.push(l.name.name.clone());
             scope.vars.insert(
                 l.name.name.clone(),
                 Binding {
@@ -582,6 +584,66 @@ impl<'p> Checker<'p> {
                 });
                 Val::Poison
             }
+        }
+    }
+
+    /// `let (a, b, ...) = ...`: one name per result of a multi-result op.
+    fn let_names(&mut self, l: &ast::Let, v: Val, deps: Vec<String>, scope: &mut Scope) {
+        let names: Vec<&ast::Ident> = std::iter::once(&l.name).chain(&l.rest).collect();
+        let parts = match v {
+            Val::Tuple(_, parts) if parts.len() == names.len() && l.ty.is_none() => Some(parts),
+            Val::Poison => None,
+            _ if l.ty.is_some() => {
+                let te = l.ty.as_ref().map_or(l.span, |t| t.span);
+                self.report(Problem::WrongKind {
+                    span: te,
+                    expected: "one name per result, without a type (each result has its own)"
+                        .into(),
+                    found: "a type annotation".into(),
+                });
+                None
+            }
+            other => {
+                let list: Vec<&str> = names.iter().map(|n| n.name.as_str()).collect();
+                self.report(Problem::WrongKind {
+                    span: l.value.span,
+                    expected: format!("{} results for `({})`", names.len(), list.join(", ")),
+                    found: other.describe(),
+                });
+                None
+            }
+        };
+        let Some(parts) = parts else {
+            for n in names {
+                scope.vars.remove(&n.name);
+                scope.poisoned.insert(n.name.clone());
+            }
+            return;
+        };
+        for (n, (t, vid)) in names.into_iter().zip(parts) {
+            let local = self.local_text(&t);
+            self.record_type(
+                TypeEntry {
+                    span: n.span,
+                    scope: scope.scope_name.clone(),
+                    name: n.name.clone(),
+                    kind: "let",
+                    ty: t.to_string(),
+                    local,
+                    used_as: None,
+                    layout: None,
+                },
+                &t,
+            );
+            scope.vars.insert(
+                n.name.clone(),
+                Binding {
+                    ty: t,
+                    vid,
+                    span: n.span,
+                    deps: deps.clone(),
+                },
+            );
         }
     }
 

@@ -348,6 +348,19 @@ impl<'p> Checker<'p> {
                 continue;
             };
             for v in values {
+                if let Op::Prim {
+                    prim: crate::prim::Prim::Aux(a),
+                    ..
+                } = &v.op
+                {
+                    // Computed once before training: nothing to add to a loss.
+                    self.report(Problem::ComputedInit {
+                        span: v.span,
+                        weight: weight.to_string(),
+                        problem: ComputedInitProblem::Adds(a.name().to_string()),
+                    });
+                    return false;
+                }
                 let uses = match &v.op {
                     Op::Weight { name, .. } => Some(name.clone()),
                     Op::Table { name, .. } => Some(format!("tables.{name}")),

@@ -111,6 +111,9 @@ enum Val {
     Layer(Arc<Inst>),
     /// `repeat(n, layer)`, optionally split into pipeline stages over an axis.
     Repeat(i64, Arc<Inst>, Option<String>),
+    /// The results of a multi-result op (`split`), each with its value in
+    /// the body: named by `let (a, b, ...) = ...`.
+    Tuple(&'static str, Vec<(TType, Option<VId>)>),
     /// Already reported; stop cascading.
     Poison,
 }
@@ -124,6 +127,10 @@ impl Val {
             Val::Str(s) => format!("the string \"{s}\""),
             Val::Layer(i) => format!("the layer `{}`", i.label),
             Val::Repeat(n, i, _) => format!("the layer stack `repeat({n}, {})`", i.label),
+            Val::Tuple(op, parts) => format!(
+                "the {} results of `{op}` (name each: `let (a, b, ...) = {op}(...)`)",
+                parts.len()
+            ),
             Val::Poison => "an invalid value".into(),
         }
     }

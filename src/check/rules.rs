@@ -301,6 +301,13 @@ impl<'p> Checker<'p> {
         if matches!(va, Val::Poison) || matches!(vb, Val::Poison) {
             return Val::Poison;
         }
+        // Several results where one value belongs: said once.
+        for (v, x) in [(&va, a), (&vb, b)] {
+            if matches!(v, Val::Tuple(..)) {
+                self.tensor_of(v.clone(), x, "an arithmetic operator");
+                return Val::Poison;
+            }
+        }
         if op == BinOp::MatMul {
             let (Some(x), Some(y)) = (self.tensor_of(va, a, "`@`"), self.tensor_of(vb, b, "`@`"))
             else {
@@ -366,9 +373,18 @@ impl<'p> Checker<'p> {
         self.in_builtin = saved_in;
         let ids = std::mem::replace(&mut self.arg_ids, saved_ids);
         match r {
-            Some(Typed { ty, prim }) => {
-                self.record_prim(prim, ids, &ty, e.span);
-                Val::T(ty)
+            Some(Typed { ty, prim, more }) => {
+                self.record_prim(prim, ids.clone(), &ty, e.span);
+                if more.is_empty() {
+                    return Val::T(ty);
+                }
+                // Several results: one op each, from the same operands.
+                let mut parts = vec![(ty, self.last)];
+                for (t, p) in more {
+                    self.record_prim(p, ids.clone(), &t, e.span);
+                    parts.push((t, self.last));
+                }
+                Val::Tuple(def.name, parts)
             }
             None => {
                 // A rule refuses only with a diagnostic (here or at an operand).

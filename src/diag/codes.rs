@@ -67,6 +67,7 @@ codes! {
     E0224 => "added loss or observed value of the wrong kind",
     E0225 => "computed initial value is not a whole constant",
     E0226 => "invalid loss function",
+    E0227 => "split sizes do not fit the dimension",
     E0300 => "unknown or missing field",
     E0301 => "unknown optimizer, schedule, loss or data source",
     E0302 => "invalid option value",

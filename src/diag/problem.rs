@@ -10,6 +10,9 @@ pub enum ComputedInitProblem {
     Uses(String),
     /// One of its values is split or pending (its type).
     Split(String),
+    /// It adds to the loss or logs a value (`add_loss` / `observe`, by name),
+    /// though it runs once, before training.
+    Adds(String),
 }
 
 /// Why a loss function (`loss: NAME` naming a `fn` of the model) is refused.
@@ -237,6 +240,13 @@ pub enum Problem {
         span: Span,
         op: String,
         count: i64,
+        dim: usize,
+        size: String,
+    },
+    /// `split`'s parts do not cut the dimension exactly.
+    SplitSizes {
+        span: Span,
+        message: String,
         dim: usize,
         size: String,
     },
@@ -573,6 +583,8 @@ impl Problem {
                 .secondary(*stack, "the pipelined stack")
                 .note("each stage receives only the previous stage's output")
                 .help("compute the side input inside the block, or do not pipeline this stack"),
+            SplitSizes { span, message, dim, size } => d(Code::E0227, format!("`split` cannot cut dimension {dim} (size {size}) into {message}"), *span, "these parts".into())
+                .help(format!("give a count of at least 2 that divides {size}, or a list of 2 or more positive sizes summing to {size}")),
             CountRange { span, op, count, dim, size } => d(Code::E0222, format!("`{op}` takes {count} elements from dimension {dim}, which has {size}"), *span, format!("valid: 1 to {size}"))
                 .help("take at most the dimension's size, or work along another dimension with `dim:`"),
             RecursiveLayer { span, chain } => d(Code::E0219, "layer contains itself".into(), *span, "instantiated recursively here".into())
@@ -646,6 +658,8 @@ impl Problem {
                     .help("a computed `init` is evaluated once before training from sizes, constants and ops (`arange`, `cos`, `concat`, ...): it cannot read inputs or other parameters"),
                 ComputedInitProblem::Split(ty) => d(Code::E0225, format!("the initial value of `{weight}` is split over the mesh here (`{ty}`)"), *span, "split value".into())
                     .help("a computed `init` is computed whole on every device, then each device keeps its piece of the weight's layout: write its sizes without `@`"),
+                ComputedInitProblem::Adds(name) => d(Code::E0225, format!("the initial value of `{weight}` adds `{name}` to the loss or logs it, but it is computed once, before training"), *span, "outside training".into())
+                    .help("an added loss or observed value belongs in `forward` (or a function it calls), where it is computed every step"),
             },
             LossFn { span, name, chosen, problem } => {
                 let (message, label, help) = match problem {

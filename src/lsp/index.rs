@@ -494,9 +494,12 @@ impl Builder {
                 self.ty(f, t, frames);
             }
             self.expr(f, &l.value, frames);
-            let d = self.def(Kind::Let, f, &l.name, l.span, container);
-            if let Some(top) = frames.last_mut() {
-                top.insert(l.name.name.clone(), d);
+            // `let (a, b) = ...` defines each name.
+            for n in std::iter::once(&l.name).chain(&l.rest) {
+                let d = self.def(Kind::Let, f, n, l.span, container);
+                if let Some(top) = frames.last_mut() {
+                    top.insert(n.name.clone(), d);
+                }
             }
         }
         if let Some(r) = &b.result {

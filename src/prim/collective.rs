@@ -443,12 +443,8 @@ impl Primitive for Collective {
                 }
             }
             Collective::AllToAll { axis } => {
-                // Bytes of the operand with the axis taken off the dim it leaves.
-                let mut t = ts[0].clone();
-                if let Some((from, _)) = moved_axis(ts[0], out, axis) {
-                    t.dims[from].axes.pop();
-                }
-                comms.extend(c.ring("all-to-all", axis, &t, 1.0));
+                // Each device sends all of its piece but the 1/n it keeps.
+                comms.extend(c.ring("all-to-all", axis, ts[0], 1.0));
             }
             Collective::Ppermute { axis, .. } => {
                 if let Some(b) = c.bytes(ts[0], 1.0) {

@@ -3,6 +3,11 @@
 //! dimensions may be selected, the rest are kept whole. A selected dimension
 //! must not be split over the mesh (E0215: gather it first); the others keep
 //! their layout. The derivative pads the cotangent with zeros.
+//!
+//! `split(x, n | [sizes], dim: -1)` cuts a dimension into consecutive parts,
+//! one result each (`let (q, k, v) = split(qkv, 3, dim: 1)`): each part is a
+//! range of that dimension, an [`Index`] of the same operand. A split
+//! dimension is gathered first (reported like every other layout change).
 
 use super::cost::{Cost, CostCx};
 use super::kernel::{ce, Kernel};
@@ -13,7 +18,20 @@ use crate::diag::Problem;
 use crate::types::{Dim, Poly, TType};
 use candle_core::Tensor;
 
-pub const DEFS: &[Def] = &[Def {
+pub const DEFS: &[Def] = &[
+    Def {
+    name: "split",
+    kind: Kind::Function,
+    signature: "split(x, parts, dim: -1)",
+    rule: "`parts`: a count `n` of equal parts, or a list of their sizes (summing to the dim's size, E0227), each its own result, named with `let (a, b, ...) =`; `dim` gathered if split; other dims keep their layout, pending sums kept",
+    check: Some(split),
+    // A multi-result op: tests/split.rs covers it (the generated tests build
+    // single-valued expressions).
+    examples: &[],
+    differentiable: true,
+    same_on_one_device: true,
+},
+    Def {
     name: "index",
     kind: Kind::Operator,
     signature: "x[k], x[a:b], x[:, k], x[:, a:]",
@@ -27,7 +45,71 @@ pub const DEFS: &[Def] = &[Def {
     ],
     differentiable: true,
     same_on_one_device: true,
-}];
+},
+];
+
+/// `split(x, n | [sizes], dim: -1)`: one [`Index`] per part.
+fn split(cx: &mut dyn Rules, c: &super::rules::Call) -> Option<super::rules::Typed> {
+    use super::rules::{arity, dim_index, known_named, Typed};
+    if !arity(cx, c, 2, 2) || !known_named(cx, c, &["dim"]) {
+        return None;
+    }
+    let (xe, pe) = (c.pos[0], c.pos[1]);
+    let t = cx.tensor(xe, "`split`")?;
+    if t.rank() == 0 {
+        super::rules::rank_error(cx, xe, 1, &t);
+        return None;
+    }
+    let dim = match c.named_expr("dim") {
+        Some(d) => dim_index(cx, d, t.rank())?,
+        None => t.rank() - 1,
+    };
+    let size = t.dims[dim].size.as_const();
+    let fail = |cx: &mut dyn Rules, message: String| {
+        cx.report(Problem::SplitSizes {
+            span: pe.span,
+            message,
+            dim,
+            size: t.dims[dim].size.to_string(),
+        });
+        None
+    };
+    let sizes: Vec<i64> = match (&pe.kind, super::rules::int_of(pe)) {
+        (crate::ast::ExprKind::List(items), _) => super::rules::int_list(items),
+        (_, Some(n)) => match size {
+            Some(s) if n >= 2 && s % n == 0 => vec![s / n; n as usize],
+            Some(s) if n >= 2 => return fail(cx, format!("{n} equal parts of {s}")),
+            _ => return fail(cx, format!("{n} parts")),
+        },
+        _ => return fail(cx, "not a count or a list of sizes".into()),
+    };
+    if sizes.len() < 2 || sizes.iter().any(|k| *k < 1) {
+        return fail(cx, "at least 2 parts, each of size 1 or more".into());
+    }
+    let total: i64 = sizes.iter().sum();
+    if size != Some(total) {
+        return fail(cx, format!("parts of {total} elements in all"));
+    }
+    // The dimension is whole on every device: a split one is gathered.
+    let whole = super::rules::replicate_dim(cx, &t, dim, xe.span);
+    let mut parts = Vec::new();
+    let mut lo = 0usize;
+    for k in &sizes {
+        let hi = lo + *k as usize;
+        let mut sel = vec![Sel::All; dim];
+        sel.push(Sel::Range(lo, hi));
+        let mut ty = whole.clone();
+        ty.dims[dim] = Dim::replicated(Poly::constant(*k));
+        parts.push((ty, Index { sel }.into()));
+        lo = hi;
+    }
+    let (ty, prim) = parts.remove(0);
+    Some(Typed {
+        ty,
+        prim,
+        more: parts,
+    })
+}
 
 /// What one dimension keeps.
 #[derive(Clone, Debug, PartialEq)]
@@ -177,8 +259,9 @@ impl Primitive for Index {
         format!("{}[{}]", args.join(""), s.join(", "))
     }
 
-    fn forward(&self, _k: &Kernel, x: &[&Tensor], _ts: &[&TType], _out: &TType) -> R<Forward> {
-        let mut t = x[0].clone();
+    fn forward(&self, k: &Kernel, x: &[&Tensor], ts: &[&TType], _out: &TType) -> R<Forward> {
+        // A selected dimension split over the mesh (`split`'s) is gathered.
+        let mut t = k.reshard(x[0], ts[0], &self.whole(ts[0]))?;
         // Last dims first, so the earlier dims' positions hold.
         for (d, s) in self.sel.iter().enumerate().rev() {
             t = match s {
@@ -191,23 +274,42 @@ impl Primitive for Index {
         Forward::of(t)
     }
 
-    fn vjp(&self, _k: &Kernel, g: &Grad) -> R<Vec<Option<Tensor>>> {
-        let full = g.x[0].dims();
+    fn vjp(&self, k: &Kernel, g: &Grad) -> R<Vec<Option<Tensor>>> {
+        let whole = self.whole(g.ts[0]);
+        let full: Vec<usize> = k.local_shape(&whole)?;
         let mut ct = g.g.clone();
         for (d, s) in self.sel.iter().enumerate() {
             ct = match s {
-                Sel::At(k) => ct
+                Sel::At(i) => ct
                     .unsqueeze(d)
-                    .and_then(|t| t.pad_with_zeros(d, *k, full[d] - 1 - k)),
+                    .and_then(|t| t.pad_with_zeros(d, *i, full[d] - 1 - i)),
                 Sel::Range(a, b) => ct.pad_with_zeros(d, *a, full[d] - b),
                 Sel::All => continue,
             }
             .map_err(ce)?;
         }
-        Ok(vec![Some(ct)])
+        Ok(vec![Some(k.reshard_t(&ct, g.ts[0], &whole)?)])
     }
 
-    fn cost(&self, _c: &CostCx, _ts: &[&TType], _out: &TType) -> Option<Cost> {
-        Cost::free()
+    fn cost(&self, c: &CostCx, ts: &[&TType], _out: &TType) -> Option<Cost> {
+        let comms = match ts.first() {
+            Some(t) => super::reshard::comms(c, t, &self.whole(t)),
+            None => Vec::new(),
+        };
+        Some(Cost { flops: 0.0, comms })
+    }
+}
+
+impl Index {
+    /// The operand's layout with every selected dimension whole (what the
+    /// selection reads; the operand's own layout unless `split` gathers).
+    fn whole(&self, t: &TType) -> TType {
+        let mut w = t.clone();
+        for (d, s) in w.dims.iter_mut().zip(&self.sel) {
+            if *s != Sel::All {
+                d.axes.clear();
+            }
+        }
+        w
     }
 }

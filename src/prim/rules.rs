@@ -54,16 +54,21 @@ impl<'a> Call<'a> {
     }
 }
 
-/// A rule's result: the value's type and the typed op that computes it.
+/// A rule's result: the value's type and the typed op that computes it. An
+/// op with several results (`split`) gives each further one in `more`, each
+/// computed by its own op from the same operands; `let (a, b, ...) = ...`
+/// names them.
 pub struct Typed {
     pub ty: TType,
     pub prim: Prim,
+    pub more: Vec<(TType, Prim)>,
 }
 
 impl Typed {
     pub fn new(ty: TType, prim: impl Into<Prim>) -> Option<Typed> {
         Some(Typed {
             ty,
+            more: Vec::new(),
             prim: prim.into(),
         })
     }

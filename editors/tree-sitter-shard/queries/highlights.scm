@@ -34,6 +34,7 @@
 (sublayer name: (ident) @variable.member)
 (directive name: (ident) @function.builtin)
 (let_stmt name: (ident) @variable)
+(let_names name: (ident) @variable)
 
 ; mesh axes and shardings: `mesh pod(dp: 4)`, `f32[B@dp, D@(a, b)]`, `@_`
 (axis_def name: (ident) @label)
@@ -61,14 +62,14 @@
     "relu" "gelu" "silu" "tanh" "exp" "log" "sqrt" "rsqrt" "sigmoid" "square" "abs"
     "sin" "cos" "softplus" "log_sigmoid" "erf" "gelu_exact" "softmax" "log_softmax"
     "layer_norm" "rms_norm" "sum" "mean" "max" "min" "einsum" "reshape" "transpose"
-    "cast" "stop_gradient" "stack" "concat" "maximum" "minimum" "clamp" "pow" "greater"
-    "greater_equal" "less" "less_equal" "equal" "not_equal" "where" "argmax" "argmin"
-    "top_k" "top_k_indices" "cumsum" "var" "take_along_axis" "scatter_add" "arange"
-    "broadcast_to" "repeat" "dropout" "one_hot" "embed" "lookup" "causal_attention"
-    "softmax_cross_entropy" "add_loss" "observe" "repeat" "shard_params" "normal"
-    "truncated_normal" "uniform" "constant" "sgd" "adam" "adamw" "adagrad" "ftrl"
-    "warmup_cosine" "warmup_linear" "warmup_constant" "inverse_sqrt" "wsd"
-    "shakespeare_words" "shakespeare_chars" "text" "arrays" "synthetic" "rows"))
+    "split" "cast" "stop_gradient" "stack" "concat" "maximum" "minimum" "clamp" "pow"
+    "greater" "greater_equal" "less" "less_equal" "equal" "not_equal" "where" "argmax"
+    "argmin" "top_k" "top_k_indices" "cumsum" "var" "take_along_axis" "scatter_add"
+    "arange" "broadcast_to" "repeat" "dropout" "one_hot" "embed" "lookup"
+    "causal_attention" "softmax_cross_entropy" "add_loss" "observe" "repeat"
+    "shard_params" "normal" "truncated_normal" "uniform" "constant" "sgd" "adam" "adamw"
+    "adagrad" "ftrl" "warmup_cosine" "warmup_linear" "warmup_constant" "inverse_sqrt"
+    "wsd" "shakespeare_words" "shakespeare_chars" "text" "arrays" "synthetic" "rows"))
 
 ; collectives get a colour of their own: each one is communication.
 ((call_expr function: (ident) @function.macro)
@@ -82,16 +83,16 @@
     "relu" "gelu" "silu" "tanh" "exp" "log" "sqrt" "rsqrt" "sigmoid" "square" "abs"
     "sin" "cos" "softplus" "log_sigmoid" "erf" "gelu_exact" "softmax" "log_softmax"
     "layer_norm" "rms_norm" "sum" "mean" "max" "min" "einsum" "reshape" "transpose"
-    "cast" "stop_gradient" "stack" "concat" "maximum" "minimum" "clamp" "pow" "greater"
-    "greater_equal" "less" "less_equal" "equal" "not_equal" "where" "argmax" "argmin"
-    "top_k" "top_k_indices" "cumsum" "var" "take_along_axis" "scatter_add" "arange"
-    "broadcast_to" "repeat" "dropout" "one_hot" "embed" "lookup" "causal_attention"
-    "softmax_cross_entropy" "add_loss" "observe" "repeat" "shard_params" "normal"
-    "truncated_normal" "uniform" "constant" "sgd" "adam" "adamw" "adagrad" "ftrl"
-    "warmup_cosine" "warmup_linear" "warmup_constant" "inverse_sqrt" "wsd"
-    "shakespeare_words" "shakespeare_chars" "text" "arrays" "synthetic" "rows" "psum"
-    "pmean" "pmax" "pmin" "reduce" "all_gather" "psum_scatter" "all_to_all" "ppermute"
-    "axis_index"))
+    "split" "cast" "stop_gradient" "stack" "concat" "maximum" "minimum" "clamp" "pow"
+    "greater" "greater_equal" "less" "less_equal" "equal" "not_equal" "where" "argmax"
+    "argmin" "top_k" "top_k_indices" "cumsum" "var" "take_along_axis" "scatter_add"
+    "arange" "broadcast_to" "repeat" "dropout" "one_hot" "embed" "lookup"
+    "causal_attention" "softmax_cross_entropy" "add_loss" "observe" "repeat"
+    "shard_params" "normal" "truncated_normal" "uniform" "constant" "sgd" "adam" "adamw"
+    "adagrad" "ftrl" "warmup_cosine" "warmup_linear" "warmup_constant" "inverse_sqrt"
+    "wsd" "shakespeare_words" "shakespeare_chars" "text" "arrays" "synthetic" "rows"
+    "psum" "pmean" "pmax" "pmin" "reduce" "all_gather" "psum_scatter" "all_to_all"
+    "ppermute" "axis_index"))
 
 ; a collective's mesh axes: `psum(x, mp)`, `all_gather(x, mp, dim: 1)`
 ((call_expr

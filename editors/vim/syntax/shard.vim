@@ -25,12 +25,12 @@ syn keyword shardCollective   all_to_all ppermute axis_index
 syn keyword shardBuiltin      relu gelu silu tanh exp log sqrt rsqrt sigmoid square abs
 syn keyword shardBuiltin      sin cos softplus log_sigmoid erf gelu_exact softmax
 syn keyword shardBuiltin      log_softmax layer_norm rms_norm sum mean max min einsum
-syn keyword shardBuiltin      reshape transpose cast stop_gradient stack concat maximum
-syn keyword shardBuiltin      minimum clamp pow greater greater_equal less less_equal
-syn keyword shardBuiltin      equal not_equal where argmax argmin top_k top_k_indices
-syn keyword shardBuiltin      cumsum var take_along_axis scatter_add arange broadcast_to
-syn keyword shardBuiltin      repeat dropout one_hot embed lookup causal_attention
-syn keyword shardBuiltin      softmax_cross_entropy add_loss observe
+syn keyword shardBuiltin      reshape transpose split cast stop_gradient stack concat
+syn keyword shardBuiltin      maximum minimum clamp pow greater greater_equal less
+syn keyword shardBuiltin      less_equal equal not_equal where argmax argmin top_k
+syn keyword shardBuiltin      top_k_indices cumsum var take_along_axis scatter_add
+syn keyword shardBuiltin      arange broadcast_to repeat dropout one_hot embed lookup
+syn keyword shardBuiltin      causal_attention softmax_cross_entropy add_loss observe
 " A collective's mesh axes: `psum(x, mp)`, `all_gather(x, mp, dim: 1)`.
 syn match   shardCollectiveAxis "\%(\<\%(axis_index\)\s*(\%(\s*\h\w*\s*,\)*\s*\)\@200<=\h\w*\>\%(\s*[:([@.]\)\@!"
 syn match   shardCollectiveAxis "\%(\<\%(psum\|pmean\|pmax\|pmin\|all_gather\|psum_scatter\|all_to_all\|ppermute\)\s*(\%([^,()]\|([^()]*)\)*,\%(\s*\h\w*\s*,\)*\s*\)\@200<=\h\w*\>\%(\s*[:([@.]\)\@!"
