@@ -330,11 +330,33 @@ pub fn completion(st: &State, p: CompletionParams) -> Option<CompletionResponse>
     }
     let schedules = || named(crate::spec::Schedule::NAMES, CompletionItemKind::FUNCTION);
     let optimizers = || named(crate::spec::Optimizer::NAMES, CompletionItemKind::FUNCTION);
-    let losses = || {
-        super::index::LOSSES
+    // The built-in losses, and the functions of the trained model (`head` is
+    // `train MODEL on MESH`), which `loss:` may name.
+    let losses = |head: &str| {
+        let mut v: Vec<CompletionItem> = super::index::LOSSES
             .iter()
             .map(|n| item(n, CompletionItemKind::ENUM_MEMBER, Some("loss".into())))
-            .collect::<Vec<_>>()
+            .collect();
+        let model = head.split_whitespace().nth(1).unwrap_or_default();
+        let ds = &at.ix.defs;
+        let of_model = |d: &super::index::Def| {
+            d.container
+                .and_then(|c| ds.get(c))
+                .is_some_and(|m| m.kind == Kind::Model && m.name == model)
+        };
+        for d in ds
+            .iter()
+            .filter(|d| d.kind == Kind::Fn && d.name != "forward")
+        {
+            if of_model(d) && !v.iter().any(|i| i.label == d.name) {
+                v.push(item(
+                    &d.name,
+                    CompletionItemKind::FUNCTION,
+                    Some(format!("loss function of `{model}`")),
+                ));
+            }
+        }
+        v
     };
     match &cx.open {
         Some(('(', callee)) => {
@@ -367,7 +389,7 @@ pub fn completion(st: &State, p: CompletionParams) -> Option<CompletionResponse>
                 None if cx.at_key => list(keys(fields)),
                 Some("optimizer") => list(optimizers()),
                 Some("lr") => list(schedules()),
-                Some("loss") => list(losses()),
+                Some("loss") => list(losses(head)),
                 Some("data") => list(named(DATA, CompletionItemKind::FUNCTION)),
                 _ => list(scope(at.ix, at.file, at.offset, true)),
             };
