@@ -549,30 +549,8 @@ impl<'p> Checker<'p> {
                     }
                 }
             }
-            let local = self.local_text(&t);
-            let name = scope.scope_name.clone();
-            self.record_type(
-                TypeEntry {
-                    span: l.name.span,
-                    scope: name,
-                    name: l.name.name.clone(),
-                    kind: "let",
-                    ty: t.to_string(),
-                    local,
-                    used_as: None,
-                    layout: None,
-                },
-                &t,
-            );
-            scope.vars.insert(
-                l.name.name.clone(),
-                Binding {
-                    ty: t,
-                    vid: self.last,
-                    span: l.name.span,
-                    deps,
-                },
-            );
+            let vid = self.last;
+            self.bind(&l.name, t, vid, deps, scope);
         }
         match &b.result {
             Some(e) => self.expr(inst, e, scope),
@@ -621,30 +599,42 @@ impl<'p> Checker<'p> {
             return;
         };
         for (n, (t, vid)) in names.into_iter().zip(parts) {
-            let local = self.local_text(&t);
-            self.record_type(
-                TypeEntry {
-                    span: n.span,
-                    scope: scope.scope_name.clone(),
-                    name: n.name.clone(),
-                    kind: "let",
-                    ty: t.to_string(),
-                    local,
-                    used_as: None,
-                    layout: None,
-                },
-                &t,
-            );
-            scope.vars.insert(
-                n.name.clone(),
-                Binding {
-                    ty: t,
-                    vid,
-                    span: n.span,
-                    deps: deps.clone(),
-                },
-            );
+            self.bind(n, t, vid, deps.clone(), scope);
         }
+    }
+
+    /// Bind `n` to a value of type `t` (recorded for `--types` and hovers).
+    fn bind(
+        &mut self,
+        n: &ast::Ident,
+        t: TType,
+        vid: Option<VId>,
+        deps: Vec<String>,
+        scope: &mut Scope,
+    ) {
+        let local = self.local_text(&t);
+        self.record_type(
+            TypeEntry {
+                span: n.span,
+                scope: scope.scope_name.clone(),
+                name: n.name.clone(),
+                kind: "let",
+                ty: t.to_string(),
+                local,
+                used_as: None,
+                layout: None,
+            },
+            &t,
+        );
+        scope.vars.insert(
+            n.name.clone(),
+            Binding {
+                ty: t,
+                vid,
+                span: n.span,
+                deps,
+            },
+        );
     }
 
     /// The shape-flow trace for a diagnostic about `e`: the bindings its names came from.
