@@ -16,9 +16,10 @@ use std::collections::BTreeMap;
 pub struct Comm {
     pub kind: String,
     pub axes: Vec<String>,
-    /// Bytes each device sends/receives per step (forward and backward).
+    /// Bytes each device sends/receives per call.
     pub bytes: f64,
-    /// How often per step (repeated layers, forward + backward).
+    /// How often per optimizer step (repeated layers, forward + backward,
+    /// every microbatch).
     pub count: u64,
     #[serde(skip)]
     pub span: Span,
@@ -32,7 +33,13 @@ pub struct Plan {
     pub model: String,
     pub mesh: String,
     pub mesh_axes: Vec<(String, i64)>,
+    /// The examples one run of the program holds (a microbatch).
     pub batch: Option<i64>,
+    /// The examples of one optimizer step (`train`'s `batch`).
+    pub step_batch: Option<usize>,
+    /// Microbatches per optimizer step: `accumulate` × a pipeline's
+    /// microbatches (1 without either).
+    pub microbatches: usize,
     pub optimizer: String,
     pub params: f64,
     pub grads: f64,
@@ -40,6 +47,7 @@ pub struct Plan {
     pub activations: f64,
     /// Parameters stored per device before gathering for use (FSDP) vs used.
     pub gathered_params: f64,
+    /// Forward FLOPs per device of one microbatch.
     pub forward_flops: f64,
     pub comms: Vec<Comm>,
     /// Sizes that stayed symbolic, so the figures above omit them.
@@ -85,9 +93,14 @@ impl Plan {
     pub fn total_memory(&self) -> f64 {
         self.params + self.grads + self.optimizer_state + self.activations + self.gathered_params
     }
-    pub fn step_flops(&self) -> f64 {
-        // Backward costs about twice the forward (two products per matmul).
+    /// FLOPs per device of one microbatch, forward and backward: backward
+    /// costs about twice the forward (two products per matmul).
+    pub fn microbatch_flops(&self) -> f64 {
         3.0 * self.forward_flops
+    }
+    /// FLOPs per device of one optimizer step (every microbatch).
+    pub fn step_flops(&self) -> f64 {
+        self.microbatch_flops() * self.microbatches.max(1) as f64
     }
 }
 
@@ -104,6 +117,9 @@ pub fn of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> Pl
         mesh: train.mesh.clone(),
         mesh_axes: prog.mesh.clone(),
         batch: prog.batch,
+        step_batch: train.batch,
+        microbatches: train.accumulate.max(1)
+            * prog.pipeline.as_ref().map_or(1, |p| p.microbatches.max(1)),
         ..Default::default()
     };
     let cx = CostCx {
@@ -117,6 +133,10 @@ pub fn of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> Pl
         Some(l) => values(&mut plan, l, &cx, &|_| 1.0, sources).iter().sum(),
         None => 0.0,
     };
+    // The program is one microbatch: its collectives run for every one.
+    for c in &mut plan.comms {
+        c.count = c.count.saturating_mul(plan.microbatches as u64);
+    }
     plan.activations = acts.iter().sum::<f64>() + loss_acts;
     weights(&mut plan, prog, &cx, &weight, &optimizer);
     if let Some(pp) = &prog.pipeline {
@@ -463,7 +483,14 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
         p.mesh,
         axes.join(", "),
         devices,
-        p.batch.map_or(String::new(), |b| format!(", batch {b}"))
+        match (p.step_batch, p.batch) {
+            (Some(b), Some(m)) if p.microbatches > 1 => format!(
+                ", batch {b} per step ({} microbatches of {m})",
+                p.microbatches
+            ),
+            (_, Some(b)) => format!(", batch {b}"),
+            _ => String::new(),
+        }
     );
     s.push_str("per-device memory\n");
     let rows = [
@@ -492,12 +519,22 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
         "total",
         human_bytes(p.total_memory())
     ));
-    s.push_str(&format!(
-        "compute per device per step: {} (forward {}, backward ≈ 2× forward)\n\n",
-        human_flops(p.step_flops()),
-        human_flops(p.forward_flops)
-    ));
-    s.push_str("communication per device per step\n");
+    if p.microbatches > 1 {
+        s.push_str(&format!(
+            "compute per device per step: {} ({} microbatches of {}: forward {}, backward ≈ 2× forward)\n\n",
+            human_flops(p.step_flops()),
+            p.microbatches,
+            human_flops(p.microbatch_flops()),
+            human_flops(p.forward_flops)
+        ));
+    } else {
+        s.push_str(&format!(
+            "compute per device per step: {} (forward {}, backward ≈ 2× forward)\n\n",
+            human_flops(p.step_flops()),
+            human_flops(p.forward_flops)
+        ));
+    }
+    s.push_str("communication per device per step (bytes per call × calls per step)\n");
     if p.comms.is_empty() {
         s.push_str("  none\n");
     } else {

@@ -102,3 +102,49 @@ fn mixtral_all_to_all_moves_the_routed_slots() {
         assert_eq!(c.bytes, per_call, "{}", c.source);
     }
 }
+
+/// A step is every microbatch: `examples/gpt3_175b.shard` runs batch 1536 as
+/// 16 pipeline microbatches of 96, so its compute per step is 16 × one
+/// microbatch's (about 6 × parameters × tokens / devices plus attention:
+/// 6 × 175e9 × 1536 × 2048 / 1024 ≈ 3.2 PFLOP), and each tensor-parallel
+/// all-reduce runs once per microbatch while the gradients are reduced once.
+#[test]
+fn plan_counts_every_microbatch_of_a_step() {
+    let p = plan_of("examples/gpt3_175b.shard", vec![]);
+    assert_eq!(p.microbatches, 16);
+    assert_eq!((p.step_batch, p.batch), (Some(1536), Some(96)));
+    assert_eq!(p.step_flops(), 16.0 * p.microbatch_flops());
+    let ideal = 6.0 * 175e9 * 1536.0 * 2048.0 / 1024.0;
+    let r = p.step_flops() / ideal;
+    assert!(
+        (1.0..1.15).contains(&r),
+        "{} vs {ideal:e}: {r}",
+        p.step_flops()
+    );
+    for c in &p.comms {
+        let per_step = if c.kind == "grad all-reduce" { 1 } else { 0 };
+        assert!(
+            c.count == per_step || c.count % 16 == 0,
+            "{} {:?}: {} calls",
+            c.kind,
+            c.axes,
+            c.count
+        );
+    }
+    assert!(p
+        .comms
+        .iter()
+        .any(|c| c.kind == "all-reduce" && c.count == 384));
+    // `accumulate` counts alike: `models/fsdp_mlp.shard` steps on 128
+    // examples as 4 microbatches of 32.
+    let acc = plan_of("models/fsdp_mlp.shard", vec![]);
+    assert_eq!(
+        (acc.microbatches, acc.step_batch, acc.batch),
+        (4, Some(128), Some(32))
+    );
+    assert_eq!(acc.step_flops(), 4.0 * acc.microbatch_flops());
+    assert!(acc
+        .comms
+        .iter()
+        .all(|c| c.kind == "grad all-reduce" || c.count % 4 == 0));
+}
