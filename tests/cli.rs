@@ -457,3 +457,38 @@ fn lsp_accepts_the_arguments_clients_pass() {
         );
     }
 }
+
+/// `plan --device`: a verdict per stage and a step estimate; exit 1 when a
+/// stage does not fit (for scripts), a clear error for an unknown device.
+#[test]
+fn plan_against_a_device() {
+    let out = shardc()
+        .args(["plan", "models/gptj.shard", "--device", "a100-40g"])
+        .output()
+        .expect("runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("device: a100-40g"), "{text}");
+    assert!(text.contains("  fits: peak 2.0 GiB"), "{text}");
+    assert!(text.contains("MFU ≈"), "{text}");
+    let out = shardc()
+        .args(["plan", "examples/gpt3_175b.shard", "--device", "h100-80g"])
+        .output()
+        .expect("runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("does not fit: peak 693.1 GiB on stage 0"),
+        "{text}"
+    );
+    let out = shardc()
+        .args(["plan", "models/gptj.shard", "--device", "h200"])
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("unknown device `h200`: use one of h100-80g"),
+        "{err}"
+    );
+}

@@ -148,3 +148,32 @@ fn plan_counts_every_microbatch_of_a_step() {
         .iter()
         .all(|c| c.kind == "grad all-reduce" || c.count % 4 == 0));
 }
+
+/// The verdict against a device: each pipeline stage's peak (parameters,
+/// gradients, optimizer state and that stage's activations in flight)
+/// against its memory, and a step estimate from the plan's FLOPs and bytes.
+#[test]
+fn a_plan_against_a_device() {
+    use shardc::plan::device::{parse, verdict};
+    let p = plan_of("examples/gpt3_175b.shard", vec![]);
+    let v = verdict(&p, parse("h100-80g").expect("known"));
+    assert_eq!(v.peaks.len(), 8);
+    assert!(v.peaks.windows(2).all(|w| w[0] > w[1]), "{:?}", v.peaks);
+    assert!(!v.fits);
+    let pp = p.pipeline.as_ref().expect("pipelined");
+    let fixed = p.params + p.grads + p.optimizer_state + p.gathered_params;
+    assert_eq!(v.peaks[7], fixed + pp.activations[7]);
+    // Compute at the f32 (tf32) peak, stretched by the bubble, plus the
+    // bytes at NVLink's 450 GB/s per direction.
+    let compute = p.step_flops() / 494.5e12 / (1.0 - pp.bubble);
+    let bytes: f64 = p.comms.iter().map(|c| c.bytes * c.count as f64).sum();
+    assert_eq!(v.compute_seconds, Some(compute));
+    assert_eq!(v.step_seconds, Some(compute + bytes / 450e9));
+    // A memory size alone: a verdict, no estimate.
+    let g = plan_of("models/gptj.shard", vec![]);
+    let small = verdict(&g, parse("1GiB").expect("a size"));
+    assert!(!small.fits && small.step_seconds.is_none());
+    assert!(verdict(&g, parse("24 GiB").expect("a size")).fits);
+    assert_eq!(parse("40GB").expect("decimal").memory, 40e9);
+    assert!(parse("-3GiB").is_err() && parse("h200").is_err());
+}

@@ -110,6 +110,12 @@ pub enum Command {
         /// Print the plan as JSON.
         #[arg(long)]
         json: bool,
+        /// Compare with a device: h100-80g, a100-80g, a100-40g, tpu-v5p,
+        /// tpu-v5e, or a memory size like `24GiB`. Says whether each
+        /// pipeline stage's peak fits (exit 1 when one does not) and
+        /// estimates the step time and MFU.
+        #[arg(long, value_parser = crate::plan::device::parse)]
+        device: Option<crate::plan::device::Device>,
     },
     /// Print the SPMD program each `train` declaration lowers to, and verify it.
     Lower {
@@ -233,9 +239,18 @@ pub fn main() -> ExitCode {
         Command::Lower { file, mesh } => {
             lower(&grants, &file, mesh.map(|m| m.0).unwrap_or_default())
         }
-        Command::Plan { file, mesh, json } => {
-            plan(&grants, &file, mesh.map(|m| m.0).unwrap_or_default(), json)
-        }
+        Command::Plan {
+            file,
+            mesh,
+            json,
+            device,
+        } => plan(
+            &grants,
+            &file,
+            mesh.map(|m| m.0).unwrap_or_default(),
+            json,
+            device,
+        ),
     }
 }
 
@@ -505,6 +520,7 @@ fn plan(
     file: &std::path::Path,
     mesh: Vec<(String, i64)>,
     json: bool,
+    device: Option<crate::plan::device::Device>,
 ) -> ExitCode {
     let c = match compile_clean(grants, file, mesh, None, true) {
         Ok(c) => c,
@@ -517,15 +533,28 @@ fn plan(
         );
         return ExitCode::from(2);
     }
+    let mut plans = c.plans.clone();
+    if let Some(d) = device {
+        for p in &mut plans {
+            p.device = Some(crate::plan::device::verdict(p, d.clone()));
+        }
+    }
     if json {
         outln!(
             "{}",
-            serde_json::to_string_pretty(&c.plans).unwrap_or_default()
+            serde_json::to_string_pretty(&plans).unwrap_or_default()
         );
     } else {
-        for p in &c.plans {
+        for p in &plans {
             outln!("{}", crate::plan::render(p, &c.sources));
         }
+    }
+    // A plan that does not fit its device fails, for scripts and CI.
+    if plans
+        .iter()
+        .any(|p| p.device.as_ref().is_some_and(|v| !v.fits))
+    {
+        return ExitCode::from(1);
     }
     ExitCode::SUCCESS
 }

@@ -3,6 +3,8 @@
 //! op's cost comes from its primitive; nothing is allocated), so it works for
 //! meshes far larger than this machine.
 
+pub mod device;
+
 use crate::prim::cost::CostCx;
 use crate::prim::Prim;
 use crate::source::{SourceMap, Span};
@@ -56,6 +58,10 @@ pub struct Plan {
     pub stacks: Vec<StackPlan>,
     /// A pipelined stack: stages, schedule, bubble, per-stage activations.
     pub pipeline: Option<PipelinePlan>,
+    /// The parameters are 16-bit floats (the bf16 peak applies).
+    pub bf16: bool,
+    /// `--device`: the plan against a device's memory, FLOP/s and links.
+    pub device: Option<device::Verdict>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -120,6 +126,13 @@ pub fn of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> Pl
         step_batch: train.batch,
         microbatches: train.accumulate.max(1)
             * prog.pipeline.as_ref().map_or(1, |p| p.microbatches.max(1)),
+        bf16: !prog.params.is_empty()
+            && prog.params.iter().all(|p| {
+                matches!(
+                    p.stored.dtype,
+                    crate::ast::DType::BF16 | crate::ast::DType::F16
+                )
+            }),
         ..Default::default()
     };
     let cx = CostCx {
@@ -623,6 +636,10 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
             "\nnot counted (symbolic sizes): {}\n",
             p.unknown.join(", ")
         ));
+    }
+    if let Some(v) = &p.device {
+        s.push('\n');
+        s.push_str(&device::render(v));
     }
     s
 }
