@@ -216,6 +216,9 @@ impl Lowering<'_> {
                 break;
             }
         }
+        if r.checkpoint && self.prog.folds.is_empty() {
+            self.prog.checkpoints.extend(ranges.iter().copied());
+        }
         if let (Some(axis), Some((microbatches, schedule))) = (&r.stages, &self.pipeline) {
             if self.prog.folds.is_empty() {
                 let stages = self

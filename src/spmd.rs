@@ -108,6 +108,10 @@ pub struct Program {
     /// model's output as input 0 and the targets as input 1, whose output is
     /// the loss (a reduced float scalar). It has no parameters.
     pub loss: Option<Box<Program>>,
+    /// Checkpointed ranges `[start, end)` (`repeat(..., checkpoint: full)`,
+    /// one per repetition): their values are dropped after the forward pass
+    /// and recomputed just before their backward (see [`Program::checkpointed`]).
+    pub checkpoints: Vec<(Nid, Nid)>,
 }
 
 /// What a program's output is trained against: the targets' type (global,
@@ -179,6 +183,29 @@ impl Program {
                 }
             }
         })
+    }
+
+    /// Per node: whether its value is dropped after the forward pass and
+    /// recomputed for the backward one — computed inside a checkpointed range,
+    /// and neither the output nor read after its range (a repetition's result
+    /// stays; inputs and parameters are never recomputed).
+    pub fn checkpointed(&self) -> Vec<bool> {
+        let n = self.nodes.len();
+        let mut out = vec![false; n];
+        for &(a, b) in &self.checkpoints {
+            let (a, b) = (a as usize, (b as usize).min(n));
+            for (i, node) in self.nodes.iter().enumerate().take(b).skip(a) {
+                out[i] = matches!(node.op, Op::Prim(_)) && self.output != Some(i as Nid);
+            }
+            for later in &self.nodes[b..] {
+                for &x in &later.args {
+                    if (a..b).contains(&(x as usize)) {
+                        out[x as usize] = false;
+                    }
+                }
+            }
+        }
+        out
     }
 
     fn axis_size(&self, a: &str) -> Option<i64> {

@@ -73,6 +73,9 @@ pub struct Call {
 pub struct Repeat {
     pub count: i64,
     pub stages: Option<String>,
+    /// `checkpoint: full`: each repetition keeps only its result for
+    /// backward, and recomputes the rest there.
+    pub checkpoint: bool,
 }
 
 /// A value: how it is computed, its type, and where in the source.
@@ -1047,7 +1050,7 @@ impl<'p> Checker<'p> {
     ) -> Val {
         let (li, count) = match sub {
             Val::Layer(li) => (li.clone(), 1),
-            Val::Repeat(n, li, _) => (li.clone(), *n),
+            Val::Repeat(n, li, _, _) => (li.clone(), *n),
             _ => return Val::Poison,
         };
         let Some(f) = find_fn(&li.decl, "forward") else {
@@ -1060,7 +1063,7 @@ impl<'p> Checker<'p> {
         let input = vals.first().map(|(v, _, _)| v.clone());
         self.sites.push((e.span, li.label.clone()));
         let stage_axis = match sub {
-            Val::Repeat(_, _, Some(a)) => Some(a.clone()),
+            Val::Repeat(_, _, Some(a), _) => Some(a.clone()),
             _ => None,
         };
         if let (Some(ax), true) = (&stage_axis, vals.len() > 1) {
@@ -1102,9 +1105,11 @@ impl<'p> Checker<'p> {
         }
         // The repetitions share one body; the lowering gives each its own
         // parameters (`blocks.0`, `blocks.1`, ...).
-        let repeat = (count > 1).then(|| Repeat {
+        let checkpoint = matches!(sub, Val::Repeat(_, _, _, true));
+        let repeat = (count > 1 || checkpoint).then(|| Repeat {
             count,
             stages: stage_axis.clone(),
+            checkpoint,
         });
         let out = self.call_fn(&li, f, vals, e.span, Some((name.to_string(), repeat)));
         self.sites.pop();

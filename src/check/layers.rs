@@ -681,9 +681,26 @@ impl<'p> Checker<'p> {
         let inner = self.sublayer(inst, pos[1], path)?;
         let Val::Layer(li) = inner else { return None };
         let mut stage_axis: Option<(String, Span)> = None;
+        let mut checkpoint = false;
         for a in args {
             if let Arg::Named(k, v) = a {
                 match (k.name.as_str(), v) {
+                    (
+                        "checkpoint",
+                        ast::OptValue::Expr(Expr {
+                            kind: ExprKind::Name(s),
+                            span,
+                        }),
+                    ) => match s.as_str() {
+                        "full" => checkpoint = true,
+                        "none" => checkpoint = false,
+                        _ => self.report(Problem::UnknownChoice {
+                            span: *span,
+                            kind: "checkpoint policy",
+                            name: s.clone(),
+                            known: vec!["full", "none"],
+                        }),
+                    },
                     (
                         "stages",
                         ast::OptValue::Expr(Expr {
@@ -733,7 +750,12 @@ impl<'p> Checker<'p> {
                         span: k.span,
                         callee: "repeat".into(),
                         name: k.name.clone(),
-                        known: vec!["stages".into(), "schedule".into(), "microbatches".into()],
+                        known: vec![
+                            "stages".into(),
+                            "schedule".into(),
+                            "microbatches".into(),
+                            "checkpoint".into(),
+                        ],
                         missing: false,
                     }),
                 }
@@ -752,7 +774,7 @@ impl<'p> Checker<'p> {
         let stages = stage_axis
             .map(|(a, _)| a)
             .filter(|a| n % self.axis_size(a) == 0);
-        Some(Val::Repeat(n, li, stages))
+        Some(Val::Repeat(n, li, stages, checkpoint))
     }
 
     pub(super) fn dim_arg(

@@ -109,8 +109,9 @@ enum Val {
     Int(i64),
     Str(String),
     Layer(Arc<Inst>),
-    /// `repeat(n, layer)`, optionally split into pipeline stages over an axis.
-    Repeat(i64, Arc<Inst>, Option<String>),
+    /// `repeat(n, layer)`, optionally split into pipeline stages over an axis,
+    /// optionally checkpointed (each repetition's values recomputed in backward).
+    Repeat(i64, Arc<Inst>, Option<String>, bool),
     /// The results of a multi-result op (`split`), each with its value in
     /// the body: named by `let (a, b, ...) = ...`.
     Tuple(&'static str, Vec<(TType, Option<VId>)>),
@@ -126,7 +127,7 @@ impl Val {
             Val::Int(_) => "an integer".into(),
             Val::Str(s) => format!("the string \"{s}\""),
             Val::Layer(i) => format!("the layer `{}`", i.label),
-            Val::Repeat(n, i, _) => format!("the layer stack `repeat({n}, {})`", i.label),
+            Val::Repeat(n, i, _, _) => format!("the layer stack `repeat({n}, {})`", i.label),
             Val::Tuple(op, parts) => format!(
                 "the {} results of `{op}` (name each: `let (a, b, ...) = {op}(...)`)",
                 parts.len()

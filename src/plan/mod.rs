@@ -51,6 +51,11 @@ pub struct Plan {
     pub gathered_params: f64,
     /// Forward FLOPs per device of one microbatch.
     pub forward_flops: f64,
+    /// Of those, the ones checkpointing runs again in backward.
+    pub recompute_flops: f64,
+    /// Activation bytes a checkpointed block holds while recomputed, counted
+    /// in `activations`.
+    pub recompute_activations: f64,
     pub comms: Vec<Comm>,
     /// Sizes that stayed symbolic, so the figures above omit them.
     pub unknown: Vec<String>,
@@ -102,7 +107,7 @@ impl Plan {
     /// FLOPs per device of one microbatch, forward and backward: backward
     /// costs about twice the forward (two products per matmul).
     pub fn microbatch_flops(&self) -> f64 {
-        3.0 * self.forward_flops
+        3.0 * self.forward_flops + self.recompute_flops
     }
     /// FLOPs per device of one optimizer step (every microbatch).
     pub fn step_flops(&self) -> f64 {
@@ -140,17 +145,46 @@ pub fn of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> Pl
         bound: &prog.bound,
     };
     let weight = Weights::new(prog);
-    let acts = values(&mut plan, prog, &cx, &|i| weight.of(i), sources);
+    let recomputed = prog.checkpointed();
+    let mut acts = values(
+        &mut plan,
+        prog,
+        &cx,
+        &|i| weight.of(i),
+        &recomputed,
+        sources,
+    );
+    // Checkpointing keeps the blocks' results only; for backward, the runtime
+    // recomputes one block at a time.
+    let dropped = |a: usize, b: usize| -> f64 {
+        (a..b.min(acts.len()))
+            .filter(|i| recomputed[*i])
+            .map(|i| acts[i])
+            .sum()
+    };
+    let recompute = prog
+        .checkpoints
+        .iter()
+        .map(|r| dropped(r.0 as usize, r.1 as usize))
+        .fold(0.0, f64::max);
+    for (a, r) in acts.iter_mut().zip(&recomputed) {
+        if *r {
+            *a = 0.0;
+        }
+    }
+    plan.recompute_activations = recompute;
     // A loss function's own program runs once per (micro)batch, after the model.
     let loss_acts: f64 = match &prog.loss {
-        Some(l) => values(&mut plan, l, &cx, &|_| 1.0, sources).iter().sum(),
+        Some(l) => values(&mut plan, l, &cx, &|_| 1.0, &[], sources)
+            .iter()
+            .sum(),
         None => 0.0,
     };
     // The program is one microbatch: its collectives run for every one.
     for c in &mut plan.comms {
         c.count = c.count.saturating_mul(plan.microbatches as u64);
     }
-    plan.activations = acts.iter().sum::<f64>() + loss_acts;
+    plan.activations = acts.iter().sum::<f64>() + loss_acts + recompute;
     weights(&mut plan, prog, &cx, &weight, &optimizer);
     if let Some(pp) = &prog.pipeline {
         pipeline(&mut plan, prog, pp, &acts);
@@ -160,12 +194,14 @@ pub fn of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> Pl
 }
 
 /// Activations, FLOPs and collectives of `prog`'s values, node `i` counting
-/// `weight(i)` times; returns each node's activation bytes.
+/// `weight(i)` times; returns each node's activation bytes. A `recomputed`
+/// node (checkpointing) runs its forward, and its collectives, once more.
 fn values(
     plan: &mut Plan,
     prog: &Program,
     cx: &CostCx,
     weight: &dyn Fn(usize) -> f64,
+    recomputed: &[bool],
     sources: &SourceMap,
 ) -> Vec<f64> {
     // Activations and FLOPs: every computed value (not an input, a parameter, a
@@ -186,13 +222,18 @@ fn values(
             && matches!(p, Prim::Collective(_));
         let ts: Vec<&TType> = n.args.iter().map(|a| &prog.nodes[*a as usize].ty).collect();
         let cost = p.get().cost(cx, &ts, &n.ty).unwrap_or_default();
+        let again = recomputed.get(i) == Some(&true);
+        let mut flops = cost.flops * m;
         if !gathers_param && !matches!(p, Prim::Reshard(_)) {
             if let Some(numel) = cx.local_numel(&n.ty) {
                 acts[i] = numel * n.ty.dtype.bytes() as f64 * m;
-                plan.forward_flops += numel * m;
+                flops += numel * m;
             }
         }
-        plan.forward_flops += cost.flops * m;
+        plan.forward_flops += flops;
+        if again {
+            plan.recompute_flops += flops;
+        }
         if gathers_param {
             continue;
         }
@@ -201,7 +242,7 @@ fn values(
                 kind: c.kind,
                 axes: c.axes,
                 bytes: c.bytes,
-                count: (2.0 * m) as u64,
+                count: ((if again { 3.0 } else { 2.0 }) * m) as u64,
                 span: n.span,
                 source: sources.describe(n.span),
                 explicit: c.explicit,
@@ -382,7 +423,7 @@ fn pipeline(plan: &mut Plan, prog: &Program, pp: &crate::spmd::Pipeline, acts: &
         .map(|(k, n)| {
             let own =
                 stack + if k == 0 { pre } else { 0.0 } + if k + 1 == stages { post } else { 0.0 };
-            own * *n as f64
+            own * *n as f64 + plan.recompute_activations
         })
         .collect();
     plan.activations = activations.first().copied().unwrap_or(plan.activations);
@@ -518,7 +559,14 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
         (
             "activations",
             p.activations,
-            "forward values kept for backward".into(),
+            if p.recompute_activations > 0.0 {
+                format!(
+                    "forward values kept for backward; checkpointed blocks keep their results and recompute the rest ({} at a time)",
+                    human_bytes(p.recompute_activations)
+                )
+            } else {
+                "forward values kept for backward".into()
+            },
         ),
     ];
     for (name, v, why) in rows {
@@ -532,19 +580,26 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
         "total",
         human_bytes(p.total_memory())
     ));
+    let recompute = if p.recompute_flops > 0.0 {
+        format!(", recomputed {}", human_flops(p.recompute_flops))
+    } else {
+        String::new()
+    };
     if p.microbatches > 1 {
         s.push_str(&format!(
-            "compute per device per step: {} ({} microbatches of {}: forward {}, backward ≈ 2× forward)\n\n",
+            "compute per device per step: {} ({} microbatches of {}: forward {}, backward ≈ 2× forward{})\n\n",
             human_flops(p.step_flops()),
             p.microbatches,
             human_flops(p.microbatch_flops()),
-            human_flops(p.forward_flops)
+            human_flops(p.forward_flops),
+            recompute
         ));
     } else {
         s.push_str(&format!(
-            "compute per device per step: {} (forward {}, backward ≈ 2× forward)\n\n",
+            "compute per device per step: {} (forward {}, backward ≈ 2× forward{})\n\n",
             human_flops(p.step_flops()),
-            human_flops(p.forward_flops)
+            human_flops(p.forward_flops),
+            recompute
         ));
     }
     s.push_str("communication per device per step (bytes per call × calls per step)\n");

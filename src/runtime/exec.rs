@@ -212,6 +212,119 @@ impl Exec<'_> {
         Ok(grads)
     }
 
+    /// Drop the values `range` computed that checkpointing recomputes for
+    /// backward (see [`Program::checkpointed`]).
+    pub fn drop_checkpointed(&self, tape: &mut Tape, range: std::ops::Range<usize>) -> R<()> {
+        let dropped = self.prog.checkpointed();
+        let empty = Tensor::zeros(0, self.dtype, &self.dev).map_err(ce)?;
+        for i in range.filter(|i| dropped.get(*i) == Some(&true)) {
+            tape.vals[i] = empty.clone();
+            tape.masks[i] = None;
+        }
+        Ok(())
+    }
+
+    /// Reverse pass over a tape whose checkpointed values were dropped (see
+    /// [`Exec::backward_checkpointed_range`]). Returns the gradients and the
+    /// most activation bytes one recomputed block held.
+    pub fn backward_checkpointed(
+        &self,
+        tape: &mut Tape,
+        ct_out: Tensor,
+        dropout_seed: Option<u64>,
+    ) -> Result<(Vec<Option<Tensor>>, f64), OpError> {
+        let n = self.prog.nodes.len();
+        let out = self
+            .prog
+            .output
+            .ok_or_else(|| OpError::general("no output".into()))? as usize;
+        let mut grads = vec![None; self.prog.params.len()];
+        let (_, peak) = self.backward_checkpointed_range(
+            tape,
+            vec![(out, ct_out)],
+            0..n,
+            &mut grads,
+            dropout_seed,
+        )?;
+        Ok((grads, peak))
+    }
+
+    /// [`Exec::backward_range`] over a tape whose checkpointed values were
+    /// dropped: each checkpointed block in `range` is recomputed from what it
+    /// reads (with the same dropout seed: the same values, bit for bit) just
+    /// before its backward, then dropped again. The nodes are visited in the
+    /// same order, and every cotangent adds its terms in the same order, as
+    /// one pass would: the gradients are the same bits. Returns the
+    /// cotangents of the nodes before `range` and the most activation bytes
+    /// one recomputed block held.
+    pub fn backward_checkpointed_range(
+        &self,
+        tape: &mut Tape,
+        seeds: Vec<(usize, Tensor)>,
+        range: std::ops::Range<usize>,
+        grads: &mut [Option<Tensor>],
+        dropout_seed: Option<u64>,
+    ) -> Result<(Vec<Option<Tensor>>, f64), OpError> {
+        let n = self.prog.nodes.len();
+        let mut pending: Vec<Option<Tensor>> = vec![None; n];
+        for (i, g) in seeds {
+            if let Some(p) = pending.get_mut(i) {
+                *p = Some(g);
+            }
+        }
+        // The node ranges in order: checkpointed blocks and what lies between.
+        let mut parts: Vec<(usize, usize, bool)> = Vec::new();
+        let mut at = range.start;
+        let mut cks: Vec<(usize, usize)> = self
+            .prog
+            .checkpoints
+            .iter()
+            .map(|&(a, b)| (a as usize, b as usize))
+            .filter(|(a, b)| *a >= range.start && *b <= range.end)
+            .collect();
+        cks.sort();
+        for (a, b) in cks {
+            if a > at {
+                parts.push((at, a, false));
+            }
+            parts.push((a, b, true));
+            at = b;
+        }
+        if at < range.end {
+            parts.push((at, range.end, false));
+        }
+        let dropped = self.prog.checkpointed();
+        let mut peak = 0.0f64;
+        for (a, b, ck) in parts.into_iter().rev() {
+            if ck {
+                self.forward_range(tape, a..b, dropout_seed)?;
+                let bytes: f64 = (a..b)
+                    .filter(|i| dropped[*i])
+                    .map(|i| {
+                        (tape.vals[i].elem_count() * tape.vals[i].dtype().size_in_bytes()) as f64
+                    })
+                    .sum();
+                peak = peak.max(bytes);
+            }
+            // Every cotangent so far goes in, also those of earlier nodes, so
+            // that each one adds its terms in the order a single pass would.
+            let seeds: Vec<(usize, Tensor)> = (0..b)
+                .filter_map(|i| pending[i].take().map(|g| (i, g)))
+                .collect();
+            let cts = self
+                .backward_range(tape, &seeds, a..b, grads)
+                .map_err(OpError::general)?;
+            for (i, c) in cts.into_iter().enumerate().take(a) {
+                pending[i] = c;
+            }
+            if ck {
+                self.drop_checkpointed(tape, a..b)
+                    .map_err(OpError::general)?;
+            }
+        }
+        Ok((pending, peak))
+    }
+
     /// Reverse mode over the nodes in `range`, from cotangents `seeds` at nodes
     /// in it; parameter gradients add into `grads`. Returns every node's cotangent,
     /// including those of values the range read from before it (a stage's input).

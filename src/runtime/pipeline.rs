@@ -275,6 +275,10 @@ pub fn run_chunk(
                 };
                 add_into(&mut aux, &aux_flat(ex.prog, &tape, &mine)?);
                 if train {
+                    // Checkpointed blocks keep only their results in flight.
+                    if !ex.prog.checkpoints.is_empty() {
+                        ex.drop_checkpointed(&mut tape, st.ranges[me].clone())?;
+                    }
                     tapes.insert(m, tape);
                     peak = peak.max(tapes.values().map(|t| tape_bytes(ex.prog, t)).sum());
                 }
@@ -282,9 +286,10 @@ pub fn run_chunk(
             Some(Act::B(m)) => {
                 let mb = micro(m)?;
                 *ex.sparse.keep.borrow_mut() = mb.keep;
-                let tape = tapes
+                let mut tape = tapes
                     .remove(&m)
                     .ok_or_else(|| format!("stage {me}: no forward of microbatch {m}"))?;
+
                 let (seed_node, g) = if me == s_last {
                     (
                         st.output,
@@ -296,8 +301,21 @@ pub fn run_chunk(
                     })?;
                     (st.inputs[me + 1], g)
                 };
-                let cts =
-                    ex.backward_range(&tape, &[(seed_node, g)], st.ranges[me].clone(), &mut grads)?;
+                let cts = if ex.prog.checkpoints.is_empty() {
+                    ex.backward_range(&tape, &[(seed_node, g)], st.ranges[me].clone(), &mut grads)?
+                } else {
+                    // The stage's blocks recomputed one at a time.
+                    let (cts, block) = ex.backward_checkpointed_range(
+                        &mut tape,
+                        vec![(seed_node, g)],
+                        st.ranges[me].clone(),
+                        &mut grads,
+                        mb.seed,
+                    )?;
+                    let held: f64 = tapes.values().map(|t| tape_bytes(ex.prog, t)).sum();
+                    peak = peak.max(held + tape_bytes(ex.prog, &tape) + block);
+                    cts
+                };
                 let g_in = cts[st.inputs[me]].clone().unwrap_or_else(|| zeros.clone());
                 if me == 0 {
                     ex.backward_range(&tape, &[(st.inputs[0], g_in)], st.pre.clone(), &mut grads)?;

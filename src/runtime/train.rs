@@ -437,6 +437,8 @@ pub fn run_on(
                 let mut first = None;
                 // A pipeline's activations: the most its microbatches' tapes held at once.
                 let mut peak_activations = 0.0f64;
+                // The most bytes a checkpointed block held while recomputed.
+                let mut recompute_peak = 0.0f64;
                 let base = prog;
                 let all_axes: Vec<String> = topo.axes.iter().map(|a| a.0.clone()).collect();
                 // The reload in force (none: the program the run started with).
@@ -523,7 +525,7 @@ pub fn run_on(
                         let mb = microbatch(j)?;
                         *ex.sparse.keep.borrow_mut() = mb.keep;
                         let y = mb.labels;
-                        let t = ex.forward(&params, &mb.inputs, mb.seed).map_err(|e| RunError::op(e, generation))?;
+                        let mut t = ex.forward(&params, &mb.inputs, mb.seed).map_err(|e| RunError::op(e, generation))?;
                         let super::loss::Scored { loss, ct, sums } = super::loss::score(cfg.loss, &cfg.metrics, &ex, &t.vals[out_id], out_t, &y, rows, None)?;
                         let aux = super::pipeline::aux_flat(prog, &t, &|_| true)?;
                         let loss = loss + aux_split(prog, &aux).0;
@@ -534,7 +536,19 @@ pub fn run_on(
                             return Err(non_finite(step, loss, &t.vals, generation));
                         }
                         // Local gradients accumulate; they are synchronised once per step.
-                        let g: Vec<Tensor> = ex.backward(&t, ct)?.into_iter().zip(&params).map(|(g, p)| g.map_or_else(|| p.zeros_like().map_err(ce), Ok)).collect::<R<_>>()?;
+                        let g = if prog.checkpoints.is_empty() {
+                            ex.backward(&t, ct)?
+                        } else {
+                            // Checkpointed blocks keep only their results, and
+                            // recompute the rest for backward.
+                            let mut t2 = t;
+                            ex.drop_checkpointed(&mut t2, 0..prog.nodes.len())?;
+                            let (g, peak) = ex.backward_checkpointed(&mut t2, ct, mb.seed).map_err(|e| RunError::op(e, generation))?;
+                            recompute_peak = recompute_peak.max(peak);
+                            t = t2;
+                            g
+                        };
+                        let g: Vec<Tensor> = g.into_iter().zip(&params).map(|(g, p)| g.map_or_else(|| p.zeros_like().map_err(ce), Ok)).collect::<R<_>>()?;
                         acc = Some(match acc {
                             None => (g, loss),
                             Some((a, l)) => (a.iter().zip(&g).map(|(x, y)| x + y).collect::<candle_core::Result<_>>().map_err(ce)?, l + loss),
@@ -574,6 +588,9 @@ pub fn run_on(
                         }
                         if stages.is_some() {
                             m.activations = peak_activations;
+                        } else {
+                            // What the checkpoints keep, and one block recomputed.
+                            m.activations += recompute_peak;
                         }
                         memory = Some(m);
                     }
