@@ -216,8 +216,11 @@ impl Lowering<'_> {
                 break;
             }
         }
-        if r.checkpoint && self.prog.folds.is_empty() {
-            self.prog.checkpoints.extend(ranges.iter().copied());
+        if self.prog.folds.is_empty() {
+            self.prog.repeats.extend(ranges.iter().copied());
+            if r.checkpoint {
+                self.prog.checkpoints.extend(ranges.iter().copied());
+            }
         }
         if let (Some(axis), Some((microbatches, schedule))) = (&r.stages, &self.pipeline) {
             if self.prog.folds.is_empty() {

@@ -112,6 +112,9 @@ pub struct Program {
     /// one per repetition): their values are dropped after the forward pass
     /// and recomputed just before their backward (see [`Program::checkpointed`]).
     pub checkpoints: Vec<(Nid, Nid)>,
+    /// Every repetition of every `repeat` stack, checkpointed or not: what
+    /// the plan may propose to checkpoint.
+    pub repeats: Vec<(Nid, Nid)>,
 }
 
 /// What a program's output is trained against: the targets' type (global,

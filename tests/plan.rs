@@ -169,6 +169,20 @@ fn a_plan_against_a_device() {
     let bytes: f64 = p.comms.iter().map(|c| c.bytes * c.count as f64).sum();
     assert_eq!(v.compute_seconds, Some(compute));
     assert_eq!(v.step_seconds, Some(compute + bytes / 450e9));
+    // It proposes checkpointing, with the peak the checkpointed file plans.
+    let proposed = v.if_checkpointed.expect("a proposal");
+    assert!(proposed < v.peaks[0] / 4.0, "{proposed} vs {:?}", v.peaks);
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/gpt3_175b.shard"),
+    )
+    .expect("the example")
+    .replace("microbatches: 16)", "microbatches: 16, checkpoint: full)");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/gpt3_ck.shard");
+    let c = world::compile_source(&path, text, &Options::default());
+    assert!(!c.has_errors());
+    let ck = c.plans.first().expect("a plan");
+    assert_eq!(ck.peaks().into_iter().reduce(f64::max), Some(proposed));
+    assert_eq!(ck.peak_if_checkpointed, None, "nothing left to checkpoint");
     // A memory size alone: a verdict, no estimate.
     let g = plan_of("models/gptj.shard", vec![]);
     let small = verdict(&g, parse("1GiB").expect("a size"));

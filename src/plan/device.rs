@@ -131,17 +131,13 @@ pub struct Verdict {
     pub mfu: Option<f64>,
     /// `bf16` or `f32`: which peak the estimate uses.
     pub precision: &'static str,
+    /// When it does not fit: the peak with every `repeat` checkpointed.
+    pub if_checkpointed: Option<f64>,
 }
 
 /// `plan` on `device`.
 pub fn verdict(plan: &super::Plan, device: Device) -> Verdict {
-    let fixed = plan.params + plan.grads + plan.optimizer_state + plan.gathered_params;
-    let peaks: Vec<f64> = match &plan.pipeline {
-        Some(pp) if !pp.activations.is_empty() => {
-            pp.activations.iter().map(|a| fixed + a).collect()
-        }
-        _ => vec![plan.total_memory()],
-    };
+    let peaks = plan.peaks();
     let fits = peaks.iter().all(|p| *p <= device.memory);
     let precision = if plan.bf16 { "bf16" } else { "f32" };
     let peak = if plan.bf16 { device.bf16 } else { device.f32 };
@@ -163,6 +159,7 @@ pub fn verdict(plan: &super::Plan, device: Device) -> Verdict {
         comm_seconds: comm,
         mfu,
         precision,
+        if_checkpointed: plan.peak_if_checkpointed.filter(|_| !fits),
     }
 }
 
@@ -205,6 +202,17 @@ pub fn render(v: &Verdict) -> String {
                 format!(" (stages over: {})", over.join(", "))
             } else {
                 String::new()
+            }
+        ));
+    }
+    if let Some(p) = v.if_checkpointed {
+        s.push_str(&format!(
+            "  checkpointing every `repeat` (`checkpoint: full`): peak {}, {}\n",
+            human_bytes(p),
+            if p <= v.device.memory {
+                "fits"
+            } else {
+                "still over"
             }
         ));
     }

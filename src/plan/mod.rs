@@ -67,6 +67,8 @@ pub struct Plan {
     pub bf16: bool,
     /// `--device`: the plan against a device's memory, FLOP/s and links.
     pub device: Option<device::Verdict>,
+    /// The peak per device with every `repeat` checkpointed, when some is not.
+    pub peak_if_checkpointed: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -109,6 +111,18 @@ impl Plan {
     pub fn microbatch_flops(&self) -> f64 {
         3.0 * self.forward_flops + self.recompute_flops
     }
+    /// Per pipeline stage (one entry without a pipeline): the most bytes a
+    /// device holds — parameters, gradients, optimizer state and that
+    /// stage's activations in flight.
+    pub fn peaks(&self) -> Vec<f64> {
+        let fixed = self.params + self.grads + self.optimizer_state + self.gathered_params;
+        match &self.pipeline {
+            Some(pp) if !pp.activations.is_empty() => {
+                pp.activations.iter().map(|a| fixed + a).collect()
+            }
+            _ => vec![self.total_memory()],
+        }
+    }
     /// FLOPs per device of one optimizer step (every microbatch).
     pub fn step_flops(&self) -> f64 {
         self.microbatch_flops() * self.microbatches.max(1) as f64
@@ -117,8 +131,20 @@ impl Plan {
 
 pub use crate::units::{human_bytes, human_flops};
 
-/// The plan of a lowered program trained as `train` specifies.
+/// The plan of a lowered program trained as `train` specifies, with the
+/// peak it would have if every `repeat` were checkpointed (when some is not).
 pub fn of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> Plan {
+    let mut plan = plan_of(prog, train, spec, sources);
+    if prog.repeats.len() > prog.checkpoints.len() {
+        let mut all = prog.clone();
+        all.checkpoints = prog.repeats.clone();
+        let alt = plan_of(&all, train, spec, sources);
+        plan.peak_if_checkpointed = alt.peaks().into_iter().reduce(f64::max);
+    }
+    plan
+}
+
+fn plan_of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> Plan {
     let optimizer = match &train.optimizer.kind {
         OptKind::Sgd { momentum, .. } if *momentum > 0.0 => "sgd+momentum".to_string(),
         _ => train.optimizer.name().to_string(),
