@@ -128,7 +128,14 @@ impl Lowering<'_> {
 
     /// Inline body `id` with its arguments; returns its result's node.
     fn inline(&mut self, id: usize, args: &[Nid]) -> Option<Nid> {
-        let body = self.bodies.get(id)?;
+        self.inline_values(id, args).0
+    }
+
+    /// [`Lowering::inline`], also giving the node of each of the body's values.
+    fn inline_values(&mut self, id: usize, args: &[Nid]) -> (Option<Nid>, Vec<Option<Nid>>) {
+        let Some(body) = self.bodies.get(id) else {
+            return (None, Vec::new());
+        };
         let mut vals: Vec<Option<Nid>> = vec![None; body.values.len()];
         for (i, v) in body.values.iter().enumerate() {
             let get = |k: &VId| vals.get(*k as usize).copied().flatten();
@@ -165,7 +172,9 @@ impl Lowering<'_> {
                 }
                 BOp::Call(c) => {
                     let a: Option<Vec<Nid>> = c.args.iter().map(get).collect();
-                    let a = a?;
+                    let Some(a) = a else {
+                        return (None, vals);
+                    };
                     match (&c.repeat, &c.member) {
                         (Some(r), Some(m)) => self.repeat(c.body, m, r, &a),
                         (None, Some(m)) => {
@@ -179,8 +188,10 @@ impl Lowering<'_> {
                 }
             };
         }
-        body.result
-            .and_then(|r| vals.get(r as usize).copied().flatten())
+        let result = body
+            .result
+            .and_then(|r| vals.get(r as usize).copied().flatten());
+        (result, vals)
     }
 
     /// `repeat(count, ...)`: each repetition on the previous one's result (and
@@ -202,8 +213,18 @@ impl Lowering<'_> {
             self.path.push(format!("{member}.{i}"));
             let mut a = vec![cur];
             a.extend_from_slice(&args[1..]);
-            let out = self.inline(body, &a);
+            let (out, vals) = self.inline_values(body, &a);
             self.path.pop();
+            // `checkpoint: [h, y]`: those values of each repetition stay.
+            if let (Some(keep), Some(b)) = (&r.checkpoint, self.bodies.get(body)) {
+                for (name, v) in &b.names {
+                    if keep.contains(name) {
+                        if let Some(Some(n)) = vals.get(*v as usize) {
+                            self.prog.checkpoint_keep.push(*n);
+                        }
+                    }
+                }
+            }
             ranges.push((start, self.prog.nodes.len() as Nid));
             cur = out?;
             if r.count > MAX_UNROLL {
@@ -218,7 +239,7 @@ impl Lowering<'_> {
         }
         if self.prog.folds.is_empty() {
             self.prog.repeats.extend(ranges.iter().copied());
-            if r.checkpoint {
+            if r.checkpoint.is_some() {
                 self.prog.checkpoints.extend(ranges.iter().copied());
             }
         }

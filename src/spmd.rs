@@ -112,6 +112,9 @@ pub struct Program {
     /// one per repetition): their values are dropped after the forward pass
     /// and recomputed just before their backward (see [`Program::checkpointed`]).
     pub checkpoints: Vec<(Nid, Nid)>,
+    /// Values inside checkpointed ranges that stay nonetheless (`checkpoint:
+    /// [h, y]` names them).
+    pub checkpoint_keep: Vec<Nid>,
     /// Every repetition of every `repeat` stack, checkpointed or not: what
     /// the plan may propose to checkpoint.
     pub repeats: Vec<(Nid, Nid)>,
@@ -198,7 +201,9 @@ impl Program {
         for &(a, b) in &self.checkpoints {
             let (a, b) = (a as usize, (b as usize).min(n));
             for (i, node) in self.nodes.iter().enumerate().take(b).skip(a) {
-                out[i] = matches!(node.op, Op::Prim(_)) && self.output != Some(i as Nid);
+                out[i] = matches!(node.op, Op::Prim(_))
+                    && self.output != Some(i as Nid)
+                    && !self.checkpoint_keep.contains(&(i as Nid));
             }
             for later in &self.nodes[b..] {
                 for &x in &later.args {

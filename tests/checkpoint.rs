@@ -1,4 +1,5 @@
-//! Activation checkpointing (`repeat(..., checkpoint: full)`): gradients and
+//! Activation checkpointing (`repeat(..., checkpoint: full)`, or keeping
+//! named values: `checkpoint: [h]`): gradients and
 //! losses bit-identical to no checkpointing (dropout included: a block is
 //! recomputed with its own seed), on one device, on a tensor-parallel mesh
 //! and in a pipeline; the plan's activations shrink to the blocks' results
@@ -49,6 +50,12 @@ fn checkpointing_gives_the_same_bits() {
     assert_same_bits("m(dp: 2, tp: 2)", "", ", checkpoint: full");
 }
 
+/// `checkpoint: [h]` keeps the named value of each block too.
+#[test]
+fn checkpointing_selected_values_gives_the_same_bits() {
+    assert_same_bits("m(dp: 2, tp: 2)", "", ", checkpoint: [h]");
+}
+
 #[test]
 fn checkpointing_in_a_pipeline_gives_the_same_bits() {
     let staged = ", stages: pp, microbatches: 4";
@@ -85,7 +92,11 @@ fn checkpointing_plans_and_measures_less_memory() {
         p1.activations,
         p0.activations
     );
-    for (plan, measured) in [(&p0, &m0), (&p1, &m1)] {
+    // Keeping `h` lies between: more kept, less recomputed.
+    let (p2, m2) = plan_and_memory(&stack("m(dp: 2, tp: 2)", ", checkpoint: [h]"));
+    assert!(p1.activations < p2.activations && p2.activations < p0.activations);
+    assert!(p2.recompute_flops < p1.recompute_flops && p2.recompute_flops > 0.0);
+    for (plan, measured) in [(&p0, &m0), (&p1, &m1), (&p2, &m2)] {
         let r = measured.activations / plan.activations;
         assert!(
             (0.9..=1.0).contains(&r),

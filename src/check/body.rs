@@ -73,9 +73,10 @@ pub struct Call {
 pub struct Repeat {
     pub count: i64,
     pub stages: Option<String>,
-    /// `checkpoint: full`: each repetition keeps only its result for
-    /// backward, and recomputes the rest there.
-    pub checkpoint: bool,
+    /// `checkpoint: full` (`Some([])`): each repetition keeps only its result
+    /// for backward, and recomputes the rest there; `checkpoint: [h, y]`
+    /// also keeps the values of those `let`s of the layer's `forward`.
+    pub checkpoint: Option<Vec<String>>,
 }
 
 /// A value: how it is computed, its type, and where in the source.
@@ -91,6 +92,9 @@ pub struct Value {
 pub struct Body {
     pub values: Vec<Value>,
     pub result: Option<VId>,
+    /// The `let` names of this body and their values (what a checkpoint
+    /// policy may name).
+    pub names: Vec<(String, VId)>,
 }
 
 /// Every body checked.
@@ -615,6 +619,9 @@ impl<'p> Checker<'p> {
         deps: Vec<String>,
         scope: &mut Scope,
     ) {
+        if let (Some(v), Some(b)) = (vid, self.open.last_mut()) {
+            b.names.push((n.name.clone(), v));
+        }
         let local = self.local_text(&t);
         self.record_type(
             TypeEntry {
@@ -1105,8 +1112,11 @@ impl<'p> Checker<'p> {
         }
         // The repetitions share one body; the lowering gives each its own
         // parameters (`blocks.0`, `blocks.1`, ...).
-        let checkpoint = matches!(sub, Val::Repeat(_, _, _, true));
-        let repeat = (count > 1 || checkpoint).then(|| Repeat {
+        let checkpoint = match sub {
+            Val::Repeat(_, _, _, c) => c.clone(),
+            _ => None,
+        };
+        let repeat = (count > 1 || checkpoint.is_some()).then(|| Repeat {
             count,
             stages: stage_axis.clone(),
             checkpoint,

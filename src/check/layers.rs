@@ -681,7 +681,7 @@ impl<'p> Checker<'p> {
         let inner = self.sublayer(inst, pos[1], path)?;
         let Val::Layer(li) = inner else { return None };
         let mut stage_axis: Option<(String, Span)> = None;
-        let mut checkpoint = false;
+        let mut checkpoint: Option<Vec<String>> = None;
         for a in args {
             if let Arg::Named(k, v) = a {
                 match (k.name.as_str(), v) {
@@ -692,8 +692,8 @@ impl<'p> Checker<'p> {
                             span,
                         }),
                     ) => match s.as_str() {
-                        "full" => checkpoint = true,
-                        "none" => checkpoint = false,
+                        "full" => checkpoint = Some(Vec::new()),
+                        "none" => checkpoint = None,
                         _ => self.report(Problem::UnknownChoice {
                             span: *span,
                             kind: "checkpoint policy",
@@ -701,6 +701,13 @@ impl<'p> Checker<'p> {
                             known: vec!["full", "none"],
                         }),
                     },
+                    (
+                        "checkpoint",
+                        ast::OptValue::Expr(Expr {
+                            kind: ExprKind::List(items),
+                            ..
+                        }),
+                    ) => checkpoint = Some(self.checkpoint_names(&li, items)),
                     (
                         "stages",
                         ast::OptValue::Expr(Expr {
@@ -775,6 +782,57 @@ impl<'p> Checker<'p> {
             .map(|(a, _)| a)
             .filter(|a| n % self.axis_size(a) == 0);
         Some(Val::Repeat(n, li, stages, checkpoint))
+    }
+
+    /// `checkpoint: [h, y]`: the `let`s of the repeated layer's `forward`
+    /// whose values are kept; another name is E0228.
+    fn checkpoint_names(&mut self, li: &Inst, items: &[ast::ListItem]) -> Vec<String> {
+        let mut lets = Vec::new();
+        if let Some(f) = find_fn(&li.decl, "forward") {
+            for l in &f.body.lets {
+                lets.extend(
+                    std::iter::once(&l.name)
+                        .chain(&l.rest)
+                        .map(|n| n.name.clone()),
+                );
+            }
+        }
+        let mut out = Vec::new();
+        for it in items {
+            let (name, span) = match it {
+                ast::ListItem::Expr(Expr {
+                    kind: ExprKind::Name(n),
+                    span,
+                }) => (n.clone(), *span),
+                ast::ListItem::Dim(ast::DimSpec::Dim {
+                    size: ast::DimExpr::Name(i),
+                    axes: None,
+                    ..
+                }) => (i.name.clone(), i.span),
+                other => {
+                    self.report(Problem::WrongKind {
+                        span: match other {
+                            ast::ListItem::Expr(e) => e.span,
+                            ast::ListItem::Dim(d) => d.span(),
+                        },
+                        expected: "the name of a `let` to keep".into(),
+                        found: "something else".into(),
+                    });
+                    continue;
+                }
+            };
+            if lets.contains(&name) {
+                out.push(name);
+            } else {
+                self.report(Problem::CheckpointName {
+                    span,
+                    suggestion: crate::diag::did_you_mean(&name, lets.iter().map(String::as_str)),
+                    name,
+                    layer: li.label.clone(),
+                });
+            }
+        }
+        out
     }
 
     pub(super) fn dim_arg(

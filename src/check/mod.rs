@@ -110,8 +110,9 @@ enum Val {
     Str(String),
     Layer(Arc<Inst>),
     /// `repeat(n, layer)`, optionally split into pipeline stages over an axis,
-    /// optionally checkpointed (each repetition's values recomputed in backward).
-    Repeat(i64, Arc<Inst>, Option<String>, bool),
+    /// optionally checkpointed (each repetition's values recomputed in
+    /// backward, but for the `let`s named).
+    Repeat(i64, Arc<Inst>, Option<String>, Option<Vec<String>>),
     /// The results of a multi-result op (`split`), each with its value in
     /// the body: named by `let (a, b, ...) = ...`.
     Tuple(&'static str, Vec<(TType, Option<VId>)>),

@@ -68,6 +68,7 @@ codes! {
     E0225 => "computed initial value is not a whole constant",
     E0226 => "invalid loss function",
     E0227 => "split sizes do not fit the dimension",
+    E0228 => "checkpoint policy names an unknown value",
     E0300 => "unknown or missing field",
     E0301 => "unknown optimizer, schedule, loss or data source",
     E0302 => "invalid option value",

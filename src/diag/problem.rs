@@ -243,6 +243,13 @@ pub enum Problem {
         dim: usize,
         size: String,
     },
+    /// A checkpoint policy naming a value the repeated layer does not have.
+    CheckpointName {
+        span: Span,
+        name: String,
+        layer: String,
+        suggestion: Option<String>,
+    },
     /// `split`'s parts do not cut the dimension exactly.
     SplitSizes {
         span: Span,
@@ -583,6 +590,14 @@ impl Problem {
                 .secondary(*stack, "the pipelined stack")
                 .note("each stage receives only the previous stage's output")
                 .help("compute the side input inside the block, or do not pipeline this stack"),
+            CheckpointName { span, name, layer, suggestion } => {
+                let x = d(Code::E0228, format!("`{name}` is not a value of `{layer}`'s `forward`"), *span, "no `let` of this name".into())
+                    .note("`checkpoint: [...]` keeps the values of the named `let`s of the repeated layer's `forward` (and each block's result), and recomputes the rest in backward");
+                match suggestion {
+                    Some(s) => x.help(format!("did you mean `{s}`?")).fix(*span, s.clone()),
+                    None => x.help("name a `let` of the layer's `forward`, or use `checkpoint: full`"),
+                }
+            }
             SplitSizes { span, message, dim, size } => d(Code::E0227, format!("`split` cannot cut dimension {dim} (size {size}) into {message}"), *span, "these parts".into())
                 .help(format!("give a count of at least 2 that divides {size}, or a list of 2 or more positive sizes summing to {size}")),
             CountRange { span, op, count, dim, size } => d(Code::E0222, format!("`{op}` takes {count} elements from dimension {dim}, which has {size}"), *span, format!("valid: 1 to {size}"))

@@ -181,7 +181,18 @@ impl Exec<'_> {
         range: std::ops::Range<usize>,
         dropout_seed: Option<u64>,
     ) -> Result<(), OpError> {
-        for i in range {
+        self.forward_where(tape, range, dropout_seed, &|_| true)
+    }
+
+    /// [`Exec::forward_range`] over the nodes `which` selects.
+    pub fn forward_where(
+        &self,
+        tape: &mut Tape,
+        range: std::ops::Range<usize>,
+        dropout_seed: Option<u64>,
+        which: &dyn Fn(usize) -> bool,
+    ) -> Result<(), OpError> {
+        for i in range.filter(|i| which(*i)) {
             let node = &self.prog.nodes[i];
             let Op::Prim(p) = &node.op else { continue };
             let args: Vec<&Tensor> = node.args.iter().map(|k| &tape.vals[*k as usize]).collect();
@@ -297,7 +308,8 @@ impl Exec<'_> {
         let mut peak = 0.0f64;
         for (a, b, ck) in parts.into_iter().rev() {
             if ck {
-                self.forward_range(tape, a..b, dropout_seed)?;
+                // Only what was dropped runs again.
+                self.forward_where(tape, a..b, dropout_seed, &|i| dropped[i])?;
                 let bytes: f64 = (a..b)
                     .filter(|i| dropped[*i])
                     .map(|i| {
