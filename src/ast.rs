@@ -355,6 +355,32 @@ pub enum ListItem {
     Expr(Expr),
 }
 
+impl ListItem {
+    /// A bare name (`[accuracy, auc]`, `[h, y]`: the parser reads a list of
+    /// names as dims), with its span.
+    pub fn as_name(&self) -> Option<(&str, Span)> {
+        match self {
+            ListItem::Expr(Expr {
+                kind: ExprKind::Name(n),
+                span,
+            }) => Some((n.as_str(), *span)),
+            ListItem::Dim(DimSpec::Dim {
+                size: DimExpr::Name(i),
+                axes: None,
+                ..
+            }) => Some((i.name.as_str(), i.span)),
+            _ => None,
+        }
+    }
+
+    pub fn span(&self) -> Span {
+        match self {
+            ListItem::Expr(e) => e.span,
+            ListItem::Dim(d) => d.span(),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub enum Slice {
     Range(Option<DimExpr>, Option<DimExpr>, Span),

@@ -799,27 +799,13 @@ impl<'p> Checker<'p> {
         }
         let mut out = Vec::new();
         for it in items {
-            let (name, span) = match it {
-                ast::ListItem::Expr(Expr {
-                    kind: ExprKind::Name(n),
-                    span,
-                }) => (n.clone(), *span),
-                ast::ListItem::Dim(ast::DimSpec::Dim {
-                    size: ast::DimExpr::Name(i),
-                    axes: None,
-                    ..
-                }) => (i.name.clone(), i.span),
-                other => {
-                    self.report(Problem::WrongKind {
-                        span: match other {
-                            ast::ListItem::Expr(e) => e.span,
-                            ast::ListItem::Dim(d) => d.span(),
-                        },
-                        expected: "the name of a `let` to keep".into(),
-                        found: "something else".into(),
-                    });
-                    continue;
-                }
+            let Some((name, span)) = it.as_name().map(|(n, s)| (n.to_string(), s)) else {
+                self.report(Problem::WrongKind {
+                    span: it.span(),
+                    expected: "the name of a `let` to keep".into(),
+                    found: "something else".into(),
+                });
+                continue;
             };
             if lets.contains(&name) {
                 out.push(name);

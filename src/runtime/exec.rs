@@ -226,7 +226,16 @@ impl Exec<'_> {
     /// Drop the values `range` computed that checkpointing recomputes for
     /// backward (see [`Program::checkpointed`]).
     pub fn drop_checkpointed(&self, tape: &mut Tape, range: std::ops::Range<usize>) -> R<()> {
-        let dropped = self.prog.checkpointed();
+        self.drop_where(tape, range, &self.prog.checkpointed())
+    }
+
+    /// Drop the values in `range` that `dropped` marks.
+    fn drop_where(
+        &self,
+        tape: &mut Tape,
+        range: std::ops::Range<usize>,
+        dropped: &[bool],
+    ) -> R<()> {
         let empty = Tensor::zeros(0, self.dtype, &self.dev).map_err(ce)?;
         for i in range.filter(|i| dropped.get(*i) == Some(&true)) {
             tape.vals[i] = empty.clone();
@@ -330,7 +339,7 @@ impl Exec<'_> {
                 pending[i] = c;
             }
             if ck {
-                self.drop_checkpointed(tape, a..b)
+                self.drop_where(tape, a..b, &dropped)
                     .map_err(OpError::general)?;
             }
         }

@@ -158,11 +158,7 @@ pub fn aux_flat(prog: &Program, t: &Tape, computed: &dyn Fn(usize) -> bool) -> R
             continue;
         }
         let term = n.args.get(1).map(|a| *a as usize);
-        let ty = term.and_then(|a| prog.nodes.get(a)).map(|t| &t.ty);
-        let len: usize = match ty {
-            Some(ty) => prog.local_shape(ty)?.iter().product::<i64>() as usize,
-            None => 0,
-        };
+        let len = aux_len(prog, n)?;
         match term.and_then(|a| t.vals.get(a)).filter(|_| computed(i)) {
             Some(v) => {
                 let v = crate::prim::Kernel::f64s(v)?;
@@ -178,6 +174,15 @@ pub fn aux_flat(prog: &Program, t: &Tape, computed: &dyn Fn(usize) -> bool) -> R
         }
     }
     Ok(out)
+}
+
+/// The elements of an `add_loss` term or `observe`d value (node `n`'s
+/// operand 1) on each device: its place in [`aux_flat`]'s layout.
+pub fn aux_len(prog: &Program, n: &crate::spmd::Node) -> R<usize> {
+    match n.args.get(1).and_then(|a| prog.nodes.get(*a as usize)) {
+        Some(t) => Ok(prog.local_shape(&t.ty)?.iter().product::<i64>() as usize),
+        None => Ok(0),
+    }
 }
 
 /// `v` added into `acc` elementwise (`acc` empty: a copy of `v`).

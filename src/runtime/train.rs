@@ -917,12 +917,7 @@ fn aux_split(prog: &Program, flat: &[f64]) -> (f64, Observed) {
     let mut seen: Observed = Vec::new();
     let mut at = 0;
     for (node, aux) in prog.nodes.iter().filter_map(|n| n.op.aux().map(|a| (n, a))) {
-        let len = node
-            .args
-            .get(1)
-            .and_then(|a| prog.nodes.get(*a as usize))
-            .and_then(|t| prog.local_shape(&t.ty).ok())
-            .map_or(0, |s| s.iter().product::<i64>() as usize);
+        let len = super::pipeline::aux_len(prog, node).unwrap_or(0);
         let v = flat.get(at..at + len).unwrap_or_default();
         at += len;
         if let Some(w) = aux.weight() {

@@ -696,32 +696,17 @@ impl Builder<'_> {
         };
         let mut out = Vec::new();
         for item in items {
-            let (name, span) = match item {
-                ast::ListItem::Expr(Expr {
-                    kind: ExprKind::Name(n),
-                    span,
-                }) => (n.as_str(), *span),
-                ast::ListItem::Dim(ast::DimSpec::Dim {
-                    size: ast::DimExpr::Name(i),
-                    axes: None,
-                    ..
-                }) => (i.name.as_str(), i.span),
-                ast::ListItem::Expr(e) => {
-                    self.report(Problem::WrongKind {
-                        span: e.span,
-                        expected: "a metric name".into(),
-                        found: "an expression".into(),
-                    });
-                    continue;
-                }
-                ast::ListItem::Dim(d) => {
-                    self.report(Problem::WrongKind {
-                        span: d.span(),
-                        expected: "a metric name".into(),
-                        found: "a dimension".into(),
-                    });
-                    continue;
-                }
+            let Some((name, span)) = item.as_name() else {
+                self.report(Problem::WrongKind {
+                    span: item.span(),
+                    expected: "a metric name".into(),
+                    found: match item {
+                        ast::ListItem::Expr(_) => "an expression",
+                        ast::ListItem::Dim(_) => "a dimension",
+                    }
+                    .into(),
+                });
+                continue;
             };
             let Some(m) = Metric::from_name(name) else {
                 self.report(Problem::UnknownChoice {
