@@ -152,6 +152,26 @@ pub struct Pipeline {
 }
 
 impl Program {
+    /// The program as mixed precision runs it: every float value (and
+    /// parameter) of a wider float type in `dtype`, for the plan's bytes. A
+    /// loss function keeps its types: it runs in f32.
+    pub fn in_precision(&self, dtype: crate::ast::DType) -> Program {
+        let narrow = |t: &mut TType| {
+            if t.dtype.is_float() && t.dtype.bytes() > dtype.bytes() {
+                t.dtype = dtype;
+            }
+        };
+        let mut p = self.clone();
+        for n in &mut p.nodes {
+            narrow(&mut n.ty);
+        }
+        for q in &mut p.params {
+            narrow(&mut q.stored);
+            narrow(&mut q.used);
+        }
+        p
+    }
+
     pub fn add(&mut self, op: Op, args: Vec<Nid>, ty: TType, span: Span) -> Nid {
         self.nodes.push(Node { op, args, ty, span });
         (self.nodes.len() - 1) as Nid

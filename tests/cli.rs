@@ -476,9 +476,16 @@ fn plan_against_a_device() {
         .output()
         .expect("runs");
     let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("  fits: peak 57.2 GiB on stage 0"), "{text}");
+    let out = shardc()
+        .args(["plan", "examples/gpt3_175b.shard", "--device", "a100-40g"])
+        .output()
+        .expect("runs");
+    let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(
-        text.contains("does not fit: peak 693.1 GiB on stage 0"),
+        text.contains("does not fit: peak 57.2 GiB on stage 0"),
         "{text}"
     );
     let out = shardc()

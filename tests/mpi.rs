@@ -210,6 +210,21 @@ fn mpi_runs_equal_the_virtual_mesh_bit_for_bit() {
         false,
         &["--steps", "2"],
     );
+    // bf16 mixed precision: 16-bit tensors cross as f32, and sums over
+    // devices accumulate in f32 on both backends.
+    let bf16 = dir.join("gptj_small_bf16.shard");
+    let text = std::fs::read_to_string(root().join("tests/models/gptj_small.shard"))
+        .expect("model")
+        .replace("  optimizer:", "  precision: bf16\n  optimizer:");
+    std::fs::write(&bf16, text).expect("written");
+    same_losses(
+        &bin,
+        &dir,
+        &bf16.display().to_string(),
+        8,
+        false,
+        &["--steps", "4"],
+    );
     // Over TCP, as between machines.
     same_losses(
         &bin,

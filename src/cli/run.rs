@@ -355,7 +355,12 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
             cfg.steps,
             cfg.batch,
             cfg.optimizer.name(),
-            if f64 { "f64" } else { "f32" }
+            match (f64, train.precision) {
+                (true, _) => "f64",
+                (false, crate::spec::Precision::BF16) => "bf16 (f32 master weights)",
+                (false, crate::spec::Precision::F16) => "f16 (f32 master weights)",
+                (false, crate::spec::Precision::F32) => "f32",
+            }
         );
         // A mesh declared for other hardware runs here as a simulation: say so.
         match (train.mesh_kind.as_str(), backend) {
@@ -588,6 +593,9 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
                     "", "measured", "planned"
                 );
                 t += &row("params", m.params, planned.params);
+                if m.master_params > 0.0 || planned.master_params > 0.0 {
+                    t += &row("master params", m.master_params, planned.master_params);
+                }
                 t += &row("grads", m.grads, planned.grads);
                 t += &row(
                     "optimizer state",

@@ -390,6 +390,12 @@ pub fn completion(st: &State, p: CompletionParams) -> Option<CompletionResponse>
                 Some("optimizer") => list(optimizers()),
                 Some("lr") => list(schedules()),
                 Some("loss") => list(losses(head)),
+                Some("precision") => list(
+                    crate::spec::Precision::NAMES
+                        .iter()
+                        .map(|n| item(n, CompletionItemKind::ENUM_MEMBER, Some("precision".into())))
+                        .collect(),
+                ),
                 Some("data") => list(named(DATA, CompletionItemKind::FUNCTION)),
                 _ => list(scope(at.ix, at.file, at.offset, true)),
             };

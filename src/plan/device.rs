@@ -127,12 +127,15 @@ pub struct Verdict {
     pub step_seconds: Option<f64>,
     pub compute_seconds: Option<f64>,
     pub comm_seconds: Option<f64>,
-    /// Model FLOPs utilisation of that step: step FLOPs / (time × peak).
+    /// Model FLOPs utilisation of that step: the model's FLOPs (without
+    /// checkpointing's recompute) / (time × peak).
     pub mfu: Option<f64>,
     /// `bf16` or `f32`: which peak the estimate uses.
     pub precision: &'static str,
     /// When it does not fit: the peak with every `repeat` checkpointed.
     pub if_checkpointed: Option<f64>,
+    /// When it does not fit: the changes that save memory, with their peaks.
+    pub proposals: Vec<super::Proposal>,
 }
 
 /// `plan` on `device`.
@@ -149,7 +152,7 @@ pub fn verdict(plan: &super::Plan, device: Device) -> Verdict {
     let mfu = step
         .zip(peak)
         .filter(|(s, _)| *s > 0.0)
-        .map(|(s, f)| plan.step_flops() / (s * f));
+        .map(|(s, f)| plan.model_step_flops() / (s * f));
     Verdict {
         device,
         peaks,
@@ -160,6 +163,7 @@ pub fn verdict(plan: &super::Plan, device: Device) -> Verdict {
         mfu,
         precision,
         if_checkpointed: plan.peak_if_checkpointed.filter(|_| !fits),
+        proposals: if fits { vec![] } else { plan.proposals.clone() },
     }
 }
 
@@ -205,11 +209,12 @@ pub fn render(v: &Verdict) -> String {
             }
         ));
     }
-    if let Some(p) = v.if_checkpointed {
+    for p in &v.proposals {
         s.push_str(&format!(
-            "  checkpointing every `repeat` (`checkpoint: full`): peak {}, {}\n",
-            human_bytes(p),
-            if p <= v.device.memory {
+            "  with {}: peak {}, {}\n",
+            p.change,
+            human_bytes(p.peak),
+            if p.peak <= v.device.memory {
                 "fits"
             } else {
                 "still over"

@@ -49,6 +49,11 @@ pub struct Plan {
     pub activations: f64,
     /// Parameters stored per device before gathering for use (FSDP) vs used.
     pub gathered_params: f64,
+    /// Mixed precision: the f32 master weights (`params` are the 16-bit
+    /// working copies; gradients and optimizer state are f32).
+    pub master_params: f64,
+    /// `train`'s `precision` (`f32`, `bf16`, `f16`).
+    pub precision: String,
     /// Forward FLOPs per device of one microbatch.
     pub forward_flops: f64,
     /// Of those, the ones checkpointing runs again in backward.
@@ -69,6 +74,15 @@ pub struct Plan {
     pub device: Option<device::Verdict>,
     /// The peak per device with every `repeat` checkpointed, when some is not.
     pub peak_if_checkpointed: Option<f64>,
+    /// Changes that would lower the peak, and the peak each gives.
+    pub proposals: Vec<Proposal>,
+}
+
+/// A change to the file that saves memory, and the peak per device after it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Proposal {
+    pub change: String,
+    pub peak: f64,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -104,7 +118,12 @@ pub struct StackPlan {
 
 impl Plan {
     pub fn total_memory(&self) -> f64 {
-        self.params + self.grads + self.optimizer_state + self.activations + self.gathered_params
+        self.params
+            + self.grads
+            + self.optimizer_state
+            + self.activations
+            + self.gathered_params
+            + self.master_params
     }
     /// FLOPs per device of one microbatch, forward and backward: backward
     /// costs about twice the forward (two products per matmul).
@@ -115,7 +134,11 @@ impl Plan {
     /// device holds — parameters, gradients, optimizer state and that
     /// stage's activations in flight.
     pub fn peaks(&self) -> Vec<f64> {
-        let fixed = self.params + self.grads + self.optimizer_state + self.gathered_params;
+        let fixed = self.params
+            + self.grads
+            + self.optimizer_state
+            + self.gathered_params
+            + self.master_params;
         match &self.pipeline {
             Some(pp) if !pp.activations.is_empty() => {
                 pp.activations.iter().map(|a| fixed + a).collect()
@@ -127,24 +150,69 @@ impl Plan {
     pub fn step_flops(&self) -> f64 {
         self.microbatch_flops() * self.microbatches.max(1) as f64
     }
+    /// The model's FLOPs per device of one optimizer step: forward and
+    /// backward, without checkpointing's recompute (what MFU counts).
+    pub fn model_step_flops(&self) -> f64 {
+        3.0 * self.forward_flops * self.microbatches.max(1) as f64
+    }
 }
 
 pub use crate::units::{human_bytes, human_flops};
 
 /// The plan of a lowered program trained as `train` specifies, with the
-/// peak it would have if every `repeat` were checkpointed (when some is not).
+/// peaks it would have after the changes that save memory and are not made
+/// yet: checkpointing every `repeat`, bf16 mixed precision, and both.
 pub fn of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> Plan {
     let mut plan = plan_of(prog, train, spec, sources);
-    if prog.repeats.len() > prog.checkpoints.len() {
+    let checkpointed = (prog.repeats.len() > prog.checkpoints.len()).then(|| {
         let mut all = prog.clone();
         all.checkpoints = prog.repeats.clone();
-        let alt = plan_of(&all, train, spec, sources);
-        plan.peak_if_checkpointed = alt.peaks().into_iter().reduce(f64::max);
+        all
+    });
+    let bf16 = (train.precision == crate::spec::Precision::F32).then(|| {
+        let mut t = train.clone();
+        t.precision = crate::spec::Precision::BF16;
+        t
+    });
+    let peak = |p: &Program, t: &Train| {
+        plan_of(p, t, spec, sources)
+            .peaks()
+            .into_iter()
+            .fold(0.0, f64::max)
+    };
+    if let Some(all) = &checkpointed {
+        plan.peak_if_checkpointed = Some(peak(all, train));
+        plan.proposals.push(Proposal {
+            change: "checkpointing every `repeat` (`checkpoint: full`)".into(),
+            peak: peak(all, train),
+        });
+    }
+    if let Some(t) = &bf16 {
+        plan.proposals.push(Proposal {
+            change: "bf16 mixed precision (`precision: bf16` in `train`)".into(),
+            peak: peak(prog, t),
+        });
+    }
+    if let (Some(all), Some(t)) = (&checkpointed, &bf16) {
+        plan.proposals.push(Proposal {
+            change: "both".into(),
+            peak: peak(all, t),
+        });
     }
     plan
 }
 
 fn plan_of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> Plan {
+    // Mixed precision: values and working weights in the 16-bit type; master
+    // weights, gradients and optimizer state stay f32.
+    let narrowed;
+    let (prog, master) = match train.precision.compute() {
+        Some(c) => {
+            narrowed = prog.in_precision(c);
+            (&narrowed, Some(crate::ast::DType::F32.bytes() as f64))
+        }
+        None => (prog, None),
+    };
     let optimizer = match &train.optimizer.kind {
         OptKind::Sgd { momentum, .. } if *momentum > 0.0 => "sgd+momentum".to_string(),
         _ => train.optimizer.name().to_string(),
@@ -157,13 +225,15 @@ fn plan_of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> P
         step_batch: train.batch,
         microbatches: train.accumulate.max(1)
             * prog.pipeline.as_ref().map_or(1, |p| p.microbatches.max(1)),
-        bf16: !prog.params.is_empty()
-            && prog.params.iter().all(|p| {
-                matches!(
-                    p.stored.dtype,
-                    crate::ast::DType::BF16 | crate::ast::DType::F16
-                )
-            }),
+        precision: train.precision.name().into(),
+        bf16: train.precision.compute().is_some()
+            || !prog.params.is_empty()
+                && prog.params.iter().all(|p| {
+                    matches!(
+                        p.stored.dtype,
+                        crate::ast::DType::BF16 | crate::ast::DType::F16
+                    )
+                }),
         ..Default::default()
     };
     let cx = CostCx {
@@ -211,7 +281,7 @@ fn plan_of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> P
         c.count = c.count.saturating_mul(plan.microbatches as u64);
     }
     plan.activations = acts.iter().sum::<f64>() + loss_acts + recompute;
-    weights(&mut plan, prog, &cx, &weight, &optimizer);
+    weights(&mut plan, prog, &cx, &weight, &optimizer, master);
     if let Some(pp) = &prog.pipeline {
         pipeline(&mut plan, prog, pp, &acts);
     }
@@ -313,7 +383,16 @@ impl Weights {
 /// Parameters, gradients, optimizer state and gradient synchronisation, from
 /// the program's parameters (a pipeline stage's own, and every repetition a
 /// folded stack stands for).
-fn weights(plan: &mut Plan, prog: &Program, cx: &CostCx, w: &Weights, optimizer: &str) {
+/// Under mixed precision, `master` is the bytes per element of the master
+/// weights, their gradients and optimizer state.
+fn weights(
+    plan: &mut Plan,
+    prog: &Program,
+    cx: &CostCx,
+    w: &Weights,
+    optimizer: &str,
+    master: Option<f64>,
+) {
     let slots = match optimizer {
         "adam" | "adamw" | "ftrl" => 2.0,
         "adagrad" | "sgd+momentum" => 1.0,
@@ -348,8 +427,14 @@ fn weights(plan: &mut Plan, prog: &Program, cx: &CostCx, w: &Weights, optimizer:
         let Some(n) = cx.local_numel(stored) else {
             continue;
         };
-        let bytes = n * stored.dtype.bytes() as f64;
-        plan.params += bytes * m;
+        let working = n * stored.dtype.bytes() as f64;
+        plan.params += working * m;
+        // Gradients, optimizer state and their synchronisation: the master
+        // weights' type.
+        let bytes = master.map_or(working, |b| n * b);
+        if master.is_some() {
+            plan.master_params += bytes * m;
+        }
         plan.grads += bytes * m;
         // Frozen: no optimizer state, no gradient synchronisation.
         if p.frozen {
@@ -574,7 +659,20 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
     );
     s.push_str("per-device memory\n");
     let rows = [
-        ("params", p.params, "stored layout".to_string()),
+        (
+            "params",
+            p.params,
+            if p.master_params > 0.0 {
+                format!("{} working copies, stored layout", p.precision)
+            } else {
+                "stored layout".to_string()
+            },
+        ),
+        (
+            "master params",
+            p.master_params,
+            "f32 master weights (mixed precision); grads and optimizer state f32".into(),
+        ),
         (
             "gathered params",
             p.gathered_params,
@@ -596,7 +694,7 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
         ),
     ];
     for (name, v, why) in rows {
-        if name == "gathered params" && v == 0.0 {
+        if matches!(name, "gathered params" | "master params") && v == 0.0 {
             continue;
         }
         s.push_str(&format!("  {name:<16} {:>12}   {why}\n", human_bytes(v)));

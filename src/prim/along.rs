@@ -312,6 +312,10 @@ impl Primitive for Along {
         }
     }
 
+    fn accumulates(&self) -> bool {
+        true
+    }
+
     fn attrs(&self) -> Vec<String> {
         let mut a = Vec::new();
         if let Op::TopK(k) | Op::TopKIndices(k) = self.op {

@@ -1,8 +1,10 @@
 //! `causal_attention(q, k, v)` on `[batch, seq, heads, head_dim]`: softmax of
-//! q·kᵀ/√E under a causal mask, times v. Batch, heads and head_dim keep their
-//! layout (heads split over the model axis is Megatron attention); the sequence
-//! and the head dim must be whole on each device, so a split one is gathered
-//! (reported).
+//! q·kᵀ/√E under a causal mask, times v. Batch and heads keep their layout
+//! (heads split over the model axis is Megatron attention); the head dim must
+//! be whole on each device, so a split one is gathered (reported). A sequence
+//! split over one mesh axis stays split: the op runs as ring attention over
+//! that axis (context parallelism, [`super::ring`]); a sequence split over
+//! several axes is gathered.
 
 use super::cost::{Cost, CostCx};
 use super::einsum::einsum;
@@ -17,15 +19,21 @@ pub const DEFS: &[Def] = &[Def {
     name: "causal_attention",
     kind: Kind::Function,
     signature: "causal_attention(q, k, v)",
-    rule: "`q`, `k`, `v` of one type `[B, T, H, E]`, reduced; `B` and `H` keep their layout (heads split over the model axis = Megatron attention, E0204); `T` and `E` are gathered if split",
+    rule: "`q`, `k`, `v` of one type `[B, T, H, E]`, reduced; `B` and `H` keep their layout (heads split over the model axis = Megatron attention, E0204); `T` split over one axis stays split and runs as ring attention over it (context parallelism: K/V blocks passed by `ppermute`, online softmax; reported), over several axes it is gathered; `E` is gathered if split",
     check: Some(check),
-    examples: &["causal_attention({q: f32[2, 3, 2, 4]}, {k: f32[2, 3, 2, 4]}, {v: f32[2, 3, 2, 4]})"],
+    examples: &[
+        "causal_attention({q: f32[2, 3, 2, 4]}, {k: f32[2, 3, 2, 4]}, {v: f32[2, 3, 2, 4]})",
+        "causal_attention({q: f32[1, 8, 2, 3]}, {k: f32[1, 8, 2, 3]}, {v: f32[1, 8, 2, 3]})",
+    ],
     differentiable: true,
     same_on_one_device: true,
 }];
 
 #[derive(Clone, Debug, PartialEq)]
-pub struct Attention;
+pub struct Attention {
+    /// The mesh axis the sequence is split over: ring attention around it.
+    pub ring: Option<String>,
+}
 
 fn check(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
     if !arity(cx, c, 3, 3) {
@@ -74,13 +82,33 @@ fn check(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
             return None;
         }
     }
-    // Attention mixes the sequence and contracts the head dim: both must be
-    // whole on each device.
+    // Attention contracts the head dim: it must be whole on each device. A
+    // sequence split over one axis runs as a ring around it; over several,
+    // it is gathered.
+    let seq = &q.dims[1].axes;
+    let ring = match seq.as_slice() {
+        [a] if cx.axis_size(a) > 1 => Some(a.clone()),
+        _ => None,
+    };
     let mut target = vec![None; 4];
-    target[1] = Some(vec![]);
+    if ring.is_none() && axes_product(cx, seq) > 1 {
+        target[1] = Some(vec![]);
+    }
     target[3] = Some(vec![]);
     let out = cx.reshard(&q, &target, &q.pending, c.span());
-    Typed::new(out, Attention)
+    if let Some(a) = &ring {
+        // Each K/V block visits every device: n − 1 hops of two blocks.
+        let n = cx.axis_size(a) as f64;
+        cx.implicit(
+            c.span(),
+            format!("ring attention over `{a}` (K/V blocks passed by ppermute)"),
+            out.to_string(),
+            "the sequence kept split".into(),
+            &out,
+            2.0 * (n - 1.0),
+        );
+    }
+    Typed::new(out, Attention { ring })
 }
 
 /// Causal softmax attention on [B, T, H, E]; the output and the weights [B, H, T, T].
@@ -138,15 +166,38 @@ impl Primitive for Attention {
         "causal_attention"
     }
 
+    fn attrs(&self) -> Vec<String> {
+        self.ring.iter().map(|a| format!("ring: {a}")).collect()
+    }
+
+    fn accumulates(&self) -> bool {
+        true
+    }
+
     fn forward(&self, k: &Kernel, x: &[&Tensor], ts: &[&TType], out: &TType) -> R<Forward> {
         let v = self.operands(k, x, ts, out)?;
+        if let Some(a) = &self.ring {
+            let (y, lse) = super::ring::forward(k, a, &v[0], &v[1], &v[2])?;
+            return Ok(Forward {
+                y,
+                saved: Some(lse),
+            });
+        }
         Forward::of(attention(&v[0], &v[1], &v[2])?.0)
     }
 
     fn vjp(&self, k: &Kernel, g: &Grad) -> R<Vec<Option<Tensor>>> {
         let v = self.operands(k, g.x, g.ts, g.out)?;
-        let (_, p) = attention(&v[0], &v[1], &v[2])?;
-        let (dq, dk, dv) = attention_vjp(&v[0], &v[1], &v[2], &p, g.g)?;
+        let (dq, dk, dv) = match &self.ring {
+            Some(a) => {
+                let lse = g.saved.ok_or("ring attention's forward saved nothing")?;
+                super::ring::vjp(k, a, (&v[0], &v[1], &v[2]), g.y, lse, g.g)?
+            }
+            None => {
+                let (_, p) = attention(&v[0], &v[1], &v[2])?;
+                attention_vjp(&v[0], &v[1], &v[2], &p, g.g)?
+            }
+        };
         let mut out = Vec::new();
         for (i, d) in [dq, dk, dv].into_iter().enumerate() {
             out.push(Some(if g.ts[i].dims != g.out.dims {
@@ -165,6 +216,19 @@ impl Primitive for Attention {
         let mut comms = Vec::new();
         for x in ts {
             comms.extend(super::reshard::comms(c, x, out));
+        }
+        // Ring attention: n − 1 hops of the K and V blocks (backward moves
+        // their cotangents too, about twice as much; counted like forward).
+        if let Some(a) = &self.ring {
+            let n = c.axis_size(a) as f64;
+            if let Some(bytes) = c.bytes(out, 2.0 * (n - 1.0)) {
+                comms.push(super::cost::CommCost {
+                    kind: "ppermute (ring attention)".into(),
+                    axes: vec![a.clone()],
+                    bytes,
+                    explicit: false,
+                });
+            }
         }
         Some(Cost {
             flops: 4.0 * local * t,

@@ -116,6 +116,10 @@ impl Primitive for CrossEntropy {
         "softmax_cross_entropy"
     }
 
+    fn accumulates(&self) -> bool {
+        true
+    }
+
     fn forward(&self, k: &Kernel, x: &[&Tensor], ts: &[&TType], _out: &TType) -> R<Forward> {
         let (logits, lt) = (x[0], ts[0]);
         let (raxes, vaxes, rows) = layout(k, lt)?;

@@ -48,6 +48,7 @@ pub mod norm;
 pub mod one_hot;
 pub mod reduce;
 pub mod reshard;
+pub mod ring;
 pub mod shape;
 pub mod softmax;
 pub mod unary;
@@ -106,6 +107,12 @@ pub trait Primitive {
     fn vjp(&self, k: &Kernel, g: &Grad) -> R<Vec<Option<Tensor>>> {
         let _ = (k, g);
         Err(format!("`{}` has no derivative", self.name()))
+    }
+    /// Whether the op accumulates (softmax, norms, reductions, losses): under
+    /// mixed precision it runs in f32 on its widened 16-bit operands, and its
+    /// result and cotangents go back in the 16-bit type.
+    fn accumulates(&self) -> bool {
+        false
     }
     /// FLOPs beyond one per output element, and the bytes each device moves,
     /// per forward pass. The default (`None`) means the op has no cost model,

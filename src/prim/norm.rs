@@ -167,6 +167,10 @@ impl Primitive for Norm {
         }
     }
 
+    fn accumulates(&self) -> bool {
+        true
+    }
+
     fn attrs(&self) -> Vec<String> {
         vec![format!("eps: {:?}", self.eps)]
     }

@@ -97,6 +97,10 @@ impl Primitive for Reduce {
         }
     }
 
+    fn accumulates(&self) -> bool {
+        true
+    }
+
     fn attrs(&self) -> Vec<String> {
         let d: Vec<String> = self.dims.iter().map(|d| d.to_string()).collect();
         vec![format!("dim: [{}]", d.join(", "))]

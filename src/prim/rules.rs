@@ -473,8 +473,8 @@ pub fn sized(cx: &mut dyn Rules, e: &ast::Expr, what: &str) -> Option<Dim> {
     cx.check_dim(&d, e.span, what).then_some(d)
 }
 
-/// A size's axes: those written after its `@` (each checked against the mesh),
-/// else those the layer's size parameter carries.
+/// A size's axes: those written after its `@` (each checked against the mesh;
+/// `@_` for none), else those the layer's size parameter carries.
 pub fn written_axes(
     cx: &mut dyn Rules,
     layer_axes: Option<Vec<String>>,
@@ -483,6 +483,12 @@ pub fn written_axes(
     let Some(list) = written else {
         return Some(layer_axes.unwrap_or_default());
     };
+    // `N@_`: explicitly whole, whatever axes the layer's size carries.
+    if let [a] = list {
+        if a.name == "_" {
+            return Some(Vec::new());
+        }
+    }
     let mut ax = Vec::new();
     for a in list {
         if !cx.check_axis(&a.name, a.span) {

@@ -90,6 +90,10 @@ impl Primitive for Softmax {
         }
     }
 
+    fn accumulates(&self) -> bool {
+        true
+    }
+
     fn attrs(&self) -> Vec<String> {
         vec![format!("dim: {}", self.dim)]
     }

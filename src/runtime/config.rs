@@ -26,6 +26,9 @@ pub struct Config {
     /// Microbatches per step; gradients are averaged over them (`batch` is the total).
     pub accumulate: usize,
     pub dtype: DType,
+    /// Mixed precision: the 16-bit type the passes compute in, with master
+    /// weights, gradients and optimizer state in `dtype` (`None`: all `dtype`).
+    pub compute: Option<DType>,
     /// Initial values for some parameters (global arrays), instead of their initializers.
     pub init: HashMap<String, Vec<f64>>,
     /// Optimizers of particular parameters (embedding tables have their own).
@@ -56,6 +59,10 @@ impl Config {
             accumulate: t.accumulate.max(1),
             clip: t.clip,
             dtype: DType::F32,
+            compute: t.precision.compute().map(|d| match d {
+                crate::ast::DType::F16 => DType::F16,
+                _ => DType::BF16,
+            }),
             init: Default::default(),
             per_param: spec
                 .tables
@@ -88,6 +95,15 @@ impl Config {
             if f.dir.is_relative() {
                 f.dir = run_dir.join(&f.dir);
             }
+        }
+    }
+
+    /// The dtype forward and backward compute in: mixed precision's 16-bit
+    /// type, unless the run checks numerics in f64.
+    pub fn compute_dtype(&self) -> DType {
+        match self.compute {
+            Some(c) if self.dtype != DType::F64 => c,
+            _ => self.dtype,
         }
     }
 

@@ -11,7 +11,7 @@
 
 use crate::mesh::Collectives;
 use crate::prim::lookup::SparseState;
-use crate::prim::{Grad, Kernel, Prim};
+use crate::prim::{Forward, Grad, Kernel, Prim, Primitive};
 use crate::spmd::{Op, Program};
 use crate::types::TType;
 use candle_core::{DType, Device, Tensor};
@@ -114,6 +114,79 @@ impl<'a> Exec<'a> {
     }
 }
 
+/// Whether `d` is a 16-bit float (mixed precision's compute type).
+fn half(d: DType) -> bool {
+    matches!(d, DType::BF16 | DType::F16)
+}
+
+/// `t` in f32 when it is a 16-bit float.
+fn widen(t: &Tensor) -> R<Tensor> {
+    if half(t.dtype()) {
+        t.to_dtype(DType::F32).map_err(ce)
+    } else {
+        Ok(t.clone())
+    }
+}
+
+impl Exec<'_> {
+    /// An op's forward; under mixed precision an accumulating op runs in f32
+    /// on widened operands and returns its result in the 16-bit type.
+    fn run_forward(
+        &self,
+        p: &dyn Primitive,
+        mut k: Kernel,
+        x: &[&Tensor],
+        ts: &[&TType],
+        out: &TType,
+    ) -> R<Forward> {
+        if !(half(k.dtype) && p.accumulates()) {
+            return p.forward(&k, x, ts, out);
+        }
+        let narrow = k.dtype;
+        k.dtype = DType::F32;
+        let wide: Vec<Tensor> = x.iter().map(|t| widen(t)).collect::<R<_>>()?;
+        let refs: Vec<&Tensor> = wide.iter().collect();
+        let f = p.forward(&k, &refs, ts, out)?;
+        let y = if f.y.dtype() == DType::F32 {
+            f.y.to_dtype(narrow).map_err(ce)?
+        } else {
+            f.y
+        };
+        Ok(Forward { y, saved: f.saved })
+    }
+
+    /// An op's derivative, widened like its forward (see [`Exec::run_forward`]);
+    /// each cotangent returns in its operand's dtype.
+    fn run_vjp(&self, p: &dyn Primitive, mut k: Kernel, g: &Grad) -> R<Vec<Option<Tensor>>> {
+        if !(half(k.dtype) && p.accumulates()) {
+            return p.vjp(&k, g);
+        }
+        k.dtype = DType::F32;
+        let wide: Vec<Tensor> = g.x.iter().map(|t| widen(t)).collect::<R<_>>()?;
+        let refs: Vec<&Tensor> = wide.iter().collect();
+        let (y, ct) = (widen(g.y)?, widen(g.g)?);
+        let saved = g.saved.map(widen).transpose()?;
+        let wg = Grad {
+            x: &refs,
+            ts: g.ts,
+            y: &y,
+            out: g.out,
+            saved: saved.as_ref(),
+            g: &ct,
+        };
+        let ds = p.vjp(&k, &wg)?;
+        ds.into_iter()
+            .zip(g.x)
+            .map(|(d, x)| match d {
+                Some(d) if d.dtype() != x.dtype() && half(x.dtype()) => {
+                    d.to_dtype(x.dtype()).map(Some).map_err(ce)
+                }
+                d => Ok(d),
+            })
+            .collect()
+    }
+}
+
 /// A forward kernel that failed (an index out of range, a shape the data
 /// broke): why, and the node whose op it ran, so the error can point at the
 /// op's line in the source.
@@ -201,9 +274,14 @@ impl Exec<'_> {
                 .iter()
                 .map(|k| &self.prog.nodes[*k as usize].ty)
                 .collect();
-            let f = p
-                .get()
-                .forward(&self.kernel(i, dropout_seed), &args, &types, &node.ty)
+            let f = self
+                .run_forward(
+                    p.get(),
+                    self.kernel(i, dropout_seed),
+                    &args,
+                    &types,
+                    &node.ty,
+                )
                 .map_err(|message| OpError {
                     node: Some(i),
                     message,
@@ -399,7 +477,7 @@ impl Exec<'_> {
                         saved: tape.masks[i].as_ref(),
                         g: &g,
                     };
-                    let ds = p.get().vjp(&self.kernel(i, None), &grad)?;
+                    let ds = self.run_vjp(p.get(), self.kernel(i, None), &grad)?;
                     for (k, d) in ds.into_iter().enumerate() {
                         if let (Some(d), Some(a)) = (d, node.args.get(k)) {
                             add(&mut ct[*a as usize], d)?;

@@ -50,6 +50,20 @@ pub fn score(
     rows: usize,
     stage_axis: Option<&str>,
 ) -> R<Scored> {
+    // Mixed precision: losses are computed in f32 from the 16-bit output,
+    // and the cotangent goes back in the output's type.
+    if matches!(out.dtype(), DType::BF16 | DType::F16) {
+        let mut wex = ex.with_program(ex.prog);
+        wex.dtype = DType::F32;
+        let wide = out.to_dtype(DType::F32).map_err(ce)?;
+        let y = match labels.dtype() {
+            DType::BF16 | DType::F16 => labels.to_dtype(DType::F32).map_err(ce)?,
+            _ => labels.clone(),
+        };
+        let mut s = score(kind, metrics, &wex, &wide, ot, &y, rows, stage_axis)?;
+        s.ct = s.ct.to_dtype(out.dtype()).map_err(ce)?;
+        return Ok(s);
+    }
     match kind {
         Loss::SoftmaxCrossEntropy => cross_entropy(ex, metrics, out, ot, labels, rows, stage_axis),
         Loss::Mse => {

@@ -58,6 +58,15 @@ impl Barrier {
     }
 }
 
+/// A 16-bit float (mixed precision) widened to f32, so a sum over devices
+/// accumulates in f32; other types as they are.
+fn wide(t: &Tensor) -> Result<Tensor> {
+    match t.dtype() {
+        candle_core::DType::BF16 | candle_core::DType::F16 => t.to_dtype(candle_core::DType::F32),
+        _ => Ok(t.clone()),
+    }
+}
+
 /// candle's CPU kernels split each matmul over `RAYON_NUM_THREADS` threads. The
 /// devices of a mesh already run at once, so each gets its share of the cores
 /// (on 2 cores, 8 devices with 2 threads each ran 2-3× slower than with 1).
@@ -222,21 +231,21 @@ impl Collectives for Comm {
             let (a, b) = (me * total / n, (me + 1) * total / n);
             let flat = t.flatten_all()?;
             let mine = self.with_group(rank, &flat, axes, |parts| {
-                let mut acc = parts[0].narrow(0, a, b - a)?;
+                let mut acc = wide(&parts[0].narrow(0, a, b - a)?)?;
                 for p in &parts[1..] {
-                    acc = (acc + p.narrow(0, a, b - a)?)?;
+                    acc = (acc + wide(&p.narrow(0, a, b - a)?)?)?;
                 }
-                Ok(acc)
+                acc.to_dtype(t.dtype())
             })?;
             let whole = self.with_group(rank, &mine, axes, |parts| Tensor::cat(parts, 0))?;
             return whole.reshape(t.shape());
         }
         self.with_group(rank, t, axes, |parts| {
-            let mut acc = parts[0].clone();
+            let mut acc = wide(parts[0])?;
             for p in &parts[1..] {
-                acc = (acc + *p)?;
+                acc = (acc + wide(p)?)?;
             }
-            Ok(acc)
+            acc.to_dtype(t.dtype())
         })
     }
 
@@ -272,11 +281,11 @@ impl Collectives for Comm {
         let i = self.topo.coord(rank, axis);
         self.with_group(rank, t, &[axis.to_string()], |parts| {
             let len = parts[0].dims()[dim] / n;
-            let mut acc = parts[0].narrow(dim, i * len, len)?;
+            let mut acc = wide(&parts[0].narrow(dim, i * len, len)?)?;
             for p in &parts[1..] {
-                acc = (acc + p.narrow(dim, i * len, len)?)?;
+                acc = (acc + wide(&p.narrow(dim, i * len, len)?)?)?;
             }
-            Ok(acc)
+            acc.to_dtype(t.dtype())
         })
     }
 

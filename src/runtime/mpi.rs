@@ -215,6 +215,15 @@ impl Wire for i64 {}
 impl Wire for u32 {}
 impl Wire for u8 {}
 
+/// A 16-bit float tensor (mixed precision) as f32 for the wire, where sums
+/// also accumulate; `None` for a type that crosses as it is.
+fn widened(t: &Tensor) -> Result<Option<Tensor>> {
+    match t.dtype() {
+        DType::BF16 | DType::F16 => t.to_dtype(DType::F32).map(Some),
+        _ => Ok(None),
+    }
+}
+
 /// Run `f` with `T` the Rust type of `dt`.
 macro_rules! by_dtype {
     ($dt:expr, $f:ident ( $($arg:expr),* )) => {
@@ -439,6 +448,9 @@ impl Collectives for MpiComm<'_> {
 
     fn psum(&self, rank: usize, t: &Tensor, axes: &[String]) -> Result<Tensor> {
         self.check_rank(rank)?;
+        if let Some(w) = widened(t)? {
+            return self.psum(rank, &w, axes)?.to_dtype(t.dtype());
+        }
         let Some(g) = self.group(axes)? else {
             return Ok(t.clone());
         };
@@ -448,6 +460,9 @@ impl Collectives for MpiComm<'_> {
 
     fn pmax(&self, rank: usize, t: &Tensor, axes: &[String]) -> Result<Tensor> {
         self.check_rank(rank)?;
+        if let Some(w) = widened(t)? {
+            return self.pmax(rank, &w, axes)?.to_dtype(t.dtype());
+        }
         let Some(g) = self.group(axes)? else {
             return Ok(t.clone());
         };
@@ -456,6 +471,9 @@ impl Collectives for MpiComm<'_> {
 
     fn all_gather(&self, rank: usize, t: &Tensor, axis: &str, dim: usize) -> Result<Tensor> {
         self.check_rank(rank)?;
+        if let Some(w) = widened(t)? {
+            return self.all_gather(rank, &w, axis, dim)?.to_dtype(t.dtype());
+        }
         let Some(g) = self.group(&[axis.to_string()])? else {
             return Ok(t.clone());
         };
@@ -464,6 +482,9 @@ impl Collectives for MpiComm<'_> {
 
     fn psum_scatter(&self, rank: usize, t: &Tensor, axis: &str, dim: usize) -> Result<Tensor> {
         self.check_rank(rank)?;
+        if let Some(w) = widened(t)? {
+            return self.psum_scatter(rank, &w, axis, dim)?.to_dtype(t.dtype());
+        }
         let Some(g) = self.group(&[axis.to_string()])? else {
             return Ok(t.clone());
         };
@@ -479,6 +500,11 @@ impl Collectives for MpiComm<'_> {
         concat: usize,
     ) -> Result<Tensor> {
         self.check_rank(rank)?;
+        if let Some(w) = widened(t)? {
+            return self
+                .all_to_all(rank, &w, axis, split, concat)?
+                .to_dtype(t.dtype());
+        }
         let Some(g) = self.group(&[axis.to_string()])? else {
             return Ok(t.clone());
         };
@@ -487,6 +513,9 @@ impl Collectives for MpiComm<'_> {
 
     fn ppermute(&self, rank: usize, t: &Tensor, axis: &str, shift: i64) -> Result<Tensor> {
         self.check_rank(rank)?;
+        if let Some(w) = widened(t)? {
+            return self.ppermute(rank, &w, axis, shift)?.to_dtype(t.dtype());
+        }
         let Some(g) = self.group(&[axis.to_string()])? else {
             return Ok(t.clone());
         };
@@ -499,6 +528,12 @@ impl Collectives for MpiComm<'_> {
 
     fn gather_to_first(&self, rank: usize, t: &Tensor) -> Result<Option<Vec<Tensor>>> {
         self.check_rank(rank)?;
+        if let Some(w) = widened(t)? {
+            return self
+                .gather_to_first(rank, &w)?
+                .map(|v| v.iter().map(|x| x.to_dtype(t.dtype())).collect())
+                .transpose();
+        }
         by_dtype!(t.dtype(), gather_first_t(self.world, t))
     }
 

@@ -255,6 +255,9 @@ pub fn compare(
     if old_cfg.dtype != new_cfg.dtype {
         later.push("dtype");
     }
+    if old_cfg.compute != new_cfg.compute {
+        later.push("precision");
+    }
     let mut s = if changes.is_empty() {
         "nothing that changes the training".to_string()
     } else {

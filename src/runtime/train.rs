@@ -52,11 +52,19 @@ pub struct Memory {
     pub activations: f64,
     /// FSDP parameters gathered for use.
     pub gathered_params: f64,
+    /// Mixed precision: the f32 master weights (`params` are then the 16-bit
+    /// working copies the passes use).
+    pub master_params: f64,
 }
 
 impl Memory {
     pub fn total(&self) -> f64 {
-        self.params + self.grads + self.optimizer_state + self.activations + self.gathered_params
+        self.params
+            + self.grads
+            + self.optimizer_state
+            + self.activations
+            + self.gathered_params
+            + self.master_params
     }
 }
 
@@ -368,7 +376,7 @@ pub fn run_on(
                     prog,
                     comm,
                     rank,
-                    dtype: cfg.dtype,
+                    dtype: cfg.compute_dtype(),
                     dev: dev.clone(),
                     sparse: crate::prim::lookup::SparseState {
                         placements: placements.clone(),
@@ -468,6 +476,10 @@ pub fn run_on(
                     let generation = active.as_ref().map_or(0, |u| u.generation);
                     let out_id = prog.output.ok_or("the model has no output")? as usize;
                     let ex = ex.with_program(prog);
+                    // Mixed precision: the passes use 16-bit copies of the
+                    // master weights, and their gradients come back in f32.
+                    let cdt = cfg.compute_dtype();
+                    let work = working(&params, cdt)?;
                     let stages: &Option<super::pipeline::Stages> = active_stages.as_ref().unwrap_or(stages);
                     ex.sparse.touched.borrow_mut().clear();
                     // Microbatch j is the j-th contiguous chunk of the step's batch.
@@ -486,7 +498,7 @@ pub fn run_on(
                         let xs: Vec<Tensor> = inputs
                             .iter()
                             .zip(&b.inputs)
-                            .map(|(t, v)| local_piece(topo, rank, t, prog, &chunk(v), cfg.dtype, &dev))
+                            .map(|(t, v)| local_piece(topo, rank, t, prog, &chunk(v), cdt, &dev))
                             .collect::<R<_>>()?;
                         let labels_f: Vec<f64> = chunk(&b.labels);
                         Ok(super::pipeline::Micro {
@@ -506,9 +518,9 @@ pub fn run_on(
                             let micro = |m: usize| microbatch(a * m_count + m);
                             let loss_of = |logits: &Tensor, y: &Tensor| super::loss::score(cfg.loss, &cfg.metrics, &ex, logits, out_t, y, rows, Some(st.axis.as_str()));
                             let n_sums = cfg.metrics.iter().map(|m| m.sums()).sum();
-                            let c = super::pipeline::run_chunk(&ex, st, &params, &micro, &loss_of, n_sums, m_count, true)?;
+                            let c = super::pipeline::run_chunk(&ex, st, &work, &micro, &loss_of, n_sums, m_count, true)?;
                             peak_activations = peak_activations.max(c.peak_activations);
-                            let g: Vec<Tensor> = c.grads.into_iter().zip(&params).map(|(g, p)| g.map_or_else(|| p.zeros_like().map_err(ce), Ok)).collect::<R<_>>()?;
+                            let g = master_grads(c.grads, &params)?;
                             let loss = c.loss + aux_split(prog, &c.aux).0;
                             super::pipeline::add_into(&mut metric_sums, &c.sums);
                             super::pipeline::add_into(&mut aux_sum, &c.aux);
@@ -525,7 +537,7 @@ pub fn run_on(
                         let mb = microbatch(j)?;
                         *ex.sparse.keep.borrow_mut() = mb.keep;
                         let y = mb.labels;
-                        let mut t = ex.forward(&params, &mb.inputs, mb.seed).map_err(|e| RunError::op(e, generation))?;
+                        let mut t = ex.forward(&work, &mb.inputs, mb.seed).map_err(|e| RunError::op(e, generation))?;
                         let super::loss::Scored { loss, ct, sums } = super::loss::score(cfg.loss, &cfg.metrics, &ex, &t.vals[out_id], out_t, &y, rows, None)?;
                         let aux = super::pipeline::aux_flat(prog, &t, &|_| true)?;
                         let loss = loss + aux_split(prog, &aux).0;
@@ -548,7 +560,7 @@ pub fn run_on(
                             t = t2;
                             g
                         };
-                        let g: Vec<Tensor> = g.into_iter().zip(&params).map(|(g, p)| g.map_or_else(|| p.zeros_like().map_err(ce), Ok)).collect::<R<_>>()?;
+                        let g = master_grads(g, &params)?;
                         acc = Some(match acc {
                             None => (g, loss),
                             Some((a, l)) => (a.iter().zip(&g).map(|(x, y)| x + y).collect::<candle_core::Result<_>>().map_err(ce)?, l + loss),
@@ -560,7 +572,7 @@ pub fn run_on(
                     // A pipeline's first stages keep no whole-program tape.
                     let tape = match tape {
                         Some(t) => t,
-                        None if stages.is_some() => ex.empty_tape(&params, &[])?,
+                        None if stages.is_some() => ex.empty_tape(&work, &[])?,
                         None => return Err("no microbatch".into()),
                     };
                     let (grads, loss) = if k > 1 {
@@ -574,7 +586,8 @@ pub fn run_on(
                     }
                     if step == 0 && rank == 0 {
                         let mut m = Memory {
-                            params: params.iter().map(bytes).sum(),
+                            params: work.iter().map(bytes).sum(),
+                            master_params: if cdt == cfg.dtype { 0.0 } else { params.iter().map(bytes).sum() },
                             grads: grads.iter().map(bytes).sum(),
                             optimizer_state: state.bytes(),
                             ..Memory::default()
@@ -669,7 +682,7 @@ pub fn run_on(
                             let mut total = 0.0;
                             for e in 0..esteps {
                                 let b = src.batch(cfg.seed, e, cfg.batch / k, micro_sizes, int_inputs, vocab, rows, per_position, true);
-                                let xs: Vec<Tensor> = inputs.iter().zip(&b.inputs).map(|(t, v)| local_piece(topo, rank, t, prog, v, cfg.dtype, &dev)).collect::<R<_>>()?;
+                                let xs: Vec<Tensor> = inputs.iter().zip(&b.inputs).map(|(t, v)| local_piece(topo, rank, t, prog, v, cdt, &dev)).collect::<R<_>>()?;
                                 let y = local_piece(topo, rank, label_t, prog, &b.labels, cfg.dtype, &dev)?;
                                 total += match stages {
                                     // Through the stages, forward only.
@@ -680,10 +693,10 @@ pub fn run_on(
                                             Ok(super::pipeline::Micro { inputs, labels, seed: None, keep: Default::default() })
                                         };
                                         let loss_of = |logits: &Tensor, y: &Tensor| super::loss::score(cfg.loss, &[], &ex, logits, out_t, y, rows, Some(st.axis.as_str()));
-                                        super::pipeline::run_chunk(&ex, st, &params, &micro, &loss_of, 0, 1, false)?.loss
+                                        super::pipeline::run_chunk(&ex, st, &work, &micro, &loss_of, 0, 1, false)?.loss
                                     }
                                     None => {
-                                        let t = ex.forward(&params, &xs, None).map_err(|e| RunError::op(e, generation))?;
+                                        let t = ex.forward(&work, &xs, None).map_err(|e| RunError::op(e, generation))?;
                                         loss_fn(cfg.loss, &ex, &t.vals[out_id], out_t, &y, rows, None)?.0
                                     }
                                 };
@@ -764,6 +777,35 @@ fn all_finite(t: &Tensor) -> bool {
 
 /// Sum each gradient over the axes its parameter is replicated on (a pipeline
 /// stage's parameters: among the devices of that stage, which alone hold them).
+/// The parameters as the passes use them: 16-bit copies of the master
+/// weights under mixed precision, else the master weights themselves.
+fn working(params: &[Tensor], dtype: DType) -> R<Vec<Tensor>> {
+    params
+        .iter()
+        .map(|p| {
+            if p.dtype() == dtype {
+                Ok(p.clone())
+            } else {
+                p.to_dtype(dtype).map_err(ce)
+            }
+        })
+        .collect()
+}
+
+/// A pass's parameter gradients in the master weights' dtype (zeros where a
+/// parameter got none).
+fn master_grads(grads: Vec<Option<Tensor>>, params: &[Tensor]) -> R<Vec<Tensor>> {
+    grads
+        .into_iter()
+        .zip(params)
+        .map(|(g, p)| match g {
+            Some(g) if g.dtype() != p.dtype() => g.to_dtype(p.dtype()).map_err(ce),
+            Some(g) => Ok(g),
+            None => p.zeros_like().map_err(ce),
+        })
+        .collect()
+}
+
 pub(crate) fn sync_grads(ex: &Exec, grads: Vec<Tensor>) -> R<Vec<Tensor>> {
     let mut out = Vec::new();
     for (i, g) in grads.into_iter().enumerate() {

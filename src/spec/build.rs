@@ -36,6 +36,7 @@ pub const TRAIN_FIELDS: &[&str] = &[
     "eval",
     "checkpoint",
     "fdo",
+    "precision",
 ];
 /// A `table`'s options.
 pub const TABLE_FIELDS: &[&str] = &[
@@ -559,6 +560,28 @@ impl Builder<'_> {
                 }),
             }
         }
+        let mut precision = super::Precision::F32;
+        if let Some(v) = o.get("precision") {
+            match v {
+                OptValue::Expr(Expr {
+                    kind: ExprKind::Name(n),
+                    span,
+                }) => match super::Precision::from_name(n) {
+                    Some(p) => precision = p,
+                    None => self.report(Problem::UnknownChoice {
+                        span: *span,
+                        kind: "precision",
+                        name: n.clone(),
+                        known: super::Precision::NAMES.to_vec(),
+                    }),
+                },
+                other => self.report(Problem::WrongKind {
+                    span: other.span(),
+                    expected: "a precision (f32, bf16 or f16)".into(),
+                    found: "something else".into(),
+                }),
+            }
+        }
         let metrics = o
             .get("metrics")
             .map(|v| self.metrics(v, loss, loss_fn.as_deref(), o.get("loss").map(|l| l.span())))
@@ -668,6 +691,7 @@ impl Builder<'_> {
             data_span: o.get("data").map(|v| v.span()),
             fdo,
             fdo_dir_span,
+            precision,
         })
     }
 

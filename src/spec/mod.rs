@@ -18,6 +18,48 @@ use crate::init::Init;
 use crate::source::Span;
 use std::path::PathBuf;
 
+/// The float precision a `train` computes in (`precision: bf16`): mixed
+/// precision keeps f32 master weights, gradients and optimizer state, and
+/// computes the forward and backward passes (parameters' working copies,
+/// activations, their collectives) in the 16-bit type, with softmax, norms,
+/// reductions and losses accumulated in f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Precision {
+    #[default]
+    F32,
+    BF16,
+    F16,
+}
+
+impl Precision {
+    const ALL: &'static [(&'static str, Precision)] = &[
+        ("f32", Precision::F32),
+        ("bf16", Precision::BF16),
+        ("f16", Precision::F16),
+    ];
+    pub const NAMES: &'static [&'static str] = &["f32", "bf16", "f16"];
+    pub fn from_name(name: &str) -> Option<Precision> {
+        Precision::ALL
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, p)| *p)
+    }
+    pub fn name(self) -> &'static str {
+        Precision::ALL
+            .iter()
+            .find(|(_, p)| *p == self)
+            .map_or("f32", |(n, _)| n)
+    }
+    /// The 16-bit compute type of mixed precision (`None`: all f32).
+    pub fn compute(self) -> Option<crate::ast::DType> {
+        match self {
+            Precision::F32 => None,
+            Precision::BF16 => Some(crate::ast::DType::BF16),
+            Precision::F16 => Some(crate::ast::DType::F16),
+        }
+    }
+}
+
 /// What the model's output is trained against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Loss {
@@ -272,6 +314,8 @@ pub struct Train {
     pub data_span: Option<Span>,
     pub fdo: Option<Fdo>,
     pub fdo_dir_span: Option<Span>,
+    /// `precision:` (f32 unless mixed precision is asked for).
+    pub precision: Precision,
 }
 
 impl Train {

@@ -1,0 +1,262 @@
+# The side-by-side benchmark of issue 17: every configuration in .shard (timed
+# through `shardc run --json`) and in JAX (models.py, in one worker process per
+# device count), interleaved in one invocation, with the median steady-state
+# step time of each side, their ratio, a measured f32 matmul peak of this
+# machine and the fraction of it each run reaches. See bench/jax/README.md.
+#
+#   bash bench/jax/setup.sh                      # once: the venv with jax, flax, optax
+#   bench/jax/.venv/bin/python bench/jax/run.py  # [--rounds 5] [--steps 30] [--only NAME]
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+
+
+@dataclass
+class Config:
+    name: str          # for --only
+    label: str         # the table's first column
+    shard: str         # file in bench/jax
+    mesh: str | None   # shardc --mesh override
+    devices: int       # the JAX worker's device count
+    jax: str           # models.BUILDERS key
+    shardc_times: list = field(default_factory=list)
+    jax_times: list = field(default_factory=list)
+    shardc_rounds: list = field(default_factory=list)  # per-round medians
+    jax_rounds: list = field(default_factory=list)
+    shardc_first_loss: float | None = None
+    jax_first_loss: float | None = None
+    flop: float | None = None  # model FLOP per step, all devices
+
+
+CONFIGS = [
+    Config("shakespeare-8", "seed 000 next-word model, dense embedding, batch 256, 8 devices",
+           "shakespeare_dense.shard", None, 8, "shakespeare"),
+    Config("shakespeare-1", "the same, 1 device",
+           "shakespeare_dense.shard", "device=1", 1, "shakespeare"),
+    Config("classifier-8", "seed 003 classifier 784 → 512 (silu) → 10, batch 128, FSDP over 8 devices, adamw",
+           "fsdp_classifier.shard", None, 8, "classifier"),
+    Config("classifier-1", "the same, 1 device",
+           "fsdp_classifier.shard", "data=1", 1, "classifier"),
+    Config("gptj-256", "seed 001 GPT-J blocks, d_model 256, 2 layers, 4 heads, vocab 5000, T 32, batch 16, dp 4 × mp 2, Adam",
+           "gptj_256.shard", None, 8, "gptj_256"),
+    Config("gptj-768", "the same at d_model 768",
+           "gptj_768.shard", None, 8, "gptj_768"),
+]
+
+UNITS = {"FLOP": 1.0, "kFLOP": 1e3, "MFLOP": 1e6, "GFLOP": 1e9, "TFLOP": 1e12, "PFLOP": 1e15}
+
+
+def die(msg: str):
+    sys.exit(f"error: {msg}")
+
+
+def say(msg: str):
+    print(msg, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------
+# shardc side
+# --------------------------------------------------------------------------
+
+def plan_flop(shardc: str, cfg: Config) -> float:
+    """FLOP per step of the whole model: `shardc plan`'s "compute per device
+    per step" times the number of devices in its header."""
+    cmd = [shardc, "plan", os.path.join(HERE, cfg.shard)] + (["--mesh", cfg.mesh] if cfg.mesh else [])
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if p.returncode != 0:
+        die(f"`{' '.join(cmd)}` failed:\n{p.stderr}")
+    m = re.search(r"compute per device per step: ([0-9.]+) (\w+)", p.stdout)
+    d = re.search(r"; (\d+) devices?\)", p.stdout)
+    if not m or not d or m.group(2) not in UNITS:
+        die(f"could not read the FLOP per step from `{' '.join(cmd)}`:\n{p.stdout}")
+    return float(m.group(1)) * UNITS[m.group(2)] * int(d.group(1))
+
+
+def run_shardc(shardc: str, cfg: Config, steps: int, tmp: str, seq: int):
+    """`shardc run FILE --json --quiet --steps N --out DIR`: one JSON record per
+    step on stdout; its `step_ms` is the wall time from the previous step's
+    record to this one's."""
+    out = os.path.join(tmp, f"run{seq}")
+    cmd = [shardc, "run", os.path.join(HERE, cfg.shard), "--json", "--quiet",
+           "--steps", str(steps), "--out", out] + (["--mesh", cfg.mesh] if cfg.mesh else [])
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if p.returncode != 0:
+        die(f"`{' '.join(cmd)}` failed (exit {p.returncode}):\n{p.stderr}")
+    recs = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    if len(recs) != steps or any("step_ms" not in r for r in recs):
+        die(f"`{' '.join(cmd)}` printed {len(recs)} step records with step_ms, expected {steps}:\n{p.stdout[-2000:]}")
+    return [r["step_ms"] for r in recs], [r["loss"] for r in recs]
+
+
+# --------------------------------------------------------------------------
+# JAX side: one models.py worker per device count
+# --------------------------------------------------------------------------
+
+class Worker:
+    def __init__(self, devices: int):
+        env = dict(os.environ)
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}").strip()
+        self.devices = devices
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "models.py"), "serve"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        hello = self._read()
+        if hello.get("devices") != devices:
+            die(f"the JAX worker sees {hello.get('devices')} devices, expected {devices}")
+        self.jax_version = hello.get("jax")
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            die(f"the JAX worker ({self.devices} devices) exited (its errors are above)")
+        reply = json.loads(line)
+        if "error" in reply:
+            die(f"the JAX worker ({self.devices} devices): {reply['error']}")
+        return reply
+
+    def ask(self, **cmd) -> dict:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+
+
+# --------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------
+
+def check_environment(shardc: str):
+    if not (os.path.isfile(shardc) and os.access(shardc, os.X_OK)):
+        die(f"no shardc binary at {shardc}: build it with `cargo build --release` "
+            f"(the default is target/release/shardc in the repository) or pass --shardc PATH")
+    probe = subprocess.run([sys.executable, "-c", "import jax, flax, optax; print(jax.__version__)"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        die(f"jax, flax and optax are not importable by {sys.executable}: run "
+            f"`bash bench/jax/setup.sh`, then `bench/jax/.venv/bin/python bench/jax/run.py`")
+
+
+def fmt_ms(ms: float) -> str:
+    return f"{ms:.1f} ms" if ms >= 10 else f"{ms:.2f} ms"
+
+
+def fmt_flop(f: float) -> str:
+    for unit, scale in (("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if f >= scale:
+            return f"{f / scale:.3g} {unit}"
+    return f"{f:.0f} FLOP"
+
+
+def main():
+    ap = argparse.ArgumentParser(
+        description="shardc vs JAX, side by side: the configurations of issue 17, interleaved (bench/jax/README.md)")
+    ap.add_argument("--shardc", default=os.path.join(ROOT, "target", "release", "shardc"),
+                    help="the shardc binary (default: target/release/shardc in the repository)")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    ap.add_argument("--steps", type=int, default=30, help="timed steps per run (default 30)")
+    ap.add_argument("--warmup", type=int, default=3,
+                    help="steps run before the timed ones and discarded, every run (default 3)")
+    ap.add_argument("--only", action="append", default=[],
+                    help="run only this configuration (repeatable; names: "
+                         + ", ".join(c.name for c in CONFIGS) + ")")
+    ap.add_argument("--save", help="also write every step time to this JSON file")
+    a = ap.parse_args()
+    shardc = os.path.abspath(a.shardc)
+    configs = CONFIGS
+    if a.only:
+        unknown = [n for n in a.only if n not in {c.name for c in CONFIGS}]
+        if unknown:
+            die(f"unknown configuration {', '.join(unknown)}; known: {', '.join(c.name for c in CONFIGS)}")
+        configs = [c for c in CONFIGS if c.name in a.only]
+    if a.rounds < 1 or a.steps < 1 or a.warmup < 0:
+        die("--rounds and --steps must be at least 1, --warmup at least 0")
+    check_environment(shardc)
+
+    for c in configs:
+        c.flop = plan_flop(shardc, c)
+    counts = sorted({c.devices for c in configs} | {1})
+    say(f"starting JAX workers for {', '.join(map(str, counts))} device(s)")
+    workers = {n: Worker(n) for n in counts}
+    peaks = [workers[1].ask(cmd="peak")["flops_per_s"]]
+    total = a.warmup + a.steps
+    seq = 0
+    started = time.time()
+    try:
+        with tempfile.TemporaryDirectory(prefix="shardc-vs-jax-") as tmp:
+            for r in range(a.rounds):
+                for i, c in enumerate(configs):
+                    # Alternate which side goes first, so neither always runs
+                    # right after the other's heavier configuration.
+                    sides = ["shardc", "jax"] if (r + i) % 2 == 0 else ["jax", "shardc"]
+                    for side in sides:
+                        if side == "shardc":
+                            seq += 1
+                            times, losses = run_shardc(shardc, c, total, tmp, seq)
+                        else:
+                            reply = workers[c.devices].ask(cmd="run", config=c.jax, steps=total)
+                            times, losses = reply["times_ms"], reply["losses"]
+                        steady = times[a.warmup:]
+                        if side == "shardc":
+                            c.shardc_times += steady
+                            c.shardc_rounds.append(statistics.median(steady))
+                            if c.shardc_first_loss is None:
+                                c.shardc_first_loss = losses[0]
+                        else:
+                            c.jax_times += steady
+                            c.jax_rounds.append(statistics.median(steady))
+                            if c.jax_first_loss is None:
+                                c.jax_first_loss = losses[0]
+                        say(f"round {r + 1}/{a.rounds}  {c.name:<14} {side:<6} median {fmt_ms(statistics.median(steady)):>10}"
+                            f"  ({a.steps} steps after {a.warmup} discarded)")
+        peaks.append(workers[1].ask(cmd="peak")["flops_per_s"])
+        jax_version = workers[1].jax_version
+    finally:
+        for w in workers.values():
+            w.close()
+
+    peak = max(peaks)
+    print()
+    print(f"shardc {shardc} vs JAX {jax_version} on CPU, {os.cpu_count()} cores; "
+          f"{a.rounds} interleaved rounds × {a.steps} steps per side (after {a.warmup} discarded); "
+          f"{time.time() - started:.0f} s")
+    print(f"f32 matmul peak (jitted 2048×2048 matmul, JAX, 1 device, best of 10, at the start and the end): "
+          f"{peak / 1e9:.0f} GFLOP/s")
+    print()
+    print("| configuration | shardc | JAX | shardc / JAX | FLOP / step | shardc, % of peak | JAX, % of peak | first loss shardc / JAX |")
+    print("|---|---|---|---|---|---|---|---|")
+    for c in configs:
+        s, j = statistics.median(c.shardc_times), statistics.median(c.jax_times)
+        ps, pj = c.flop / (s / 1e3) / peak, c.flop / (j / 1e3) / peak
+        print(f"| {c.label} | {fmt_ms(s)} | {fmt_ms(j)} | {s / j:.2f}× | {fmt_flop(c.flop)} | "
+              f"{100 * ps:.1f}% | {100 * pj:.1f}% | {c.shardc_first_loss:.4f} / {c.jax_first_loss:.4f} |")
+    print()
+    print("Medians of all steady-state steps of all rounds. Per-round medians (ms), shardc | JAX:")
+    for c in configs:
+        print(f"  {c.name:<14} " + " ".join(f"{x:.2f}" for x in c.shardc_rounds)
+              + "  |  " + " ".join(f"{x:.2f}" for x in c.jax_rounds))
+    print("FLOP / step: `shardc plan`'s compute per device per step × devices (the same figure for both sides).")
+    if a.save:
+        with open(a.save, "w") as f:
+            json.dump({"peak_flops_per_s": peaks, "jax": jax_version, "configs": [
+                {"name": c.name, "flop": c.flop, "shardc_ms": c.shardc_times, "jax_ms": c.jax_times,
+                 "shardc_first_loss": c.shardc_first_loss, "jax_first_loss": c.jax_first_loss}
+                for c in configs]}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+//! Ring attention: `causal_attention` with the sequence split over a mesh
+//! axis (context parallelism). Each device keeps its block of queries; the
+//! key/value blocks travel around the axis by `ppermute`, one hop per step,
+//! and an online softmax (running max and sum, rescaled as blocks arrive)
+//! accumulates the output, so no device ever holds the whole sequence or a
+//! score matrix larger than one block by one block. Blocks after a device's
+//! own are masked out by causality and skipped (the hops still happen, so
+//! every device runs the same collectives). Backward goes around the ring
+//! again with the log-sum-exp forward saved, the keys' and values'
+//! cotangents travelling with their blocks, and one last hop brings each
+//! block's cotangent home: the gradients are those of attention on the whole
+//! sequence, computed blockwise.
+
+use super::einsum::einsum;
+use super::kernel::{ce, Kernel};
+use super::R;
+use candle_core::{Tensor, D};
+
+/// The causal mask of a diagonal block: `t` × `t`, -1e10 above the diagonal.
+fn diagonal_mask(t: usize, like: &Tensor) -> R<Tensor> {
+    let mask: Vec<f64> = (0..t * t)
+        .map(|i| if i % t > i / t { -1e10 } else { 0.0 })
+        .collect();
+    Tensor::from_vec(mask, (t, t), like.device())
+        .and_then(|m| m.to_dtype(like.dtype()))
+        .map_err(ce)
+}
+
+/// Scores of local queries `q` against a key block `k` ([B, H, Tq, Tk]),
+/// masked causally when the block is the device's own.
+fn scores(q: &Tensor, k: &Tensor, own: bool) -> R<Tensor> {
+    let e = q.dims()[3] as f64;
+    let s = einsum(&["bthe", "bshe"], "bhts", &[q, k])?;
+    let s = (s / e.sqrt()).map_err(ce)?;
+    if own {
+        let t = q.dims()[1];
+        s.broadcast_add(&diagonal_mask(t, &s)?).map_err(ce)
+    } else {
+        Ok(s)
+    }
+}
+
+/// Pass a block one device further along `axis` (device i gets i−1's).
+fn hop(k: &Kernel, t: &Tensor, axis: &str) -> R<Tensor> {
+    k.comm.ppermute(k.rank, t, axis, 1).map_err(ce)
+}
+
+/// Forward on this device's blocks of q, k, v ([B, T/n, H, E], the sequence
+/// split over `axis`): the output block and the log-sum-exp of each query's
+/// scores ([B, H, T/n, 1]), which backward needs.
+pub fn forward(k: &Kernel, axis: &str, q: &Tensor, kk: &Tensor, v: &Tensor) -> R<(Tensor, Tensor)> {
+    let n = k.size(axis);
+    let i = k.topo().coord(k.rank, axis);
+    let e = q.dims()[3];
+    // Keys and values travel together.
+    let mut kv = Tensor::cat(&[kk, v], 3).map_err(ce)?;
+    // The device's own block first: every query sees at least itself, so the
+    // running max is finite from the start.
+    let s = scores(q, kk, true)?;
+    let mut m = s.max_keepdim(D::Minus1).map_err(ce)?;
+    let p = s.broadcast_sub(&m).and_then(|x| x.exp()).map_err(ce)?;
+    let mut l = p.sum_keepdim(D::Minus1).map_err(ce)?;
+    let mut o = einsum(&["bhts", "bshe"], "bhte", &[&p, v])?;
+    for r in 1..n {
+        kv = hop(k, &kv, axis)?;
+        // Block i − r: later than this device's queries once r > i.
+        if r > i {
+            continue;
+        }
+        let (kb, vb) = (
+            kv.narrow(3, 0, e).map_err(ce)?,
+            kv.narrow(3, e, e).map_err(ce)?,
+        );
+        let s = scores(q, &kb, false)?;
+        let m_new = m
+            .maximum(&s.max_keepdim(D::Minus1).map_err(ce)?)
+            .map_err(ce)?;
+        let alpha = (&m - &m_new).and_then(|x| x.exp()).map_err(ce)?;
+        let p = s.broadcast_sub(&m_new).and_then(|x| x.exp()).map_err(ce)?;
+        l = l
+            .mul(&alpha)
+            .and_then(|x| x + p.sum_keepdim(D::Minus1)?)
+            .map_err(ce)?;
+        let pv = einsum(&["bhts", "bshe"], "bhte", &[&p, &vb])?;
+        o = o.broadcast_mul(&alpha).and_then(|x| x + pv).map_err(ce)?;
+        m = m_new;
+    }
+    let out = o
+        .broadcast_div(&l)
+        .and_then(|x| x.transpose(1, 2))
+        .and_then(|x| x.contiguous())
+        .map_err(ce)?;
+    let lse = l.log().and_then(|x| x + m).map_err(ce)?;
+    Ok((out, lse))
+}
+
+/// Cotangents of this device's q, k and v blocks from the output block's
+/// cotangent `g`, the output `out` and the saved log-sum-exp `lse`.
+pub fn vjp(
+    k: &Kernel,
+    axis: &str,
+    (q, kk, v): (&Tensor, &Tensor, &Tensor),
+    out: &Tensor,
+    lse: &Tensor,
+    g: &Tensor,
+) -> R<(Tensor, Tensor, Tensor)> {
+    let n = k.size(axis);
+    let i = k.topo().coord(k.rank, axis);
+    let e = q.dims()[3];
+    let scale = 1.0 / (e as f64).sqrt();
+    // Δ = rowsum(dO ∘ O), per query: [B, H, Tq, 1].
+    let delta = g
+        .mul(out)
+        .and_then(|x| x.sum_keepdim(3))
+        .and_then(|x| x.transpose(1, 2))
+        .map_err(ce)?;
+    let mut dq = q.zeros_like().map_err(ce)?;
+    // A block travels with its keys, values and their cotangents so far.
+    let zeros = kk.zeros_like().map_err(ce)?;
+    let mut blk = Tensor::cat(&[kk, v, &zeros, &zeros], 3).map_err(ce)?;
+    for r in 0..n {
+        if r > 0 {
+            blk = hop(k, &blk, axis)?;
+        }
+        if r > i {
+            continue;
+        }
+        let part = |j: usize| blk.narrow(3, j * e, e).map_err(ce);
+        let (kb, vb, dkb, dvb) = (part(0)?, part(1)?, part(2)?, part(3)?);
+        let s = scores(q, &kb, r == 0)?;
+        let p = s.broadcast_sub(lse).and_then(|x| x.exp()).map_err(ce)?;
+        let dv = einsum(&["bhts", "bthe"], "bshe", &[&p, g])?;
+        let dp = einsum(&["bthe", "bshe"], "bhts", &[g, &vb])?;
+        let ds = dp
+            .broadcast_sub(&delta)
+            .and_then(|x| x.mul(&p))
+            .and_then(|x| x * scale)
+            .map_err(ce)?;
+        dq = (dq + einsum(&["bhts", "bshe"], "bthe", &[&ds, &kb])?).map_err(ce)?;
+        let dk = einsum(&["bhts", "bthe"], "bshe", &[&ds, q])?;
+        let (dkb, dvb) = ((dkb + dk).map_err(ce)?, (dvb + dv).map_err(ce)?);
+        blk = Tensor::cat(&[&kb, &vb, &dkb, &dvb], 3).map_err(ce)?;
+    }
+    // After n − 1 hops this device holds block i + 1's cotangents, complete:
+    // one more hop takes each home.
+    let grads = blk.narrow(3, 2 * e, 2 * e).map_err(ce)?;
+    let grads = hop(k, &grads, axis)?;
+    let dk = grads.narrow(3, 0, e).map_err(ce)?;
+    let dv = grads.narrow(3, e, e).map_err(ce)?;
+    Ok((dq, dk, dv))
+}
