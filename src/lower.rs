@@ -32,6 +32,7 @@ pub fn lower(model: &Model, bodies: &Bodies) -> Program {
         params: HashMap::new(),
         path: Vec::new(),
         pipeline: model.pipeline.clone(),
+        in_checkpoint: false,
     };
     l.prog.output = l.inline(model.body, &[]);
     if let Some(b) = model.loss {
@@ -52,6 +53,9 @@ struct Lowering<'a> {
     path: Vec<String>,
     /// Microbatches and schedule of the model's pipelined stack.
     pipeline: Option<(usize, String)>,
+    /// Inside a checkpointed block: the calls within it are not checkpointed
+    /// again.
+    in_checkpoint: bool,
 }
 
 impl Lowering<'_> {
@@ -113,6 +117,7 @@ impl Lowering<'_> {
             },
             params: HashMap::new(),
             path: Vec::new(),
+            in_checkpoint: false,
             pipeline: None,
         }
     }
@@ -179,7 +184,7 @@ impl Lowering<'_> {
                         (Some(r), Some(m)) => self.repeat(c.body, m, r, &a),
                         (None, Some(m)) => {
                             self.path.push(m.clone());
-                            let out = self.inline(c.body, &a);
+                            let out = self.inline_checkpointed(c.body, &a);
                             self.path.pop();
                             out
                         }
@@ -192,6 +197,39 @@ impl Lowering<'_> {
             .result
             .and_then(|r| vals.get(r as usize).copied().flatten());
         (result, vals)
+    }
+
+    /// A call of a layer's `forward`; a layer with a `checkpoint(...)`
+    /// directive makes the call a checkpointed block (unless it is inside
+    /// one already).
+    fn inline_checkpointed(&mut self, body: usize, args: &[Nid]) -> Option<Nid> {
+        let policy = self.bodies.get(body).and_then(|b| b.checkpoint.clone());
+        let Some(keep) = policy.filter(|_| !self.in_checkpoint) else {
+            return self.inline(body, args);
+        };
+        let start = self.prog.nodes.len() as Nid;
+        self.in_checkpoint = true;
+        let (out, vals) = self.inline_values(body, args);
+        self.in_checkpoint = false;
+        self.keep_named(body, &keep, &vals);
+        self.prog
+            .checkpoints
+            .push((start, self.prog.nodes.len() as Nid));
+        out
+    }
+
+    /// The nodes of the `let`s `keep` names in one lowered call of `body`:
+    /// checkpointing keeps them.
+    fn keep_named(&mut self, body: usize, keep: &[String], vals: &[Option<Nid>]) {
+        if let Some(b) = self.bodies.get(body) {
+            for (name, v) in &b.names {
+                if keep.contains(name) {
+                    if let Some(Some(n)) = vals.get(*v as usize) {
+                        self.prog.checkpoint_keep.push(*n);
+                    }
+                }
+            }
+        }
     }
 
     /// `repeat(count, ...)`: each repetition on the previous one's result (and
@@ -208,6 +246,10 @@ impl Lowering<'_> {
         let mut cur = input;
         let mut ranges = Vec::new();
         let unrolled = r.count.min(MAX_UNROLL);
+        // Inside a checkpointed block, the repetitions are part of it.
+        let checkpoint = r.checkpoint.as_ref().filter(|_| !self.in_checkpoint);
+        let outer = self.in_checkpoint;
+        self.in_checkpoint |= checkpoint.is_some();
         for i in 0..unrolled {
             let start = self.prog.nodes.len() as Nid;
             self.path.push(format!("{member}.{i}"));
@@ -216,14 +258,8 @@ impl Lowering<'_> {
             let (out, vals) = self.inline_values(body, &a);
             self.path.pop();
             // `checkpoint: [h, y]`: those values of each repetition stay.
-            if let (Some(keep), Some(b)) = (&r.checkpoint, self.bodies.get(body)) {
-                for (name, v) in &b.names {
-                    if keep.contains(name) {
-                        if let Some(Some(n)) = vals.get(*v as usize) {
-                            self.prog.checkpoint_keep.push(*n);
-                        }
-                    }
-                }
+            if let Some(keep) = checkpoint {
+                self.keep_named(body, keep, &vals);
             }
             ranges.push((start, self.prog.nodes.len() as Nid));
             cur = out?;
@@ -237,9 +273,10 @@ impl Lowering<'_> {
                 break;
             }
         }
+        self.in_checkpoint = outer;
         if self.prog.folds.is_empty() {
             self.prog.repeats.extend(ranges.iter().copied());
-            if r.checkpoint.is_some() {
+            if checkpoint.is_some() {
                 self.prog.checkpoints.extend(ranges.iter().copied());
             }
         }

@@ -106,3 +106,89 @@ fn checkpointing_plans_and_measures_less_memory() {
         );
     }
 }
+
+/// `stack` with `directive` (`checkpoint(full)`, `checkpoint(h)`) in the
+/// block layer.
+fn with_directive(text: &str, directive: &str) -> String {
+    let head = "layer Block(D) {\n";
+    assert!(text.contains(head));
+    text.replace(head, &format!("{head}  {directive}\n"))
+}
+
+/// Two blocks called as members (no `repeat`).
+fn two_calls(directive: &str) -> String {
+    let text = stack("m(dp: 2, tp: 2)", "").replace(
+        "  blocks = repeat(4, Block(8))\n",
+        "  b0 = Block(8)\n  b1 = Block(8)\n",
+    );
+    let text = text.replace("blocks(x) @ head", "b1(b0(x)) @ head");
+    assert!(text.contains("b1(b0(x))"));
+    if directive.is_empty() {
+        text
+    } else {
+        with_directive(&text, directive)
+    }
+}
+
+/// A layer's `checkpoint(...)` directive checkpoints every call of its
+/// `forward`: its repetitions as `checkpoint:` on the `repeat` would (which
+/// may still say `none`), and plain calls too; same bits, less memory,
+/// measured as planned.
+#[test]
+fn a_layer_directive_checkpoints_every_call() {
+    let mesh = "m(dp: 2, tp: 2)";
+    let activations = |text: &str| {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("ck_dir.shard");
+        let c = shardc::world::compile_source(&path, text.to_string(), &Default::default());
+        assert!(!c.has_errors(), "{text}");
+        c.plans.first().expect("a plan").activations
+    };
+    let plain = stack(mesh, "");
+    let full = activations(&stack(mesh, ", checkpoint: full"));
+    assert_eq!(
+        activations(&with_directive(&plain, "checkpoint(full)")),
+        full
+    );
+    assert_eq!(
+        activations(&with_directive(
+            &stack(mesh, ", checkpoint: none"),
+            "checkpoint(full)"
+        )),
+        activations(&plain)
+    );
+    assert_eq!(
+        activations(&with_directive(&plain, "checkpoint(h)")),
+        activations(&stack(mesh, ", checkpoint: [h]"))
+    );
+    // Repetitions and plain calls: the same bits as without.
+    for f64 in [false, true] {
+        for (a, b) in [
+            (plain.clone(), with_directive(&plain, "checkpoint(full)")),
+            (two_calls(""), two_calls("checkpoint(full)")),
+        ] {
+            let (x, y) = (run("ck_a.shard", &a, f64), run("ck_b.shard", &b, f64));
+            assert_eq!(x.losses, y.losses);
+            for ((n, u), (_, v)) in x
+                .first_grads
+                .expect("grads")
+                .iter()
+                .zip(&y.first_grads.expect("grads"))
+            {
+                assert!(
+                    u.iter().zip(v).all(|(p, q)| p.to_bits() == q.to_bits()),
+                    "gradient of `{n}` differs"
+                );
+            }
+        }
+    }
+    let (p0, _) = plan_and_memory(&two_calls(""));
+    let (p1, m1) = plan_and_memory(&two_calls("checkpoint(full)"));
+    assert!(p1.activations < p0.activations && p1.recompute_flops > 0.0);
+    let r = m1.activations / p1.activations;
+    assert!(
+        (0.9..=1.0).contains(&r),
+        "measured {} vs planned {}",
+        m1.activations,
+        p1.activations
+    );
+}

@@ -187,7 +187,7 @@ fn every_editor_grammar_names_every_op() {
         )
     };
     let mut builtins = functions.clone();
-    builtins.extend(["repeat", "shard_params", "freeze"]);
+    builtins.extend(["repeat", "shard_params", "freeze", "checkpoint"]);
     errs.extend(
         region(
             &tm_path,

@@ -95,6 +95,9 @@ pub struct Body {
     /// The `let` names of this body and their values (what a checkpoint
     /// policy may name).
     pub names: Vec<(String, VId)>,
+    /// The `forward` of a layer with a `checkpoint(...)` directive: each call
+    /// keeps only its result (and these `let`s) for backward.
+    pub checkpoint: Option<Vec<String>>,
 }
 
 /// Every body checked.
@@ -255,6 +258,11 @@ impl<'p> Checker<'p> {
                 let result = self.fn_body(inst, f, arg_vals, fkey);
                 let out = matches!(result, Val::T(_)).then_some(self.last).flatten();
                 let body = self.close_body(out);
+                if f.name.name == "forward" {
+                    if let Some(b) = self.out.bodies.0.get_mut(body) {
+                        b.checkpoint = inst.checkpoint.clone();
+                    }
+                }
                 self.memo.insert(key, (body, result.clone()));
                 (body, result)
             }

@@ -132,6 +132,7 @@ impl<'p> Checker<'p> {
             poisoned: HashSet::new(),
             frozen: HashSet::new(),
             computed: HashMap::new(),
+            checkpoint: None,
         };
         let outer_fsdp = self.fsdp.clone();
         // Members named by `freeze(...)`.
@@ -145,11 +146,14 @@ impl<'p> Checker<'p> {
                         }
                     }
                     "freeze" => freeze.extend(self.freeze_directive(decl, args, *span)),
+                    "checkpoint" => {
+                        inst.checkpoint = self.checkpoint_directive(decl, args, *span)
+                    }
                     _ => self.report(Problem::BadDirective {
                         span: name.span,
                         message: format!("unknown directive `{}`", name.name),
                         help: Some(
-                            "layer directives are `shard_params(axis, min_size: N)` and `freeze(member, ...)`".into(),
+                            "layer directives are `shard_params(axis, min_size: N)`, `freeze(member, ...)` and `checkpoint(full | value, ...)`".into(),
                         ),
                     }),
                 }
@@ -681,7 +685,8 @@ impl<'p> Checker<'p> {
         let inner = self.sublayer(inst, pos[1], path)?;
         let Val::Layer(li) = inner else { return None };
         let mut stage_axis: Option<(String, Span)> = None;
-        let mut checkpoint: Option<Vec<String>> = None;
+        // The layer's own `checkpoint(...)` directive, unless the repeat says otherwise.
+        let mut checkpoint: Option<Vec<String>> = li.checkpoint.clone();
         for a in args {
             if let Arg::Named(k, v) = a {
                 match (k.name.as_str(), v) {
@@ -787,8 +792,27 @@ impl<'p> Checker<'p> {
     /// `checkpoint: [h, y]`: the `let`s of the repeated layer's `forward`
     /// whose values are kept; another name is E0228.
     fn checkpoint_names(&mut self, li: &Inst, items: &[ast::ListItem]) -> Vec<String> {
+        let names = items
+            .iter()
+            .map(|it| {
+                it.as_name()
+                    .map(|(n, s)| (n.to_string(), s))
+                    .ok_or(it.span())
+            })
+            .collect();
+        self.kept_lets(&li.decl, &li.label, names)
+    }
+
+    /// The names a checkpoint policy keeps, each a `let` of `decl`'s
+    /// `forward` (E0228 otherwise); `Err(span)`: not a name.
+    fn kept_lets(
+        &mut self,
+        decl: &LayerDecl,
+        layer: &str,
+        names: Vec<Result<(String, Span), Span>>,
+    ) -> Vec<String> {
         let mut lets = Vec::new();
-        if let Some(f) = find_fn(&li.decl, "forward") {
+        if let Some(f) = find_fn(decl, "forward") {
             for l in &f.body.lets {
                 lets.extend(
                     std::iter::once(&l.name)
@@ -798,14 +822,17 @@ impl<'p> Checker<'p> {
             }
         }
         let mut out = Vec::new();
-        for it in items {
-            let Some((name, span)) = it.as_name().map(|(n, s)| (n.to_string(), s)) else {
-                self.report(Problem::WrongKind {
-                    span: it.span(),
-                    expected: "the name of a `let` to keep".into(),
-                    found: "something else".into(),
-                });
-                continue;
+        for n in names {
+            let (name, span) = match n {
+                Ok(x) => x,
+                Err(span) => {
+                    self.report(Problem::WrongKind {
+                        span,
+                        expected: "the name of a `let` to keep".into(),
+                        found: "something else".into(),
+                    });
+                    continue;
+                }
             };
             if lets.contains(&name) {
                 out.push(name);
@@ -814,11 +841,47 @@ impl<'p> Checker<'p> {
                     span,
                     suggestion: crate::diag::did_you_mean(&name, lets.iter().map(String::as_str)),
                     name,
-                    layer: li.label.clone(),
+                    layer: layer.to_string(),
                 });
             }
         }
         out
+    }
+
+    /// `checkpoint(full)`, `checkpoint(none)` or `checkpoint(h, y)` in a
+    /// layer: every call of its `forward` (and every repetition of it, unless
+    /// the `repeat` names its own policy) is checkpointed.
+    fn checkpoint_directive(
+        &mut self,
+        decl: &LayerDecl,
+        args: &[Arg],
+        span: Span,
+    ) -> Option<Vec<String>> {
+        let name = |a: &Arg| match a {
+            Arg::Pos(Expr {
+                kind: ExprKind::Name(n),
+                span,
+            }) => Ok((n.clone(), *span)),
+            other => Err(other.span()),
+        };
+        match args {
+            [] => {
+                self.report(Problem::BadDirective {
+                    span,
+                    message: "`checkpoint` needs a policy".into(),
+                    help: Some(
+                        "write `checkpoint(full)`, or `checkpoint(h, y)` to keep those values of `forward`".into(),
+                    ),
+                });
+                None
+            }
+            [a] if matches!(name(a), Ok((ref n, _)) if n == "full") => Some(Vec::new()),
+            [a] if matches!(name(a), Ok((ref n, _)) if n == "none") => None,
+            _ => {
+                let names = args.iter().map(name).collect();
+                Some(self.kept_lets(decl, &decl.name.name, names))
+            }
+        }
     }
 
     pub(super) fn dim_arg(

@@ -100,6 +100,9 @@ struct Inst {
     /// Weights whose `init` is an expression (buffers like RoPE tables): the
     /// body that computes each one's whole value.
     computed: HashMap<String, BodyId>,
+    /// `checkpoint(...)` in the layer: the policy each call of its `forward`
+    /// is checkpointed with (`Some([])`: full; names: those `let`s kept).
+    checkpoint: Option<Vec<String>>,
 }
 
 #[derive(Clone, Debug)]

@@ -592,7 +592,7 @@ impl Problem {
                 .help("compute the side input inside the block, or do not pipeline this stack"),
             CheckpointName { span, name, layer, suggestion } => {
                 let x = d(Code::E0228, format!("`{name}` is not a value of `{layer}`'s `forward`"), *span, "no `let` of this name".into())
-                    .note("`checkpoint: [...]` keeps the values of the named `let`s of the repeated layer's `forward` (and each block's result), and recomputes the rest in backward");
+                    .note("a checkpoint policy (`checkpoint: [...]` on a `repeat`, `checkpoint(...)` in a layer) keeps the values of the named `let`s of the layer's `forward` (and each call's result), and recomputes the rest in backward");
                 match suggestion {
                     Some(s) => x.help(format!("did you mean `{s}`?")).fix(*span, s.clone()),
                     None => x.help("name a `let` of the layer's `forward`, or use `checkpoint: full`"),

@@ -37,7 +37,7 @@ syn match   shardCollectiveAxis "\%(\<\%(psum\|pmean\|pmax\|pmin\|all_gather\|ps
 " /registry
 
 " Layer directives, initializers, optimizers, schedules, data sources.
-syn keyword shardBuiltin      repeat shard_params freeze
+syn keyword shardBuiltin      repeat shard_params freeze checkpoint
 syn keyword shardBuiltin      normal truncated_normal uniform
 syn keyword shardBuiltin      sgd adam adamw adagrad ftrl constant warmup_cosine
 syn keyword shardBuiltin      shakespeare_words shakespeare_chars text arrays synthetic rows
