@@ -705,7 +705,11 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
         human_bytes(p.total_memory())
     ));
     let recompute = if p.recompute_flops > 0.0 {
-        format!(", recomputed {}", human_flops(p.recompute_flops))
+        format!(
+            ", recomputed {}; the model's own: {} per step",
+            human_flops(p.recompute_flops),
+            human_flops(p.model_step_flops())
+        )
     } else {
         String::new()
     };
