@@ -134,3 +134,29 @@ fn bf16_gradients_are_close_to_f32_ones() {
         assert!(x != y, "`{n}`: bf16 gave f32's exact gradient");
     }
 }
+
+/// Held-out evaluation after a step sees the weights that step's update
+/// left (16-bit copies taken again), as in f32.
+#[test]
+fn eval_sees_the_updated_weights() {
+    let model = "import nn\nmesh m(data: 2)\nmodel C {\n  a = Dense(6 -> 3)\n  fn forward(x: f32[B@data, 6]) -> f32[B@data, 3] { a(x) }\n}\n";
+    let evals = |precision: &str| {
+        let text = format!("{model}train C on m {{ data: synthetic(classes: 3), batch: 64, steps: 4, seed: 1, optimizer: sgd(lr: 8.0), eval: {{ every: 1, steps: 1 }}, precision: {precision} }}\n");
+        let (prog, cfg, src) = setup_text("eval_bf16.shard", &text, &[], None);
+        let mut out = Vec::new();
+        train::run(&prog, &cfg, &src, false, &mut |r| out.extend(r.eval_loss)).expect("run");
+        out
+    };
+    let (a, b) = (evals("f32"), evals("bf16"));
+
+    assert_eq!((a.len(), b.len()), (4, 4));
+    for w in a.windows(2) {
+        assert!(
+            ((w[1] - w[0]) / w[0]).abs() > 0.02,
+            "the steps change little: {a:?}"
+        );
+    }
+    for (x, y) in a.iter().zip(&b) {
+        assert!(((x - y) / x).abs() < 0.01, "bf16 {b:?}\nvs f32 {a:?}");
+    }
+}

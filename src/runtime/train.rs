@@ -677,6 +677,8 @@ pub fn run_on(
                     let mut eval_loss = None;
                     if let Some(crate::spec::Eval { every, steps: esteps }) = cfg.eval {
                         if (step + 1) % every == 0 {
+                            // The parameters as this step's update left them.
+                            let work = working(&params, cdt)?;
                             // Held-out batches are looked up whole.
                             ex.sparse.keep.borrow_mut().clear();
                             let mut total = 0.0;
