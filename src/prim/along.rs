@@ -286,7 +286,7 @@ fn cumsum(x: &Tensor, dim: usize, reverse: bool) -> R<Tensor> {
     let fwd = f.cumsum(dim).map_err(ce)?;
     let y = if reverse {
         // Σ_{j≥i} x_j = total − Σ_{j≤i} x_j + x_i
-        f.sum_keepdim(dim)
+        super::reduce_fast::sum_keepdim(&f, dim)
             .and_then(|s| s.broadcast_sub(&fwd))
             .and_then(|t| t.add(&f))
             .map_err(ce)?
@@ -359,7 +359,7 @@ impl Primitive for Along {
                 let dev = centred(&x, &self.dims, n)?;
                 let mut s = dev.sqr().map_err(ce)?;
                 for &dd in self.dims.iter().rev() {
-                    s = s.sum(dd).map_err(ce)?;
+                    s = super::reduce_fast::sum(&s, dd).map_err(ce)?;
                 }
                 Forward::of((s / n).map_err(ce)?)?
             }
@@ -406,7 +406,7 @@ impl Primitive for Along {
 fn centred(x: &Tensor, dims: &[usize], n: f64) -> R<Tensor> {
     let mut m = x.clone();
     for &d in dims.iter().rev() {
-        m = m.sum_keepdim(d).map_err(ce)?;
+        m = super::reduce_fast::sum_keepdim(&m, d).map_err(ce)?;
     }
     let m = (m / n).map_err(ce)?;
     x.broadcast_sub(&m).map_err(ce)

@@ -124,7 +124,7 @@ fn attention(q: &Tensor, k: &Tensor, v: &Tensor) -> R<(Tensor, Tensor)> {
         .and_then(|m| m.to_dtype(q.dtype()))
         .map_err(ce)?;
     let s = s.broadcast_add(&mask).map_err(ce)?;
-    let mx = s.max_keepdim(D::Minus1).map_err(ce)?;
+    let mx = super::reduce_fast::max_last_keepdim(&s).map_err(ce)?;
     let ex = s.broadcast_sub(&mx).and_then(|x| x.exp()).map_err(ce)?;
     let p = ex
         .broadcast_div(&ex.sum_keepdim(D::Minus1).map_err(ce)?)

@@ -290,7 +290,7 @@ impl Primitive for Create {
                 let d =
                     g.g.contiguous()
                         .and_then(|t| t.reshape(wide.as_slice()))
-                        .and_then(|t| t.sum(dim + 1))
+                        .and_then(|t| super::reduce_fast::sum(&t, dim + 1))
                         .map_err(ce)?;
                 vec![Some(d)]
             }

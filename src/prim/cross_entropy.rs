@@ -91,7 +91,7 @@ fn parts(
     let vloc = logits.dims()[logits.rank() - 1];
     let (vi, _) = k.topo().shard_index(k.rank, &vaxes);
     let off = (vi * vloc) as i64;
-    let m = logits.max_keepdim(D::Minus1).map_err(ce)?;
+    let m = super::reduce_fast::max_last_keepdim(logits).map_err(ce)?;
     let m = k.comm.pmax(k.rank, &m, &vaxes).map_err(ce)?;
     let e = logits.broadcast_sub(&m).and_then(|x| x.exp()).map_err(ce)?;
     let se = e.sum_keepdim(D::Minus1).map_err(ce)?;

@@ -335,7 +335,7 @@ fn sum_out(s: &str, x: &Tensor, keep: &dyn Fn(char) -> bool) -> R<(String, Tenso
     let mut letters: Vec<char> = s.chars().collect();
     for i in (0..letters.len()).rev() {
         if !keep(letters[i]) {
-            x = x.sum(i).map_err(ce)?;
+            x = super::reduce_fast::sum(&x, i).map_err(ce)?;
             letters.remove(i);
         }
     }

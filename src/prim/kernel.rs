@@ -164,11 +164,11 @@ impl Kernel<'_> {
     pub fn unbroadcast(ct: &Tensor, shape: &[usize]) -> R<Tensor> {
         let mut ct = ct.clone();
         while ct.rank() > shape.len() {
-            ct = ct.sum(0).map_err(ce)?;
+            ct = super::reduce_fast::sum(&ct, 0).map_err(ce)?;
         }
         for (i, &s) in shape.iter().enumerate() {
             if s == 1 && ct.dims()[i] != 1 {
-                ct = ct.sum_keepdim(i).map_err(ce)?;
+                ct = super::reduce_fast::sum_keepdim(&ct, i).map_err(ce)?;
             }
         }
         Ok(ct)

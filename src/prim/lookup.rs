@@ -227,7 +227,7 @@ impl Lookup {
         let y = rows
             .broadcast_mul(&scale)
             .and_then(|r| r.reshape((n, valency, d)))
-            .and_then(|r| r.sum(1))
+            .and_then(|r| super::reduce_fast::sum(&r, 1))
             .map_err(ce)?;
         Ok(Looked {
             y,
@@ -372,7 +372,7 @@ fn fetch_rows(k: &Kernel, table: &Tensor, tt: &TType, ids: &[i64], weights: &[f6
         let served = masked_rows(k, table, rows, mask)?;
         let recv = k.comm.all_to_all(k.rank, &served, axis, 0, 0).map_err(ce)?;
         recv.reshape((n, m, d))
-            .and_then(|t| t.sum(0))
+            .and_then(|t| super::reduce_fast::sum(&t, 0))
             .and_then(|t| t.narrow(0, 0, uniq.len()))
             .map_err(ce)?
     };
@@ -500,8 +500,17 @@ impl Primitive for Lookup {
                     .and_then(|t| t.broadcast_as((n, valency, d)))
                     .and_then(|t| t.reshape((n * valency, d)))
                     .map_err(ce)?;
-                let gr_dot = Kernel::f64s(&rows.mul(&gs).and_then(|t| t.sum(1)).map_err(ce)?)?;
-                let gy_dot = Kernel::f64s(&y.mul(ct).and_then(|t| t.sum(1)).map_err(ce)?)?;
+                let gr_dot = Kernel::f64s(
+                    &rows
+                        .mul(&gs)
+                        .and_then(|t| super::reduce_fast::sum(&t, 1))
+                        .map_err(ce)?,
+                )?;
+                let gy_dot = Kernel::f64s(
+                    &y.mul(ct)
+                        .and_then(|t| super::reduce_fast::sum(&t, 1))
+                        .map_err(ce)?,
+                )?;
                 // The factor c is over the present ids (dropped ones included),
                 // so a dropped id's weight still moves c; only kept ids add g·r.
                 let dw: Vec<f64> = (0..ids.len())

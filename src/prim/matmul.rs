@@ -204,12 +204,13 @@ fn matmul_vjp(x: &Tensor, y: &Tensor, g: &Tensor) -> R<(Tensor, Tensor)> {
         let gx = g1.broadcast_mul(y).map_err(ce)?;
         let mut gy = x.broadcast_mul(&g1).map_err(ce)?;
         while gy.rank() > 1 {
-            gy = gy.sum(0).map_err(ce)?;
+            gy = super::reduce_fast::sum(&gy, 0).map_err(ce)?;
         }
         return Ok((gx, gy));
     }
+    // gemm reads a transposed operand as it is (no copy).
     let yt = y.t().map_err(ce)?;
-    let gx = matmul(g, &yt.contiguous().map_err(ce)?)?;
+    let gx = matmul(g, &yt)?;
     let gy = if y.rank() == 2 {
         let k = x.dims()[x.rank() - 1];
         let n = g.dims()[g.rank() - 1];

@@ -47,6 +47,7 @@ pub mod matmul;
 pub mod norm;
 pub mod one_hot;
 pub mod reduce;
+pub mod reduce_fast;
 pub mod reshard;
 pub mod ring;
 pub mod shape;

@@ -202,7 +202,7 @@ impl Primitive for Norm {
                     .map_err(ce)?;
                 let mut dw = ct.mul(&xhat).map_err(ce)?;
                 for _ in 0..lead {
-                    dw = dw.sum(0).map_err(ce)?;
+                    dw = super::reduce_fast::sum(&dw, 0).map_err(ce)?;
                 }
                 vec![dx, dw]
             }
@@ -222,8 +222,8 @@ impl Primitive for Norm {
                 let mut dw = ct.mul(&xhat).map_err(ce)?;
                 let mut db = ct.clone();
                 for _ in 0..lead {
-                    dw = dw.sum(0).map_err(ce)?;
-                    db = db.sum(0).map_err(ce)?;
+                    dw = super::reduce_fast::sum(&dw, 0).map_err(ce)?;
+                    db = super::reduce_fast::sum(&db, 0).map_err(ce)?;
                 }
                 vec![dx, dw, db]
             }

@@ -114,7 +114,7 @@ impl Primitive for Reduce {
             t = match self.op {
                 ReduceOp::Max => t.max(d),
                 ReduceOp::Min => t.min(d),
-                ReduceOp::Sum => t.sum(d),
+                ReduceOp::Sum => super::reduce_fast::sum(&t, d),
             }
             .map_err(ce)?;
         }
@@ -143,7 +143,7 @@ impl Primitive for Reduce {
                     .map_err(ce)?;
                 let mut count = mask.clone();
                 for &d in self.dims.iter().rev() {
-                    count = count.sum_keepdim(d).map_err(ce)?;
+                    count = super::reduce_fast::sum_keepdim(&count, d).map_err(ce)?;
                 }
                 gb.mul(&mask)
                     .and_then(|t| t.broadcast_div(&count))

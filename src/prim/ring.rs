@@ -57,7 +57,7 @@ pub fn forward(k: &Kernel, axis: &str, q: &Tensor, kk: &Tensor, v: &Tensor) -> R
     // The device's own block first: every query sees at least itself, so the
     // running max is finite from the start.
     let s = scores(q, kk, true)?;
-    let mut m = s.max_keepdim(D::Minus1).map_err(ce)?;
+    let mut m = super::reduce_fast::max_last_keepdim(&s).map_err(ce)?;
     let p = s.broadcast_sub(&m).and_then(|x| x.exp()).map_err(ce)?;
     let mut l = p.sum_keepdim(D::Minus1).map_err(ce)?;
     let mut o = einsum(&["bhts", "bshe"], "bhte", &[&p, v])?;
@@ -73,7 +73,7 @@ pub fn forward(k: &Kernel, axis: &str, q: &Tensor, kk: &Tensor, v: &Tensor) -> R
         );
         let s = scores(q, &kb, false)?;
         let m_new = m
-            .maximum(&s.max_keepdim(D::Minus1).map_err(ce)?)
+            .maximum(&super::reduce_fast::max_last_keepdim(&s).map_err(ce)?)
             .map_err(ce)?;
         let alpha = (&m - &m_new).and_then(|x| x.exp()).map_err(ce)?;
         let p = s.broadcast_sub(&m_new).and_then(|x| x.exp()).map_err(ce)?;

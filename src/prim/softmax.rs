@@ -71,13 +71,17 @@ fn check(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
 }
 
 pub fn softmax(x: &Tensor, d: usize) -> candle_core::Result<Tensor> {
-    let e = x.broadcast_sub(&x.max_keepdim(d)?)?.exp()?;
-    e.broadcast_div(&e.sum_keepdim(d)?)
+    let e = x
+        .broadcast_sub(&super::reduce_fast::max_keepdim(x, d)?)?
+        .exp()?;
+    e.broadcast_div(&super::reduce_fast::sum_keepdim(&e, d)?)
 }
 
 pub fn log_softmax(x: &Tensor, d: usize) -> candle_core::Result<Tensor> {
-    let m = x.max_keepdim(d)?;
-    let lse = x.broadcast_sub(&m)?.exp()?.sum_keepdim(d)?.log()?.add(&m)?;
+    let m = super::reduce_fast::max_keepdim(x, d)?;
+    let lse = super::reduce_fast::sum_keepdim(&x.broadcast_sub(&m)?.exp()?, d)?
+        .log()?
+        .add(&m)?;
     x.broadcast_sub(&lse)
 }
 
@@ -112,12 +116,12 @@ impl Primitive for Softmax {
     fn vjp(&self, k: &Kernel, g: &Grad) -> R<Vec<Option<Tensor>>> {
         let (y, ct, d) = (g.y, g.g, self.dim);
         let dx = if self.log {
-            ct.sum_keepdim(d)
+            super::reduce_fast::sum_keepdim(ct, d)
                 .and_then(|s| y.exp()?.broadcast_mul(&s))
                 .and_then(|t| ct.sub(&t))
         } else {
             ct.mul(y)
-                .and_then(|t| t.sum_keepdim(d))
+                .and_then(|t| super::reduce_fast::sum_keepdim(&t, d))
                 .and_then(|s| ct.broadcast_sub(&s))
                 .and_then(|t| t.mul(y))
         }

@@ -266,7 +266,7 @@ fn cross_entropy(
     let (vi, _) = topo.shard_index(ex.rank, &vaxes);
     let off = (vi * vloc) as i64;
     let d = candle_core::D::Minus1;
-    let m = logits.max_keepdim(d).map_err(ce)?;
+    let m = crate::prim::reduce_fast::max_last_keepdim(logits).map_err(ce)?;
     let m = ex.comm.pmax(ex.rank, &m, &vaxes).map_err(ce)?;
     let e = logits.broadcast_sub(&m).and_then(|x| x.exp()).map_err(ce)?;
     let se = e.sum_keepdim(d).map_err(ce)?;
