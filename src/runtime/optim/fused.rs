@@ -35,56 +35,115 @@ pub enum Pass {
     Adagrad { lr: f64, s: f64, eps: f64 },
 }
 
-fn slice<'a>(s: &'a CpuStorage, l: &Layout, n: usize) -> Result<Slice<'a>> {
-    let (a, b) = l
-        .contiguous_offsets()
+/// The float element types a step runs on: read as f64, written back.
+trait Elem: Copy {
+    fn get(self) -> f64;
+    fn put(x: f64) -> Self;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    fn get(self) -> f64 {
+        f64::from(self)
+    }
+    #[inline(always)]
+    fn put(x: f64) -> f32 {
+        x as f32
+    }
+}
+
+impl Elem for f64 {
+    #[inline(always)]
+    fn get(self) -> f64 {
+        self
+    }
+    #[inline(always)]
+    fn put(x: f64) -> f64 {
+        x
+    }
+}
+
+fn err(what: &str) -> candle_core::Error {
+    candle_core::Error::Msg(format!("fused step: {what}"))
+}
+
+/// The contiguous elements of an operand of `n` elements.
+fn range(l: &Layout, n: usize) -> Result<(usize, usize)> {
+    l.contiguous_offsets()
         .filter(|(a, b)| b - a == n)
-        .ok_or_else(|| {
-            candle_core::Error::Msg("fused step: contiguous operands expected".into())
-        })?;
-    match s {
-        CpuStorage::F32(v) => Ok(Slice::F32(&v[a..b])),
-        CpuStorage::F64(v) => Ok(Slice::F64(&v[a..b])),
-        _ => Err(candle_core::Error::Msg(
-            "fused step: f32 or f64 expected".into(),
-        )),
-    }
+        .ok_or_else(|| err("contiguous operands expected"))
 }
 
-enum Slice<'a> {
-    F32(&'a [f32]),
-    F64(&'a [f64]),
-}
-
-impl Slice<'_> {
-    fn at(&self, i: usize) -> f64 {
-        match self {
-            Slice::F32(v) => f64::from(v[i]),
-            Slice::F64(v) => v[i],
+/// `dst[i] ← f(dst[i], a[i])`, one loop per pair of element types (no
+/// dispatch per element, so it vectorises); the same f64 arithmetic.
+fn each1(
+    dst: &mut CpuStorage,
+    l: &Layout,
+    a: &CpuStorage,
+    la: &Layout,
+    f: impl Fn(f64, f64) -> f64,
+) -> Result<()> {
+    fn run<D: Elem, A: Elem>(d: &mut [D], a: &[A], f: &impl Fn(f64, f64) -> f64) {
+        for (x, y) in d.iter_mut().zip(a) {
+            *x = D::put(f(x.get(), y.get()));
         }
     }
+    let (s, e) = range(l, l.shape().elem_count())?;
+    let (sa, ea) = range(la, e - s)?;
+    match (dst, a) {
+        (CpuStorage::F32(d), CpuStorage::F32(a)) => run(&mut d[s..e], &a[sa..ea], &f),
+        (CpuStorage::F32(d), CpuStorage::F64(a)) => run(&mut d[s..e], &a[sa..ea], &f),
+        (CpuStorage::F64(d), CpuStorage::F32(a)) => run(&mut d[s..e], &a[sa..ea], &f),
+        (CpuStorage::F64(d), CpuStorage::F64(a)) => run(&mut d[s..e], &a[sa..ea], &f),
+        _ => return Err(err("f32 or f64 expected")),
+    }
+    Ok(())
 }
 
-/// Apply `f(i, old) -> new` to every element of the destination.
-fn each(dst: &mut CpuStorage, l: &Layout, f: impl Fn(usize, f64) -> f64) -> Result<()> {
-    let (a, b) = l.contiguous_offsets().ok_or_else(|| {
-        candle_core::Error::Msg("fused step: contiguous operands expected".into())
-    })?;
-    match dst {
-        CpuStorage::F32(v) => {
-            for (i, x) in v[a..b].iter_mut().enumerate() {
-                *x = f(i, f64::from(*x)) as f32;
-            }
+/// `dst[i] ← f(dst[i], a[i], b[i])`, as [`each1`].
+fn each2(
+    dst: &mut CpuStorage,
+    l: &Layout,
+    (a, la): (&CpuStorage, &Layout),
+    (b, lb): (&CpuStorage, &Layout),
+    f: impl Fn(f64, f64, f64) -> f64,
+) -> Result<()> {
+    fn run<D: Elem, A: Elem, B: Elem>(
+        d: &mut [D],
+        a: &[A],
+        b: &[B],
+        f: &impl Fn(f64, f64, f64) -> f64,
+    ) {
+        for ((x, y), z) in d.iter_mut().zip(a).zip(b) {
+            *x = D::put(f(x.get(), y.get(), z.get()));
         }
-        CpuStorage::F64(v) => {
-            for (i, x) in v[a..b].iter_mut().enumerate() {
-                *x = f(i, *x);
-            }
+    }
+    let (s, e) = range(l, l.shape().elem_count())?;
+    let (sa, ea) = range(la, e - s)?;
+    let (sb, eb) = range(lb, e - s)?;
+    // The parameter's type and its two operands': all alike in practice
+    // (a run computes in one dtype); mixed pairs are converted first.
+    match (dst, a, b) {
+        (CpuStorage::F32(d), CpuStorage::F32(a), CpuStorage::F32(b)) => {
+            run(&mut d[s..e], &a[sa..ea], &b[sb..eb], &f)
         }
-        _ => {
-            return Err(candle_core::Error::Msg(
-                "fused step: f32 or f64 expected".into(),
-            ))
+        (CpuStorage::F64(d), CpuStorage::F64(a), CpuStorage::F64(b)) => {
+            run(&mut d[s..e], &a[sa..ea], &b[sb..eb], &f)
+        }
+        (d, a, b) => {
+            let wide = |x: &CpuStorage, lo: usize, hi: usize| -> Result<Vec<f64>> {
+                match x {
+                    CpuStorage::F32(v) => Ok(v[lo..hi].iter().map(|x| f64::from(*x)).collect()),
+                    CpuStorage::F64(v) => Ok(v[lo..hi].to_vec()),
+                    _ => Err(err("f32 or f64 expected")),
+                }
+            };
+            let (a, b) = (wide(a, sa, ea)?, wide(b, sb, eb)?);
+            match d {
+                CpuStorage::F32(d) => run(&mut d[s..e], &a, &b, &f),
+                CpuStorage::F64(d) => run(&mut d[s..e], &a, &b, &f),
+                _ => return Err(err("f32 or f64 expected")),
+            }
         }
     }
     Ok(())
@@ -102,17 +161,11 @@ impl InplaceOp2 for Pass {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<()> {
-        let g = slice(s2, l2, l1.shape().elem_count())?;
         match *self {
-            Pass::Linear { a, b } => each(s1, l1, |i, x| a * x + b * g.at(i)),
-            Pass::Square { a, b } => each(s1, l1, |i, x| {
-                let gi = g.at(i);
-                a * x + b * gi * gi
-            }),
-            Pass::Plain { lr, s } => each(s1, l1, |i, x| x - lr * s * g.at(i)),
-            _ => Err(candle_core::Error::Msg(
-                "fused step: wrong operand count".into(),
-            )),
+            Pass::Linear { a, b } => each1(s1, l1, s2, l2, |x, g| a * x + b * g),
+            Pass::Square { a, b } => each1(s1, l1, s2, l2, |x, g| a * x + b * g * g),
+            Pass::Plain { lr, s } => each1(s1, l1, s2, l2, |x, g| x - lr * s * g),
+            _ => Err(err("wrong operand count")),
         }
     }
 }
@@ -131,8 +184,7 @@ impl InplaceOp3 for Pass {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<()> {
-        let n = l1.shape().elem_count();
-        let (x2, x3) = (slice(s2, l2, n)?, slice(s3, l3, n)?);
+        let (x2, x3) = ((s2, l2), (s3, l3));
         match *self {
             Pass::Adam {
                 lr,
@@ -140,8 +192,8 @@ impl InplaceOp3 for Pass {
                 c2,
                 eps,
                 wd,
-            } => each(s1, l1, |i, p| {
-                let d = (x2.at(i) / c1) / ((x3.at(i) / c2).sqrt() + eps) + wd * p;
+            } => each2(s1, l1, x2, x3, |p, m, v| {
+                let d = (m / c1) / ((v / c2).sqrt() + eps) + wd * p;
                 p - lr * d
             }),
             Pass::Momentum {
@@ -149,18 +201,15 @@ impl InplaceOp3 for Pass {
                 s,
                 mu,
                 nesterov,
-            } => each(s1, l1, |i, p| {
-                let m = x2.at(i);
-                let d = if nesterov { s * x3.at(i) + mu * m } else { m };
+            } => each2(s1, l1, x2, x3, |p, m, g| {
+                let d = if nesterov { s * g + mu * m } else { m };
                 p - lr * d
             }),
-            Pass::Adagrad { lr, s, eps } => each(s1, l1, |i, p| {
-                let g = s * x2.at(i);
-                p - lr * g / (x3.at(i).sqrt() + eps)
+            Pass::Adagrad { lr, s, eps } => each2(s1, l1, x2, x3, |p, g, acc| {
+                let g = s * g;
+                p - lr * g / (acc.sqrt() + eps)
             }),
-            _ => Err(candle_core::Error::Msg(
-                "fused step: wrong operand count".into(),
-            )),
+            _ => Err(err("wrong operand count")),
         }
     }
 }
