@@ -361,6 +361,10 @@ pub fn run_on(
     // shared tensor before its first in-place step).
     let pieces: PieceCache = Default::default();
     let pieces = &pieces;
+    // The optimizer slots replicas share, by the same keys.
+    let slots: SlotCache = Default::default();
+    let slots = &slots;
+    let several_here = local_ranks.len() > 1;
     std::thread::scope(|scope| {
         let mut handles = Vec::new();
         for &rank in &local_ranks {
@@ -438,6 +442,35 @@ pub fn run_on(
                         if let (Some(s), Some(g), true) = (slot.as_mut(), cfg.init_opt.get(&format!("{key}/{}", p.name)), ex.holds(i)) {
                             let idx = param_indices(topo, rank, p, placements.get(&i), prog)?;
                             *s = local_piece_at(&idx, &p.stored, prog, g, cfg.dtype, &dev)?;
+                        }
+                    }
+                }
+                // On the virtual mesh, the replicas of a parameter piece share
+                // its tensor (the piece cache) and, when it steps in place, its
+                // optimizer slots: the first replica steps them for all, the
+                // others skip (same bits, a replica's share of the work and
+                // memory), and a barrier after the step keeps every device from
+                // reading a parameter mid-step.
+                let mut skip = vec![false; params.len()];
+                let mut shared = false;
+                if several_here && reloads.is_none() {
+                    for (pi, p) in prog.params.iter().enumerate() {
+                        let (axes, copies) = ex.replicas(pi);
+                        if !ex.holds(pi) || placements.contains_key(&pi) || p.frozen || copies < 2 || !state.in_place(pi, &params[pi]) {
+                            continue;
+                        }
+                        shared = true;
+                        let key = (pi, p.stored.dims.iter().map(|d| topo.shard_index(rank, &d.axes)).collect::<Vec<_>>());
+                        let (m, v) = match slots.lock() {
+                            Ok(mut c) => c.entry(key).or_insert_with(|| (state.m[pi].clone(), state.v[pi].clone())).clone(),
+                            Err(_) => return Err("a device failed while sharing optimizer state".into()),
+                        };
+                        state.m[pi] = m;
+                        state.v[pi] = v;
+                        if topo.group(rank, &axes).into_iter().min() == Some(rank) {
+                            state.claim(pi, &params[pi]);
+                        } else {
+                            skip[pi] = true;
                         }
                     }
                 }
@@ -627,7 +660,10 @@ pub fn run_on(
                         let m = ex.comm.pmax(rank, &m, &rep).and_then(|t| t.to_dtype(cfg.dtype)).map_err(ce)?;
                         masks[*pi] = Some(m);
                     }
-                    state.update(step + 1, &mut params, &grads, scale, &masks)?;
+                    state.update(step + 1, &mut params, &grads, scale, &masks, &skip)?;
+                    if shared {
+                        comm.barrier().map_err(ce)?;
+                    }
                     if let Some(crate::spec::Checkpoint { every, keep, dir }) = &cfg.checkpoint {
                         if (step + 1) % every == 0 {
                             // Every device takes part in gathering; device 0 writes.
@@ -934,6 +970,11 @@ impl StepBatches<'_> {
 type PieceCache = std::sync::Mutex<
     HashMap<(usize, Vec<(usize, usize)>), Arc<std::sync::OnceLock<Result<Tensor, String>>>>,
 >;
+
+/// Optimizer slots (first and second moment) by parameter piece, shared by
+/// the replicas that step it in place.
+type SlotCache =
+    std::sync::Mutex<HashMap<(usize, Vec<(usize, usize)>), (Option<Tensor>, Option<Tensor>)>>;
 
 /// Each metric's value from the step's sums (laid out as [`super::loss::score`]
 /// returns them).

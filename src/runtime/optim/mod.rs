@@ -151,6 +151,25 @@ impl OptState {
         Ok(OptState { opts, m, v, owned })
     }
 
+    /// Whether parameter `i` steps in place (a fused step on plain tensors):
+    /// then replicas may share its tensors, one of them stepping it.
+    pub fn in_place(&self, i: usize, p: &Tensor) -> bool {
+        let (m, v) = (self.m[i].as_ref(), self.v[i].as_ref());
+        self.opts[i].kind != OptKind::Frozen
+            && rule(&self.opts[i]).has_fused(m, v)
+            && plain(p)
+            && m.is_none_or(plain)
+            && v.is_none_or(plain)
+    }
+
+    /// Step `p`'s storage in place without copying it first: this state
+    /// steps it for every replica sharing it.
+    pub fn claim(&mut self, i: usize, p: &Tensor) {
+        if let Some(o) = self.owned.get_mut(i) {
+            *o = Some(p.id());
+        }
+    }
+
     pub fn bytes(&self) -> f64 {
         self.m.iter().chain(&self.v).flatten().map(bytes).sum()
     }
@@ -165,9 +184,14 @@ impl OptState {
         grads: &[Tensor],
         scale: f64,
         masks: &[Option<Tensor>],
+        skip: &[bool],
     ) -> R<()> {
         let t = step as i32;
         for i in 0..params.len() {
+            // Another replica steps the storage this one shares.
+            if skip.get(i) == Some(&true) {
+                continue;
+            }
             // Another pipeline stage's parameter: not held here.
             if params[i].elem_count() == 0 {
                 continue;

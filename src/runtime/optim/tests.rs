@@ -65,7 +65,7 @@ fn fused_steps_equal_composed_steps() {
                     Tensor::from_vec(wave(step as f64 * 11.0), dims.as_slice(), &dev).expect("g");
                 let scale = if step == 2 { 0.5 } else { 1.0 };
                 fused
-                    .update(step, &mut pf, std::slice::from_ref(&g), scale, &[None])
+                    .update(step, &mut pf, std::slice::from_ref(&g), scale, &[None], &[])
                     .expect("fused");
                 composed
                     .update(
@@ -74,6 +74,7 @@ fn fused_steps_equal_composed_steps() {
                         std::slice::from_ref(&g),
                         scale,
                         &[Some(ones.clone())],
+                        &[],
                     )
                     .expect("composed");
             }
