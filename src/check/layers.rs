@@ -146,6 +146,13 @@ impl<'p> Checker<'p> {
                         }
                     }
                     "freeze" => freeze.extend(self.freeze_directive(decl, args, *span)),
+                    "checkpoint" if decl.is_model => self.report(Problem::BadDirective {
+                        span: *span,
+                        message: "a model's `forward` is the whole step: checkpointing it saves nothing".into(),
+                        help: Some(
+                            "put `checkpoint(...)` in the layers to recompute, or `checkpoint: full` on a `repeat`".into(),
+                        ),
+                    }),
                     "checkpoint" => {
                         inst.checkpoint = self.checkpoint_directive(decl, args, *span)
                     }
