@@ -89,6 +89,17 @@ pub(crate) fn local_piece(
     dtype: DType,
     dev: &Device,
 ) -> R<Tensor> {
+    // Split along the first dimension only (a batch), or not at all: the
+    // piece is one contiguous run of the global array.
+    if t.dims.iter().skip(1).all(|d| d.axes.is_empty()) {
+        let shape: Vec<usize> = prog.local_shape(t)?.iter().map(|x| *x as usize).collect();
+        let len: usize = shape.iter().product();
+        let first = t.dims.first().map_or((0, 1), |d| topo.shard_index(rank, &d.axes));
+        let start = first.0 * len;
+        if let Some(run) = values.get(start..start + len) {
+            return piece_tensor(run.to_vec(), t, shape, dtype, dev);
+        }
+    }
     let idx = init::global_indices(topo, rank, t, &prog.bound)?;
     local_piece_at(&idx, t, prog, values, dtype, dev)
 }
@@ -133,17 +144,24 @@ fn local_piece_at(
         .map(|i| values.get(*i as usize).copied().unwrap_or(0.0))
         .collect();
     let shape: Vec<usize> = prog.local_shape(t)?.iter().map(|x| *x as usize).collect();
-    let dt = if matches!(t.dtype, SDType::I32 | SDType::I64) {
-        DType::I64
-    } else {
-        dtype
-    };
-    if dt == DType::I64 {
+    piece_tensor(v, t, shape, dtype, dev)
+}
+
+/// A local piece's values as a tensor of `t`'s kind: integers as i64, floats
+/// in `dtype`.
+fn piece_tensor(
+    v: Vec<f64>,
+    t: &TType,
+    shape: Vec<usize>,
+    dtype: DType,
+    dev: &Device,
+) -> R<Tensor> {
+    if matches!(t.dtype, SDType::I32 | SDType::I64) {
         let iv: Vec<i64> = v.iter().map(|x| *x as i64).collect();
         return Tensor::from_vec(iv, shape, dev).map_err(ce);
     }
     Tensor::from_vec(v, shape, dev)
-        .and_then(|t| t.to_dtype(dt))
+        .and_then(|t| t.to_dtype(dtype))
         .map_err(ce)
 }
 
