@@ -14,6 +14,7 @@
 mod body;
 mod decls;
 mod layers;
+mod policy;
 mod rules;
 
 pub use body::{Bodies, Body, BodyId, Call, Op, Repeat, VId};

@@ -94,7 +94,10 @@ pub(crate) fn local_piece(
     if t.dims.iter().skip(1).all(|d| d.axes.is_empty()) {
         let shape: Vec<usize> = prog.local_shape(t)?.iter().map(|x| *x as usize).collect();
         let len: usize = shape.iter().product();
-        let first = t.dims.first().map_or((0, 1), |d| topo.shard_index(rank, &d.axes));
+        let first = t
+            .dims
+            .first()
+            .map_or((0, 1), |d| topo.shard_index(rank, &d.axes));
         let start = first.0 * len;
         if let Some(run) = values.get(start..start + len) {
             return piece_tensor(run.to_vec(), t, shape, dtype, dev);
