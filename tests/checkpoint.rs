@@ -192,3 +192,37 @@ fn a_layer_directive_checkpoints_every_call() {
         p1.activations
     );
 }
+
+/// Layers checkpointed by their directive inside a stack that is not: the
+/// plan still proposes checkpointing the stack, with the peak the stack
+/// checkpointed plans; the run has the bits of one without directives.
+#[test]
+fn a_stack_of_checkpointed_layers_can_still_be_checkpointed_whole() {
+    let text = |directive: &str, policy: &str| {
+        format!("mesh m(dp: 2)\n\nlayer Inner(D) {{\n  {directive}\n  w: f32[D, D] init normal(0.2)\n  fn forward(x: f32[B@dp, D]) -> f32[B@dp, D] {{ tanh(x @ w) }}\n}}\n\nlayer Outer(D) {{\n  a = Inner(D)\n  b = Inner(D)\n  fn forward(x: f32[B@dp, D]) -> f32[B@dp, D] {{ x + b(a(x)) }}\n}}\n\nmodel Deep {{\n  blocks = repeat(3, Outer(8){policy})\n  head: f32[8, 4] init normal(0.3)\n  fn forward(x: f32[B@dp, 8]) -> f32[B@dp, 4] {{ blocks(x) @ head }}\n}}\n\ntrain Deep on m {{\n  data: synthetic(classes: 4)\n  batch: 8, steps: 3, seed: 5\n  optimizer: adam(lr: 1e-2)\n}}\n")
+    };
+    let plan = |t: &str| {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("ck_nested.shard");
+        let c = shardc::world::compile_source(&path, t.to_string(), &Default::default());
+        assert!(!c.has_errors(), "{t}");
+        c.plans.first().cloned().expect("a plan")
+    };
+    let inner = plan(&text("checkpoint(full)", ""));
+    let whole = plan(&text("checkpoint(full)", ", checkpoint: full"));
+    let none = plan(&text("", ""));
+    assert!(inner.activations < none.activations);
+    let best = whole.peaks().into_iter().reduce(f64::max);
+    assert_eq!(inner.peak_if_checkpointed, best);
+    assert_eq!(whole.peak_if_checkpointed, None);
+    for f64 in [false, true] {
+        let a = run("ck_n0.shard", &text("", ""), f64);
+        let b = run("ck_n1.shard", &text("checkpoint(full)", ""), f64);
+        let c = run(
+            "ck_n2.shard",
+            &text("checkpoint(full)", ", checkpoint: full"),
+            f64,
+        );
+        assert_eq!(a.losses, b.losses);
+        assert_eq!(a.losses, c.losses);
+    }
+}

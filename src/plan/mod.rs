@@ -164,9 +164,17 @@ pub use crate::units::{human_bytes, human_flops};
 /// yet: checkpointing every `repeat`, bf16 mixed precision, and both.
 pub fn of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> Plan {
     let mut plan = plan_of(prog, train, spec, sources);
-    let checkpointed = (prog.repeats.len() > prog.checkpoints.len()).then(|| {
+    // Every repeat's blocks checkpointed: ranges inside them (a layer's
+    // directive) become part of the blocks.
+    let unchecked = prog.repeats.iter().any(|r| !prog.checkpoints.contains(r));
+    let checkpointed = unchecked.then(|| {
         let mut all = prog.clone();
-        all.checkpoints = prog.repeats.clone();
+        let inside = |c: &(crate::spmd::Nid, crate::spmd::Nid)| {
+            prog.repeats.iter().any(|r| r.0 <= c.0 && c.1 <= r.1)
+        };
+        all.checkpoints.retain(|c| !inside(c));
+        all.checkpoints.extend(prog.repeats.iter().copied());
+        all.checkpoints.sort();
         all
     });
     let bf16 = (train.precision == crate::spec::Precision::F32).then(|| {
