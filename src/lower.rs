@@ -262,7 +262,11 @@ impl Lowering<'_> {
                 self.keep_named(body, keep, &vals);
             }
             ranges.push((start, self.prog.nodes.len() as Nid));
-            cur = out?;
+            let Some(out) = out else {
+                self.in_checkpoint = outer;
+                return None;
+            };
+            cur = out;
             if r.count > MAX_UNROLL {
                 // Too many to unroll: one repetition stands for all of them.
                 self.prog.folds.push(Fold {
