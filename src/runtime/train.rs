@@ -473,14 +473,15 @@ pub fn run_on(
                 // memory), and a barrier after the step keeps every device from
                 // reading a parameter mid-step.
                 let mut skip = vec![false; params.len()];
-                let mut shared = false;
-                if several_here && reloads.is_none() {
+                // Every device waits at that barrier, whether or not it shares
+                // anything itself (a pipeline stage may hold only frozen weights).
+                let shared = several_here && reloads.is_none();
+                if shared {
                     for (pi, p) in prog.params.iter().enumerate() {
                         let (axes, copies) = ex.replicas(pi);
                         if !ex.holds(pi) || placements.contains_key(&pi) || p.frozen || copies < 2 || !state.in_place(pi, &params[pi]) {
                             continue;
                         }
-                        shared = true;
                         let key = (pi, p.stored.dims.iter().map(|d| topo.shard_index(rank, &d.axes)).collect::<Vec<_>>());
                         let (m, v) = match slots.lock() {
                             Ok(mut c) => c.entry(key).or_insert_with(|| (state.m[pi].clone(), state.v[pi].clone())).clone(),
