@@ -356,10 +356,9 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
             cfg.batch,
             cfg.optimizer.name(),
             match (f64, train.precision) {
-                (true, _) => "f64",
-                (false, crate::spec::Precision::BF16) => "bf16 (f32 master weights)",
-                (false, crate::spec::Precision::F16) => "f16 (f32 master weights)",
-                (false, crate::spec::Precision::F32) => "f32",
+                (true, _) => "f64".to_string(),
+                (false, crate::spec::Precision::F32) => "f32".to_string(),
+                (false, p) => format!("{} (f32 master weights)", p.name()),
             }
         );
         // A mesh declared for other hardware runs here as a simulation: say so.

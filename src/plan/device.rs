@@ -132,8 +132,6 @@ pub struct Verdict {
     pub mfu: Option<f64>,
     /// `bf16` or `f32`: which peak the estimate uses.
     pub precision: &'static str,
-    /// When it does not fit: the peak with every `repeat` checkpointed.
-    pub if_checkpointed: Option<f64>,
     /// When it does not fit: the changes that save memory, with their peaks.
     pub proposals: Vec<super::Proposal>,
 }
@@ -162,7 +160,6 @@ pub fn verdict(plan: &super::Plan, device: Device) -> Verdict {
         comm_seconds: comm,
         mfu,
         precision,
-        if_checkpointed: plan.peak_if_checkpointed.filter(|_| !fits),
         proposals: if fits { vec![] } else { plan.proposals.clone() },
     }
 }

@@ -189,10 +189,11 @@ pub fn of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> Pl
             .fold(0.0, f64::max)
     };
     if let Some(all) = &checkpointed {
-        plan.peak_if_checkpointed = Some(peak(all, train));
+        let p = peak(all, train);
+        plan.peak_if_checkpointed = Some(p);
         plan.proposals.push(Proposal {
             change: "checkpointing every `repeat` (`checkpoint: full`)".into(),
-            peak: peak(all, train),
+            peak: p,
         });
     }
     if let Some(t) = &bf16 {

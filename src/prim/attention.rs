@@ -111,19 +111,24 @@ fn check(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
     Typed::new(out, Attention { ring })
 }
 
+/// The causal mask of `t` positions, `t` × `t` in `like`'s dtype: -1e10
+/// above the diagonal (a later key), 0 elsewhere.
+pub(super) fn causal_mask(t: usize, like: &Tensor) -> R<Tensor> {
+    let mask: Vec<f64> = (0..t * t)
+        .map(|i| if i % t > i / t { -1e10 } else { 0.0 })
+        .collect();
+    Tensor::from_vec(mask, (t, t), like.device())
+        .and_then(|m| m.to_dtype(like.dtype()))
+        .map_err(ce)
+}
+
 /// Causal softmax attention on [B, T, H, E]; the output and the weights [B, H, T, T].
 fn attention(q: &Tensor, k: &Tensor, v: &Tensor) -> R<(Tensor, Tensor)> {
     let e = q.dims()[3] as f64;
     let t = q.dims()[1];
     let s = einsum(&["bthe", "bshe"], "bhts", &[q, k])?;
     let s = (s / e.sqrt()).map_err(ce)?;
-    let mask: Vec<f64> = (0..t * t)
-        .map(|i| if i % t > i / t { -1e10 } else { 0.0 })
-        .collect();
-    let mask = Tensor::from_vec(mask, (t, t), q.device())
-        .and_then(|m| m.to_dtype(q.dtype()))
-        .map_err(ce)?;
-    let s = s.broadcast_add(&mask).map_err(ce)?;
+    let s = s.broadcast_add(&causal_mask(t, &s)?).map_err(ce)?;
     let mx = super::reduce_fast::max_last_keepdim(&s).map_err(ce)?;
     let ex = s.broadcast_sub(&mx).and_then(|x| x.exp()).map_err(ce)?;
     let p = ex

@@ -16,7 +16,7 @@ pub const DEFS: &[Def] = &[
         name: "cast",
         kind: Kind::Function,
         signature: "cast(x, bf16)",
-        rule: "dtype changed, layout and pending kept; floats compute in the run's dtype (f32, or f64 with `--f64`), integers truncate toward zero and carry no gradient",
+        rule: "dtype changed, layout and pending kept; floats compute in the run's dtype (f32, the 16-bit type under `precision: bf16 | f16`, or f64 with `--f64`), integers truncate toward zero and carry no gradient",
         check: Some(cast),
         examples: &["cast({x: f32[4, 6]}, f32)", "cast({x: f32[4, 6]}, bf16) * 2.0"],
         differentiable: true,

@@ -16,16 +16,6 @@ use super::kernel::{ce, Kernel};
 use super::R;
 use candle_core::{Tensor, D};
 
-/// The causal mask of a diagonal block: `t` × `t`, -1e10 above the diagonal.
-fn diagonal_mask(t: usize, like: &Tensor) -> R<Tensor> {
-    let mask: Vec<f64> = (0..t * t)
-        .map(|i| if i % t > i / t { -1e10 } else { 0.0 })
-        .collect();
-    Tensor::from_vec(mask, (t, t), like.device())
-        .and_then(|m| m.to_dtype(like.dtype()))
-        .map_err(ce)
-}
-
 /// Scores of local queries `q` against a key block `k` ([B, H, Tq, Tk]),
 /// masked causally when the block is the device's own.
 fn scores(q: &Tensor, k: &Tensor, own: bool) -> R<Tensor> {
@@ -34,7 +24,8 @@ fn scores(q: &Tensor, k: &Tensor, own: bool) -> R<Tensor> {
     let s = (s / e.sqrt()).map_err(ce)?;
     if own {
         let t = q.dims()[1];
-        s.broadcast_add(&diagonal_mask(t, &s)?).map_err(ce)
+        s.broadcast_add(&super::attention::causal_mask(t, &s)?)
+            .map_err(ce)
     } else {
         Ok(s)
     }

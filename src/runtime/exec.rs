@@ -9,6 +9,7 @@
 //! has a replicated cotangent. Parameter gradients are then summed over the
 //! axes their parameter is replicated on.
 
+use super::precision::is_half;
 use crate::mesh::Collectives;
 use crate::prim::lookup::SparseState;
 use crate::prim::{Forward, Grad, Kernel, Prim, Primitive};
@@ -114,18 +115,9 @@ impl<'a> Exec<'a> {
     }
 }
 
-/// Whether `d` is a 16-bit float (mixed precision's compute type).
-fn half(d: DType) -> bool {
-    matches!(d, DType::BF16 | DType::F16)
-}
-
-/// `t` in f32 when it is a 16-bit float.
+/// `t` in f32 when it is a 16-bit float ([`super::precision`]).
 fn widen(t: &Tensor) -> R<Tensor> {
-    if half(t.dtype()) {
-        t.to_dtype(DType::F32).map_err(ce)
-    } else {
-        Ok(t.clone())
-    }
+    super::precision::widen(t).map_err(ce)
 }
 
 impl Exec<'_> {
@@ -139,7 +131,7 @@ impl Exec<'_> {
         ts: &[&TType],
         out: &TType,
     ) -> R<Forward> {
-        if !(half(k.dtype) && p.accumulates()) {
+        if !(is_half(k.dtype) && p.accumulates()) {
             return p.forward(&k, x, ts, out);
         }
         let narrow = k.dtype;
@@ -158,7 +150,7 @@ impl Exec<'_> {
     /// An op's derivative, widened like its forward (see [`Exec::run_forward`]);
     /// each cotangent returns in its operand's dtype.
     fn run_vjp(&self, p: &dyn Primitive, mut k: Kernel, g: &Grad) -> R<Vec<Option<Tensor>>> {
-        if !(half(k.dtype) && p.accumulates()) {
+        if !(is_half(k.dtype) && p.accumulates()) {
             return p.vjp(&k, g);
         }
         k.dtype = DType::F32;
@@ -178,7 +170,7 @@ impl Exec<'_> {
         ds.into_iter()
             .zip(g.x)
             .map(|(d, x)| match d {
-                Some(d) if d.dtype() != x.dtype() && half(x.dtype()) => {
+                Some(d) if d.dtype() != x.dtype() && is_half(x.dtype()) => {
                     d.to_dtype(x.dtype()).map(Some).map_err(ce)
                 }
                 d => Ok(d),

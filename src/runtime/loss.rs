@@ -52,14 +52,11 @@ pub fn score(
 ) -> R<Scored> {
     // Mixed precision: losses are computed in f32 from the 16-bit output,
     // and the cotangent goes back in the output's type.
-    if matches!(out.dtype(), DType::BF16 | DType::F16) {
+    if super::precision::is_half(out.dtype()) {
         let mut wex = ex.with_program(ex.prog);
         wex.dtype = DType::F32;
-        let wide = out.to_dtype(DType::F32).map_err(ce)?;
-        let y = match labels.dtype() {
-            DType::BF16 | DType::F16 => labels.to_dtype(DType::F32).map_err(ce)?,
-            _ => labels.clone(),
-        };
+        let wide = super::precision::widen(out).map_err(ce)?;
+        let y = super::precision::widen(labels).map_err(ce)?;
         let mut s = score(kind, metrics, &wex, &wide, ot, &y, rows, stage_axis)?;
         s.ct = s.ct.to_dtype(out.dtype()).map_err(ce)?;
         return Ok(s);

@@ -2,6 +2,7 @@
 //! interface. Reductions add the group's pieces in rank order, so results are
 //! bit-identical from run to run.
 
+use super::precision::widen as wide;
 use crate::mesh::{Collectives, Topology};
 use candle_core::{Result, Tensor};
 use std::collections::HashMap;
@@ -55,15 +56,6 @@ impl Barrier {
             s.2 = true;
         }
         self.cv.notify_all();
-    }
-}
-
-/// A 16-bit float (mixed precision) widened to f32, so a sum over devices
-/// accumulates in f32; other types as they are.
-fn wide(t: &Tensor) -> Result<Tensor> {
-    match t.dtype() {
-        candle_core::DType::BF16 | candle_core::DType::F16 => t.to_dtype(candle_core::DType::F32),
-        _ => Ok(t.clone()),
     }
 }
 

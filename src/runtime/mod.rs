@@ -14,6 +14,7 @@ pub mod mesh;
 pub mod mpi;
 pub mod optim;
 pub mod pipeline;
+pub mod precision;
 pub mod probe;
 pub mod reload;
 pub mod report;

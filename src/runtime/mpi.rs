@@ -218,9 +218,10 @@ impl Wire for u8 {}
 /// A 16-bit float tensor (mixed precision) as f32 for the wire, where sums
 /// also accumulate; `None` for a type that crosses as it is.
 fn widened(t: &Tensor) -> Result<Option<Tensor>> {
-    match t.dtype() {
-        DType::BF16 | DType::F16 => t.to_dtype(DType::F32).map(Some),
-        _ => Ok(None),
+    if super::precision::is_half(t.dtype()) {
+        super::precision::widen(t).map(Some)
+    } else {
+        Ok(None)
     }
 }
 

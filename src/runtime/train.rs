@@ -417,7 +417,7 @@ pub fn run_on(
                         params.push(Tensor::zeros(0, cfg.dtype, &dev).map_err(ce)?);
                         continue;
                     }
-                    let key = (pi, p.stored.dims.iter().map(|d| topo.shard_index(rank, &d.axes)).collect::<Vec<_>>());
+                    let key = piece_key(topo, rank, pi, p);
                     let cell = match (placements.get(&pi), pieces.lock()) {
                         // Tables are MOD-placed per device: not shared.
                         (None, Ok(mut m)) => Some(m.entry(key).or_default().clone()),
@@ -482,7 +482,7 @@ pub fn run_on(
                         if !ex.holds(pi) || placements.contains_key(&pi) || p.frozen || copies < 2 || !state.in_place(pi, &params[pi]) {
                             continue;
                         }
-                        let key = (pi, p.stored.dims.iter().map(|d| topo.shard_index(rank, &d.axes)).collect::<Vec<_>>());
+                        let key = piece_key(topo, rank, pi, p);
                         let (m, v) = match slots.lock() {
                             Ok(mut c) => c.entry(key).or_insert_with(|| (state.m[pi].clone(), state.v[pi].clone())).clone(),
                             Err(_) => return Err("a device failed while sharing optimizer state".into()),
@@ -840,15 +840,10 @@ fn all_finite(t: &Tensor) -> bool {
 /// The parameters as the passes use them: 16-bit copies of the master
 /// weights under mixed precision, else the master weights themselves.
 fn working(params: &[Tensor], dtype: DType) -> R<Vec<Tensor>> {
+    // `to_dtype` to a tensor's own dtype is the tensor itself.
     params
         .iter()
-        .map(|p| {
-            if p.dtype() == dtype {
-                Ok(p.clone())
-            } else {
-                p.to_dtype(dtype).map_err(ce)
-            }
-        })
+        .map(|p| p.to_dtype(dtype).map_err(ce))
         .collect()
 }
 
@@ -859,8 +854,7 @@ fn master_grads(grads: Vec<Option<Tensor>>, params: &[Tensor]) -> R<Vec<Tensor>>
         .into_iter()
         .zip(params)
         .map(|(g, p)| match g {
-            Some(g) if g.dtype() != p.dtype() => g.to_dtype(p.dtype()).map_err(ce),
-            Some(g) => Ok(g),
+            Some(g) => g.to_dtype(p.dtype()).map_err(ce),
             None => p.zeros_like().map_err(ce),
         })
         .collect()
@@ -989,14 +983,27 @@ impl StepBatches<'_> {
 
 /// Initial parameter pieces by (parameter, shard index and count per dimension),
 /// computed once and shared by the replicas that hold the same piece.
-type PieceCache = std::sync::Mutex<
-    HashMap<(usize, Vec<(usize, usize)>), Arc<std::sync::OnceLock<Result<Tensor, String>>>>,
->;
+type PieceCache =
+    std::sync::Mutex<HashMap<PieceKey, Arc<std::sync::OnceLock<Result<Tensor, String>>>>>;
+
+/// A parameter piece: the parameter, and its shard index and count per
+/// dimension on a device (replicas of the piece have the same key).
+type PieceKey = (usize, Vec<(usize, usize)>);
+
+fn piece_key(topo: &Topology, rank: usize, pi: usize, p: &crate::spmd::Param) -> PieceKey {
+    (
+        pi,
+        p.stored
+            .dims
+            .iter()
+            .map(|d| topo.shard_index(rank, &d.axes))
+            .collect(),
+    )
+}
 
 /// Optimizer slots (first and second moment) by parameter piece, shared by
 /// the replicas that step it in place.
-type SlotCache =
-    std::sync::Mutex<HashMap<(usize, Vec<(usize, usize)>), (Option<Tensor>, Option<Tensor>)>>;
+type SlotCache = std::sync::Mutex<HashMap<PieceKey, (Option<Tensor>, Option<Tensor>)>>;
 
 /// Each metric's value from the step's sums (laid out as [`super::loss::score`]
 /// returns them).
