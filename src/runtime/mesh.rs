@@ -109,6 +109,9 @@ pub struct Comm {
     pub topo: Topology,
     slots: Mutex<Vec<Option<Tensor>>>,
     barriers: Mutex<HashMap<Vec<usize>, Arc<Barrier>>>,
+    /// Per group, the result its first member computed for everyone (see
+    /// [`Comm::shared`]); `None` when that computation failed.
+    results: Mutex<HashMap<Vec<usize>, Option<Tensor>>>,
     aborted: AtomicBool,
 }
 
@@ -119,6 +122,7 @@ impl Comm {
             topo,
             slots: Mutex::new(vec![None; n]),
             barriers: Mutex::new(HashMap::new()),
+            results: Mutex::new(HashMap::new()),
             aborted: AtomicBool::new(false),
         }
     }
@@ -172,6 +176,69 @@ impl Comm {
             s[rank] = None;
         }
         out
+    }
+
+    /// As [`Comm::with_group`] for a result that is the same on every member (a
+    /// gather, a sum): the group's first member computes it once and the others
+    /// take the same tensor, instead of each computing identical bits (tensors
+    /// are immutable; nothing in a step writes into a collective's result).
+    fn shared(
+        &self,
+        rank: usize,
+        t: &Tensor,
+        axes: &[String],
+        compute: impl FnOnce(&[&Tensor]) -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        let lost = || candle_core::Error::Msg("a device's slot was lost".into());
+        let poisoned = || candle_core::Error::Msg("mesh lock poisoned".into());
+        let group = self.topo.group(rank, axes);
+        let barrier = self.barrier_of(&group)?;
+        if let Ok(mut s) = self.slots.lock() {
+            s[rank] = Some(t.clone());
+        }
+        barrier.wait()?;
+        let leader = group.first() == Some(&rank);
+        let mut failure = None;
+        if leader {
+            // Every member has finished reading this group's previous result:
+            // each has posted for this collective.
+            let posted: Vec<Tensor> = match self.slots.lock() {
+                Ok(s) => group.iter().filter_map(|r| s[*r].clone()).collect(),
+                Err(_) => vec![],
+            };
+            let refs: Vec<&Tensor> = posted.iter().collect();
+            let out = if refs.len() == group.len() {
+                compute(&refs)
+            } else {
+                Err(lost())
+            };
+            let kept = match out {
+                Ok(y) => Some(y),
+                Err(e) => {
+                    failure = Some(e);
+                    None
+                }
+            };
+            self.results
+                .lock()
+                .map_err(|_| poisoned())?
+                .insert(group.clone(), kept);
+        }
+        barrier.wait()?;
+        if let Ok(mut s) = self.slots.lock() {
+            s[rank] = None;
+        }
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        let got = self
+            .results
+            .lock()
+            .map_err(|_| poisoned())?
+            .get(&group)
+            .cloned()
+            .flatten();
+        got.ok_or_else(|| candle_core::Error::Msg("another device's collective failed".into()))
     }
 }
 
@@ -229,10 +296,10 @@ impl Collectives for Comm {
                 }
                 acc.to_dtype(t.dtype())
             })?;
-            let whole = self.with_group(rank, &mine, axes, |parts| Tensor::cat(parts, 0))?;
+            let whole = self.shared(rank, &mine, axes, |parts| Tensor::cat(parts, 0))?;
             return whole.reshape(t.shape());
         }
-        self.with_group(rank, t, axes, |parts| {
+        self.shared(rank, t, axes, |parts| {
             let mut acc = wide(parts[0])?;
             for p in &parts[1..] {
                 acc = (acc + wide(p)?)?;
@@ -245,7 +312,7 @@ impl Collectives for Comm {
         if axes.iter().all(|a| self.topo.size(a) == 1) {
             return Ok(t.clone());
         }
-        self.with_group(rank, t, axes, |parts| {
+        self.shared(rank, t, axes, |parts| {
             let mut acc = parts[0].clone();
             for p in &parts[1..] {
                 acc = acc.maximum(*p)?;
@@ -258,7 +325,7 @@ impl Collectives for Comm {
         if self.topo.size(axis) == 1 {
             return Ok(t.clone());
         }
-        self.with_group(rank, t, &[axis.to_string()], |parts| {
+        self.shared(rank, t, &[axis.to_string()], |parts| {
             Tensor::cat(parts, dim)
         })
     }
