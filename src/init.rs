@@ -44,6 +44,24 @@ pub fn global_indices(
     t: &TType,
     bound: &BTreeMap<String, Poly>,
 ) -> Result<Vec<u64>, String> {
+    let (starts, len) = global_runs(topo, rank, t, bound)?;
+    let mut out = Vec::with_capacity(starts.len() * len);
+    for s in starts {
+        out.extend(s..s + len as u64);
+    }
+    Ok(out)
+}
+
+/// This device's elements of a value of type `t` as runs along the last
+/// dimension, where global indices are consecutive: each run's first global
+/// row-major index, in local order, and the runs' length (a scalar is one run
+/// of one).
+pub fn global_runs(
+    topo: &Topology,
+    rank: usize,
+    t: &TType,
+    bound: &BTreeMap<String, Poly>,
+) -> Result<(Vec<u64>, usize), String> {
     let mut global = Vec::new();
     let mut local = Vec::new();
     let mut offset = Vec::new();
@@ -59,16 +77,23 @@ pub fn global_indices(
         local.push(l);
         offset.push(idx * l);
     }
-    let total: usize = local.iter().product();
-    let mut out = Vec::with_capacity(total);
-    let mut pos = vec![0usize; local.len()];
-    for _ in 0..total {
+    let Some(&len) = local.last() else {
+        return Ok((vec![0], 1));
+    };
+    let lead = local.len() - 1;
+    let runs: usize = local[..lead].iter().product();
+    let mut out = Vec::with_capacity(if len == 0 { 0 } else { runs });
+    if len == 0 {
+        return Ok((out, 0));
+    }
+    let mut pos = vec![0usize; lead];
+    for _ in 0..runs {
         let mut gi = 0u64;
-        for k in 0..local.len() {
+        for k in 0..lead {
             gi = gi * global[k] as u64 + (offset[k] + pos[k]) as u64;
         }
-        out.push(gi);
-        for k in (0..local.len()).rev() {
+        out.push(gi * global[lead] as u64 + offset[lead] as u64);
+        for k in (0..lead).rev() {
             pos[k] += 1;
             if pos[k] < local[k] {
                 break;
@@ -76,7 +101,7 @@ pub fn global_indices(
             pos[k] = 0;
         }
     }
-    Ok(out)
+    Ok((out, len))
 }
 
 /// A weight's initializer, as written (`normal(0.02)`, `lecun`, `zeros`, ...).

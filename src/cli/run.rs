@@ -468,8 +468,8 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
             false,
             watch.then_some(&reloads),
             &mut |r| {
-                let now = std::time::Instant::now();
-                let secs = (now - last).as_secs_f64();
+                let now = r.done;
+                let secs = now.saturating_duration_since(last).as_secs_f64();
                 last = now;
                 let rec = crate::runtime::report::Record {
                     step: r.step + 1,

@@ -54,20 +54,31 @@ fn check(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
 
 impl Dropout {
     fn mask(&self, k: &Kernel, t: &TType, seed: u64) -> R<Tensor> {
-        let idx = k.global_indices(t)?;
+        let (starts, len) = k.global_runs(t)?;
         let keep = 1.0 / (1.0 - self.rate);
-        let v: Vec<f64> = idx
-            .iter()
-            .map(|g| {
-                if crate::init::uniform(seed, *g) < self.rate {
-                    0.0
-                } else {
-                    keep
-                }
-            })
-            .collect();
         let shape = k.local_shape(t)?;
-        k.floats(v, &shape)
+        // Element by element as the f64 formula, written in the run's dtype
+        // (f32: the same bits as converting afterwards, without the f64 copy).
+        fn fill<T: Copy>(starts: &[u64], len: usize, f: impl Fn(u64) -> T) -> Vec<T> {
+            let mut v = Vec::with_capacity(starts.len() * len);
+            for s in starts {
+                v.extend((*s..*s + len as u64).map(&f));
+            }
+            v
+        }
+        let rate = self.rate;
+        let pick = |g: u64| {
+            if crate::init::uniform(seed, g) < rate {
+                0.0
+            } else {
+                keep
+            }
+        };
+        if k.dtype == candle_core::DType::F32 {
+            let v = fill(&starts, len, |g| pick(g) as f32);
+            return Tensor::from_vec(v, shape, k.dev).map_err(ce);
+        }
+        k.floats(fill(&starts, len, pick), &shape)
     }
 }
 

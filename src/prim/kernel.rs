@@ -86,6 +86,12 @@ impl Kernel<'_> {
         crate::init::global_indices(self.topo(), self.rank, t, self.bound)
     }
 
+    /// This device's elements of a value of type `t` as runs of consecutive
+    /// global indices along the last dimension ([`crate::init::global_runs`]).
+    pub fn global_runs(&self, t: &TType) -> R<(Vec<u64>, usize)> {
+        crate::init::global_runs(self.topo(), self.rank, t, self.bound)
+    }
+
     /// A tensor of this run's float dtype from f64 values.
     pub fn floats(&self, v: Vec<f64>, shape: &[usize]) -> R<Tensor> {
         Tensor::from_vec(v, shape, self.dev)

@@ -208,9 +208,25 @@ fn matmul_vjp(x: &Tensor, y: &Tensor, g: &Tensor) -> R<(Tensor, Tensor)> {
         }
         return Ok((gx, gy));
     }
-    // gemm reads a transposed operand as it is (no copy).
-    let yt = y.t().map_err(ce)?;
-    let gx = matmul(g, &yt)?;
+    let gx = if y.rank() == 2 && g.elem_count() / y.dims()[1].max(1) < y.dims()[0] {
+        // g [R, N] smaller than y [K, N] (a small batch through a big weight):
+        // g @ yᵀ would have gemm pack all of y into its panel layout first,
+        // for only R rows of output; y @ gᵀ reads y as it lies and packs the
+        // smaller g, and its transpose is a copy of the [R, K] result.
+        let n = y.dims()[1];
+        let gf = g
+            .contiguous()
+            .and_then(|t| t.reshape(((), n)))
+            .map_err(ce)?;
+        y.matmul(&gf.t().map_err(ce)?)
+            .and_then(|t| t.t())
+            .and_then(|t| t.contiguous())
+            .and_then(|t| t.reshape(x.dims()))
+            .map_err(ce)?
+    } else {
+        // gemm reads a transposed operand as it is (no copy).
+        matmul(g, &y.t().map_err(ce)?)?
+    };
     let gy = if y.rank() == 2 {
         let k = x.dims()[x.rank() - 1];
         let n = g.dims()[g.rank() - 1];

@@ -37,6 +37,9 @@ pub struct StepReport {
     /// Added loss terms and observed values by name (`add_loss`, `observe`),
     /// summed over nodes of one name, averaged over microbatches.
     pub observed: Observed,
+    /// When device 0 finished the step (step times are taken from these, not
+    /// from when the report reached the thread that prints it).
+    pub done: std::time::Instant,
 }
 
 /// Named global arrays (parameter name → row-major values).
@@ -770,7 +773,7 @@ pub fn run_on(
                         let metrics = metric_values(&cfg.metrics, &metric_sums);
                         // Observed values: the mean over the step's microbatches.
                         let observed: Observed = aux_split(prog, &aux_sum).1.into_iter().map(|(n, v)| (n, v.iter().map(|x| x / k as f64).collect())).collect();
-                        let _ = tx.send(StepReport { step, notes, loss, lr, grad_norm: norm, eval_loss, metrics, observed });
+                        let _ = tx.send(StepReport { step, notes, loss, lr, grad_norm: norm, eval_loss, metrics, observed, done: std::time::Instant::now() });
                     }
                 }
                 Ok((first, memory))
