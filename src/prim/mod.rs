@@ -53,6 +53,7 @@ pub mod ring;
 pub mod shape;
 pub mod softmax;
 pub mod unary;
+pub mod unary_fast;
 
 pub use cost::{CommCost, Cost, CostCx};
 pub use kernel::Kernel;

@@ -5,6 +5,7 @@
 use super::cost::{Cost, CostCx};
 use super::kernel::{ce, Kernel};
 use super::rules::{arity, known_named, need_float, Call, Rules, Typed};
+use super::unary_fast as fast;
 use super::{Def, Forward, Grad, Kind, Primitive, R};
 use crate::types::TType;
 use candle_core::Tensor;
@@ -136,6 +137,20 @@ fn gelu_tanh_grad(x: &Tensor) -> candle_core::Result<Tensor> {
     left + right
 }
 
+impl Unary {
+    /// The activation with a fused f32 kernel ([`fast`]), if any.
+    fn fused(&self) -> Option<fast::Act> {
+        match self {
+            Unary::Gelu => Some(fast::Act::Gelu),
+            Unary::Silu => Some(fast::Act::Silu),
+            Unary::Tanh => Some(fast::Act::Tanh),
+            Unary::Sigmoid => Some(fast::Act::Sigmoid),
+            Unary::Exp => Some(fast::Act::Exp),
+            _ => None,
+        }
+    }
+}
+
 impl Primitive for Unary {
     fn name(&self) -> &'static str {
         match self {
@@ -161,6 +176,9 @@ impl Primitive for Unary {
 
     fn forward(&self, _k: &Kernel, x: &[&Tensor], _ts: &[&TType], _out: &TType) -> R<Forward> {
         let x = x[0];
+        if let Some(y) = self.fused().and_then(|a| fast::forward(a, x)) {
+            return Forward::of(y.map_err(ce)?);
+        }
         let y = match self {
             Unary::Relu => x.relu(),
             Unary::Gelu => x.gelu(),
@@ -185,6 +203,9 @@ impl Primitive for Unary {
 
     fn vjp(&self, _k: &Kernel, g: &Grad) -> R<Vec<Option<Tensor>>> {
         let (x, y, ct) = (g.x[0], g.y, g.g);
+        if let Some(d) = self.fused().and_then(|a| fast::backward(a, x, y, ct)) {
+            return Ok(vec![Some(d.map_err(ce)?)]);
+        }
         let d = match self {
             Unary::Relu => x
                 .ge(0.0)
