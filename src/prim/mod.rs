@@ -36,6 +36,7 @@ pub mod collective;
 pub mod concat;
 pub mod create;
 pub mod cross_entropy;
+pub mod cross_entropy_fast;
 pub mod dropout;
 pub mod einsum;
 pub mod elementwise;

@@ -1,0 +1,149 @@
+//! Fused row kernels of softmax cross-entropy for contiguous f32 logits,
+//! shared by the `softmax_cross_entropy` primitive and the training loss.
+//! The composed version made ten passes over the [rows, classes] logits and
+//! built the labels' one-hot as an f64 array of the same size (4 MiB per step
+//! for seed 000's batch); these make two: one for exp(x − max) with its row
+//! sums and each row's target logit, one for the gradient. `exp` is
+//! [`super::unary_fast::exp`]. Rows are independent, so a split of the rows
+//! gives the same bits; a split of the classes reduces the row sums across
+//! devices between the two passes, as before.
+
+use super::unary_fast::exp;
+use candle_core::{CpuStorage, Device, Result, Storage, Tensor};
+
+/// `f` of the contiguous f32 values of `t` (read in place), or `None`.
+fn with_f32<T>(t: &Tensor, f: impl FnOnce(&[f32]) -> T) -> Option<T> {
+    let (s, l) = t.storage_and_layout();
+    let (a, b) = l.contiguous_offsets()?;
+    match &*s {
+        Storage::Cpu(CpuStorage::F32(v)) => v.get(a..b).map(f),
+        _ => None,
+    }
+}
+
+/// The first pass over logits `[.., V]` whose row maxima are `m` `[.., 1]`:
+/// `e = exp(x − m)`, its row sums `[.., 1]`, and each row's logit at its label
+/// (its class minus `off`, this device's first class; 0 when the label is in
+/// another device's window). `None` when the logits are not f32 on the CPU.
+pub fn first_pass(
+    logits: &Tensor,
+    m: &Tensor,
+    labels: &[i64],
+    off: i64,
+) -> Option<Result<(Tensor, Tensor, Tensor)>> {
+    let v = *logits.dims().last()?;
+    let (e, se, tgt) = with_f32(logits, |x| {
+        with_f32(m, |mx| {
+            if v == 0 || x.len() != labels.len() * v || mx.len() != labels.len() {
+                return None;
+            }
+            let mut e = vec![0f32; x.len()];
+            let mut se = Vec::with_capacity(labels.len());
+            let mut tgt = Vec::with_capacity(labels.len());
+            for (r, (xr, er)) in x.chunks_exact(v).zip(e.chunks_exact_mut(v)).enumerate() {
+                let m = mx[r];
+                for (o, i) in er.iter_mut().zip(xr) {
+                    *o = exp(*i - m);
+                }
+                se.push(er.iter().sum::<f32>());
+                let c = labels[r] - off;
+                tgt.push(if c >= 0 && (c as usize) < v {
+                    xr[c as usize]
+                } else {
+                    0.0
+                });
+            }
+            Some((e, se, tgt))
+        })
+    })???;
+    let rows = m.dims().to_vec();
+    let dev = logits.device();
+    let made = (|| {
+        Ok((
+            Tensor::from_vec(e, logits.dims(), dev)?,
+            Tensor::from_vec(se, rows.as_slice(), dev)?,
+            Tensor::from_vec(tgt, rows.as_slice(), dev)?,
+        ))
+    })();
+    Some(made)
+}
+
+/// The gradient pass: `((e / se − onehot) · scale) · mul` per element, `se` the
+/// (global) row sums of the first pass, onehot that of the labels in this
+/// device's window. `None` when an operand is not f32 on the CPU.
+pub fn grad(
+    e: &Tensor,
+    se: &Tensor,
+    labels: &[i64],
+    off: i64,
+    scale: f32,
+    mul: f32,
+) -> Option<Result<Tensor>> {
+    let v = *e.dims().last()?;
+    let d = with_f32(e, |ev| {
+        with_f32(se, |sv| {
+            if v == 0 || ev.len() != labels.len() * v || sv.len() != labels.len() {
+                return None;
+            }
+            let mut d = vec![0f32; ev.len()];
+            for (r, (er, dr)) in ev.chunks_exact(v).zip(d.chunks_exact_mut(v)).enumerate() {
+                let s = sv[r];
+                for (o, i) in dr.iter_mut().zip(er) {
+                    *o = ((*i / s) * scale) * mul;
+                }
+                let c = labels[r] - off;
+                if c >= 0 && (c as usize) < v {
+                    let c = c as usize;
+                    dr[c] = ((er[c] / s - 1.0) * scale) * mul;
+                }
+            }
+            Some(d)
+        })
+    })???;
+    Some(Tensor::from_vec(d, e.dims(), &Device::Cpu))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passes_match_the_composed_formula() -> Result<()> {
+        let dev = Device::Cpu;
+        let xs: Vec<f32> = (0..24).map(|i| ((i * 7) % 11) as f32 * 0.3 - 1.0).collect();
+        let logits = Tensor::from_vec(xs.clone(), (4, 6), &dev)?;
+        let m = logits.max_keepdim(1)?;
+        // Labels of a device holding classes 6..12 of a split vocabulary:
+        // rows 1 and 3 have their label here.
+        let labels = [0i64, 8, 13, 6];
+        let (e, se, tgt) = first_pass(&logits, &m, &labels, 6)
+            .ok_or(candle_core::Error::Msg("no kernel".into()))??;
+        let want_e = logits.broadcast_sub(&m)?.exp()?;
+        let diff = (e.clone() - &want_e)?
+            .abs()?
+            .max_all()?
+            .to_scalar::<f32>()?;
+        assert!(diff < 1e-6, "exp differs by {diff}");
+        let se_v = se.flatten_all()?.to_vec1::<f32>()?;
+        let want_se = want_e.sum(1)?.to_vec1::<f32>()?;
+        for (a, b) in se_v.iter().zip(&want_se) {
+            assert!((a - b).abs() < 1e-5);
+        }
+        let t = tgt.flatten_all()?.to_vec1::<f32>()?;
+        assert_eq!(t, vec![0.0, xs[6 + 2], 0.0, xs[18]]);
+        let d = grad(&e, &se, &labels, 6, 0.25, 0.5)
+            .ok_or(candle_core::Error::Msg("no kernel".into()))??;
+        let d = d.to_vec2::<f32>()?;
+        let ev = e.to_vec2::<f32>()?;
+        for r in 0..4 {
+            for c in 0..6 {
+                let oh = if labels[r] - 6 == c as i64 { 1.0 } else { 0.0 };
+                let want = ((ev[r][c] / se_v[r] - oh) * 0.25) * 0.5;
+                assert_eq!(d[r][c].to_bits(), want.to_bits());
+            }
+        }
+        // f64 logits keep the composed kernels.
+        assert!(first_pass(&logits.to_dtype(candle_core::DType::F64)?, &m, &labels, 6).is_none());
+        Ok(())
+    }
+}
