@@ -19,9 +19,22 @@ fn splitmix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Uniform in [0, 1).
+/// Uniform in [0, 1): [`bits53`] / 2^53.
 pub fn uniform(seed: u64, i: u64) -> f64 {
-    (splitmix(seed ^ splitmix(i)) >> 11) as f64 / (1u64 << 53) as f64
+    bits53(seed, i) as f64 / (1u64 << 53) as f64
+}
+
+/// The 53 random bits behind [`uniform`] (integer arithmetic only, so a loop
+/// over indices vectorises).
+#[inline(always)]
+pub fn bits53(seed: u64, i: u64) -> u64 {
+    splitmix(seed ^ splitmix(i)) >> 11
+}
+
+/// The integer `n` with `uniform(seed, i) < p` exactly when
+/// `bits53(seed, i) < n`, for `p` in [0, 1] (p · 2^53 is exact).
+pub fn below(p: f64) -> u64 {
+    (p.clamp(0.0, 1.0) * (1u64 << 53) as f64).ceil() as u64
 }
 
 /// Standard normal (Box–Muller on two hashed uniforms).
@@ -285,5 +298,24 @@ impl Init {
             // Evaluated by the runtime (`runtime::buffers`), never here.
             Init::Computed(_) => vec![0.0; idx.len()],
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn below_compares_as_uniform_does() {
+        for p in [0.0, 1e-17, 0.1, 0.25, 1.0 / 3.0, 0.5, 0.9, 0.999_999_999] {
+            let cut = below(p);
+            for i in 0..20_000u64 {
+                assert_eq!(uniform(7, i) < p, bits53(7, i) < cut, "p {p}, i {i}");
+            }
+        }
+        // Exactly at a representable value: uniform < p is false for u = p.
+        let u = uniform(3, 11);
+        assert!(bits53(3, 11) >= below(u));
+        assert!(bits53(3, 11) < below(u + 1e-12));
     }
 }

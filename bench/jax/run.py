@@ -37,6 +37,10 @@ class Config:
     shardc_first_loss: float | None = None
     jax_first_loss: float | None = None
     flop: float | None = None  # model FLOP per step, all devices
+    plan_bytes: float | None = None  # the plan's per-device total × devices
+    shardc_rss: list = field(default_factory=list)  # peak RSS of each shardc run, bytes
+    tiny_times: list = field(default_factory=list)  # the shrunk program's step times
+    tiny_rss: list = field(default_factory=list)    # and its peak RSS
 
 
 CONFIGS = [
@@ -54,6 +58,20 @@ CONFIGS = [
            "gptj_768.shard", None, 8, "gptj_768"),
 ]
 
+# The fixed cost of a step, and the process's memory floor: each row's program
+# with every size shrunk to a few elements (same ops, mesh, optimizer and
+# accumulation), so that the kernels' arithmetic and the model's memory are
+# negligible and what remains is the runtime's own work per step and per op
+# (dispatch, allocation, the tape, collectives' bookkeeping, the optimizer's
+# loop over tensors, metrics) and the memory any run holds (binary, data,
+# threads). Per file: the constants to shrink and the batch.
+SHRINK = {
+    "shakespeare_dense.shard": ({"VOCAB": 8, "SEQ": 2, "EMB": 2}, 8),
+    "fsdp_classifier.shard": ({"INPUT": 4, "HIDDEN": 4, "CLASSES": 2}, 32),
+    "gptj_256.shard": ({"VOCAB": 16, "T": 4, "H": 2, "D": 8}, 8),
+    "gptj_768.shard": ({"VOCAB": 16, "T": 4, "H": 2, "D": 8}, 8),
+}
+
 UNITS = {"FLOP": 1.0, "kFLOP": 1e3, "MFLOP": 1e6, "GFLOP": 1e9, "TFLOP": 1e12, "PFLOP": 1e15}
 
 
@@ -69,34 +87,69 @@ def say(msg: str):
 # shardc side
 # --------------------------------------------------------------------------
 
-def plan_flop(shardc: str, cfg: Config) -> float:
-    """FLOP per step of the whole model: `shardc plan`'s "compute per device
-    per step" times the number of devices in its header."""
+BYTES = {"B": 1.0, "KiB": 2.0**10, "MiB": 2.0**20, "GiB": 2.0**30, "TiB": 2.0**40}
+
+
+def plan_figures(shardc: str, cfg: Config) -> tuple[float, float]:
+    """FLOP per step of the whole model (`shardc plan`'s "compute per device per
+    step" times the number of devices in its header) and the plan's memory
+    (its per-device total times the devices)."""
     cmd = [shardc, "plan", os.path.join(HERE, cfg.shard)] + (["--mesh", cfg.mesh] if cfg.mesh else [])
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if p.returncode != 0:
         die(f"`{' '.join(cmd)}` failed:\n{p.stderr}")
     m = re.search(r"compute per device per step: ([0-9.]+) (\w+)", p.stdout)
     d = re.search(r"; (\d+) devices?\)", p.stdout)
-    if not m or not d or m.group(2) not in UNITS:
-        die(f"could not read the FLOP per step from `{' '.join(cmd)}`:\n{p.stdout}")
-    return float(m.group(1)) * UNITS[m.group(2)] * int(d.group(1))
+    t = re.search(r"^  total +([0-9.]+) (\w+)", p.stdout, re.M)
+    if not m or not d or not t or m.group(2) not in UNITS or t.group(2) not in BYTES:
+        die(f"could not read the FLOP and memory per step from `{' '.join(cmd)}`:\n{p.stdout}")
+    devices = int(d.group(1))
+    return (float(m.group(1)) * UNITS[m.group(2)] * devices,
+            float(t.group(1)) * BYTES[t.group(2)] * devices)
 
 
-def run_shardc(shardc: str, cfg: Config, steps: int, tmp: str, seq: int):
+def run_shardc(shardc: str, file: str, mesh: str | None, steps: int, tmp: str, seq: int):
     """`shardc run FILE --json --quiet --steps N --out DIR`: one JSON record per
     step on stdout; its `step_ms` is the wall time from the previous step's
-    record to this one's."""
+    record to this one's. Returns the step times, the losses and the process's
+    peak resident memory in bytes."""
     out = os.path.join(tmp, f"run{seq}")
-    cmd = [shardc, "run", os.path.join(HERE, cfg.shard), "--json", "--quiet",
-           "--steps", str(steps), "--out", out] + (["--mesh", cfg.mesh] if cfg.mesh else [])
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    cmd = [shardc, "run", file, "--json", "--quiet",
+           "--steps", str(steps), "--out", out] + (["--mesh", mesh] if mesh else [])
+    with tempfile.TemporaryFile(mode="w+") as err:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT)
+        stdout = p.stdout.read()
+        _, status, usage = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        stderr = err.read()
     if p.returncode != 0:
-        die(f"`{' '.join(cmd)}` failed (exit {p.returncode}):\n{p.stderr}")
-    recs = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+        die(f"`{' '.join(cmd)}` failed (exit {p.returncode}):\n{stderr}")
+    recs = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     if len(recs) != steps or any("step_ms" not in r for r in recs):
-        die(f"`{' '.join(cmd)}` printed {len(recs)} step records with step_ms, expected {steps}:\n{p.stdout[-2000:]}")
-    return [r["step_ms"] for r in recs], [r["loss"] for r in recs]
+        die(f"`{' '.join(cmd)}` printed {len(recs)} step records with step_ms, expected {steps}:\n{stdout[-2000:]}")
+    # ru_maxrss is in KiB on Linux.
+    return [r["step_ms"] for r in recs], [r["loss"] for r in recs], usage.ru_maxrss * 1024
+
+
+def tiny_file(src: str, tmp: str) -> str:
+    """A copy of bench/jax/SRC with its SHRINK constants and batch, in TMP."""
+    consts, batch = SHRINK[src]
+    with open(os.path.join(HERE, src)) as f:
+        text = f.read()
+    for k, v in consts.items():
+        text, n = re.subn(rf"^const {k} = \d+", f"const {k} = {v}", text, flags=re.M)
+        if n != 1:
+            die(f"{src} has no `const {k} = N` line to shrink")
+    text, n = re.subn(r"batch: \d+", f"batch: {batch}", text)
+    if n != 1:
+        die(f"{src} has no `batch: N` to shrink")
+    # `import nn` resolves next to the file or in the standard library, so the
+    # copy can live in the temporary directory.
+    path = os.path.join(tmp, f"tiny-{src}")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
 
 
 # --------------------------------------------------------------------------
@@ -152,6 +205,8 @@ def check_environment(shardc: str):
 
 
 def fmt_ms(ms: float) -> str:
+    if ms < 1:
+        return f"{ms * 1e3:.0f} µs"
     return f"{ms:.1f} ms" if ms >= 10 else f"{ms:.2f} ms"
 
 
@@ -188,7 +243,7 @@ def main():
     check_environment(shardc)
 
     for c in configs:
-        c.flop = plan_flop(shardc, c)
+        c.flop, c.plan_bytes = plan_figures(shardc, c)
     counts = sorted({c.devices for c in configs} | {1})
     say(f"starting JAX workers for {', '.join(map(str, counts))} device(s)")
     workers = {n: Worker(n) for n in counts}
@@ -206,7 +261,9 @@ def main():
                     for side in sides:
                         if side == "shardc":
                             seq += 1
-                            times, losses = run_shardc(shardc, c, total, tmp, seq)
+                            times, losses, rss = run_shardc(
+                                shardc, os.path.join(HERE, c.shard), c.mesh, total, tmp, seq)
+                            c.shardc_rss.append(rss)
                         else:
                             reply = workers[c.devices].ask(cmd="run", config=c.jax, steps=total)
                             times, losses = reply["times_ms"], reply["losses"]
@@ -223,6 +280,14 @@ def main():
                                 c.jax_first_loss = losses[0]
                         say(f"round {r + 1}/{a.rounds}  {c.name:<14} {side:<6} median {fmt_ms(statistics.median(steady)):>10}"
                             f"  ({a.steps} steps after {a.warmup} discarded)")
+            # The shrunk programs (SHRINK), shardc only, the same rounds.
+            for r in range(a.rounds):
+                for c in configs:
+                    seq += 1
+                    times, _, rss = run_shardc(shardc, tiny_file(c.shard, tmp), c.mesh, total, tmp, seq)
+                    c.tiny_times += times[a.warmup:]
+                    c.tiny_rss.append(rss)
+                    say(f"round {r + 1}/{a.rounds}  {c.name:<14} shrunk median {fmt_ms(statistics.median(times[a.warmup:])):>10}")
         peaks.append(workers[1].ask(cmd="peak")["flops_per_s"])
         jax_version = workers[1].jax_version
     finally:
@@ -250,10 +315,26 @@ def main():
         print(f"  {c.name:<14} " + " ".join(f"{x:.2f}" for x in c.shardc_rounds)
               + "  |  " + " ".join(f"{x:.2f}" for x in c.jax_rounds))
     print("FLOP / step: `shardc plan`'s compute per device per step × devices (the same figure for both sides).")
+    print()
+    print("| configuration | shardc peak RSS | the same program shrunk | plan: per-device total × devices | RSS / plan | (RSS − shrunk) / plan |")
+    print("|---|---|---|---|---|---|")
+    for c in configs:
+        rss, floor = max(c.shardc_rss), max(c.tiny_rss)
+        print(f"| {c.name} | {rss / 2**20:.1f} MiB | {floor / 2**20:.1f} MiB | {c.plan_bytes / 2**20:.1f} MiB | "
+              f"{rss / c.plan_bytes:.2f}× | {(rss - floor) / c.plan_bytes:.2f}× |")
+    print("Peak RSS: the largest of the runs' (the whole process: every virtual device, the binary, the data).")
+    print("Shrunk: the same file with every size a few elements (SHRINK in run.py), the process's floor.")
+    print()
+    print("| configuration, shardc | step, shrunk program (the runtime's fixed cost) |")
+    print("|---|---|")
+    for c in configs:
+        print(f"| {c.name} | {fmt_ms(statistics.median(c.tiny_times))} |")
     if a.save:
         with open(a.save, "w") as f:
             json.dump({"peak_flops_per_s": peaks, "jax": jax_version, "configs": [
                 {"name": c.name, "flop": c.flop, "shardc_ms": c.shardc_times, "jax_ms": c.jax_times,
+                 "shrunk_ms": c.tiny_times, "shardc_rss": c.shardc_rss, "shrunk_rss": c.tiny_rss,
+                 "plan_bytes": c.plan_bytes,
                  "shardc_first_loss": c.shardc_first_loss, "jax_first_loss": c.jax_first_loss}
                 for c in configs]}, f, indent=1)
 

@@ -57,28 +57,38 @@ impl Dropout {
         let (starts, len) = k.global_runs(t)?;
         let keep = 1.0 / (1.0 - self.rate);
         let shape = k.local_shape(t)?;
-        // Element by element as the f64 formula, written in the run's dtype
-        // (f32: the same bits as converting afterwards, without the f64 copy).
-        fn fill<T: Copy>(starts: &[u64], len: usize, f: impl Fn(u64) -> T) -> Vec<T> {
-            let mut v = Vec::with_capacity(starts.len() * len);
-            for s in starts {
-                v.extend((*s..*s + len as u64).map(&f));
+        // Element by element `uniform(seed, index) < rate`, compared as the
+        // integers behind it (init::below), written in the run's dtype (f32:
+        // the same bits as converting afterwards, without the f64 copy).
+        let cut = crate::init::below(self.rate);
+        fn fill<T: Copy>(
+            starts: &[u64],
+            len: usize,
+            seed: u64,
+            cut: u64,
+            zero: T,
+            one: T,
+        ) -> Vec<T> {
+            let mut v = vec![zero; starts.len() * len];
+            if len == 0 {
+                return v;
+            }
+            for (s, out) in starts.iter().zip(v.chunks_exact_mut(len)) {
+                for (j, o) in out.iter_mut().enumerate() {
+                    *o = if crate::init::bits53(seed, s + j as u64) < cut {
+                        zero
+                    } else {
+                        one
+                    };
+                }
             }
             v
         }
-        let rate = self.rate;
-        let pick = |g: u64| {
-            if crate::init::uniform(seed, g) < rate {
-                0.0
-            } else {
-                keep
-            }
-        };
         if k.dtype == candle_core::DType::F32 {
-            let v = fill(&starts, len, |g| pick(g) as f32);
+            let v = fill(&starts, len, seed, cut, 0f32, keep as f32);
             return Tensor::from_vec(v, shape, k.dev).map_err(ce);
         }
-        k.floats(fill(&starts, len, pick), &shape)
+        k.floats(fill(&starts, len, seed, cut, 0.0, keep), &shape)
     }
 }
 
