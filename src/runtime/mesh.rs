@@ -9,6 +9,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
+/// How many times a device arriving at a barrier yields before it sleeps.
+const YIELDS: usize = 50;
+
 /// A barrier that a failing device can break, so the others return an error
 /// instead of waiting forever.
 struct Barrier {
@@ -39,6 +42,20 @@ impl Barrier {
             s.1 += 1;
             self.cv.notify_all();
             return Ok(());
+        }
+        // Give the cores to the devices still on their way a few times before
+        // sleeping: with more devices than cores, a sleep and its wake-up
+        // cost more than the wait itself.
+        for _ in 0..YIELDS {
+            if s.1 != gen || s.2 {
+                break;
+            }
+            drop(s);
+            std::thread::yield_now();
+            s = match self.state.lock() {
+                Ok(s) => s,
+                Err(_) => return Err(candle_core::Error::Msg("mesh lock poisoned".into())),
+            };
         }
         while s.1 == gen && !s.2 {
             s = match self.cv.wait(s) {
