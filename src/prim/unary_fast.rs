@@ -35,7 +35,7 @@ pub fn exp(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5; // Cephes: 5.0000001201e-1, the same f32
     let e = p * r * r + r + 1.0;
     // n is in [-126, 128]: 2^n as two factors, so that n = 128 (e^88.7)
     // does not need the infinite exponent.
@@ -72,7 +72,7 @@ pub fn tanh(x: f32) -> f32 {
     let mut q = 1.198_258_4e-6f32;
     q = q * x2 + 1.185_347_1e-4;
     q = q * x2 + 2.268_434_7e-3;
-    q = q * x2 + 4.893_525_2e-3;
+    q = q * x2 + 4.893_525e-3;
     let y = p / q;
     let y = if x.abs() < 4e-4 { x } else { y };
     if x.is_nan() {
