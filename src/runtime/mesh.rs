@@ -119,6 +119,9 @@ impl Cluster for InProcess {
     }
 }
 
+/// A group's shared result and how many members have yet to take it.
+type Shared = (Option<Tensor>, usize);
+
 /// Shared state for collectives: a slot per device, and a barrier per group of
 /// devices that communicate, so that groups proceed independently (the stages
 /// of a pipeline run different layers at the same time).
@@ -127,8 +130,10 @@ pub struct Comm {
     slots: Mutex<Vec<Option<Tensor>>>,
     barriers: Mutex<HashMap<Vec<usize>, Arc<Barrier>>>,
     /// Per group, the result its first member computed for everyone (see
-    /// [`Comm::shared`]); `None` when that computation failed.
-    results: Mutex<HashMap<Vec<usize>, Option<Tensor>>>,
+    /// [`Comm::shared`]; `None` when that computation failed) and how many
+    /// members have yet to take it (the last removes it, so a result, which
+    /// may be a whole gradient, lives no longer than its users hold it).
+    results: Mutex<HashMap<Vec<usize>, Shared>>,
     aborted: AtomicBool,
 }
 
@@ -217,8 +222,8 @@ impl Comm {
         let leader = group.first() == Some(&rank);
         let mut failure = None;
         if leader {
-            // Every member has finished reading this group's previous result:
-            // each has posted for this collective.
+            // Every member has taken this group's previous result: each has
+            // posted for this collective.
             let posted: Vec<Tensor> = match self.slots.lock() {
                 Ok(s) => group.iter().filter_map(|r| s[*r].clone()).collect(),
                 Err(_) => vec![],
@@ -239,22 +244,29 @@ impl Comm {
             self.results
                 .lock()
                 .map_err(|_| poisoned())?
-                .insert(group.clone(), kept);
+                .insert(group.clone(), (kept, group.len()));
         }
         barrier.wait()?;
         if let Ok(mut s) = self.slots.lock() {
             s[rank] = None;
         }
+        let got = {
+            let mut m = self.results.lock().map_err(|_| poisoned())?;
+            let (got, last) = match m.get_mut(&group) {
+                Some((y, left)) => {
+                    *left = left.saturating_sub(1);
+                    (y.clone(), *left == 0)
+                }
+                None => (None, false),
+            };
+            if last {
+                m.remove(&group);
+            }
+            got
+        };
         if let Some(e) = failure {
             return Err(e);
         }
-        let got = self
-            .results
-            .lock()
-            .map_err(|_| poisoned())?
-            .get(&group)
-            .cloned()
-            .flatten();
         got.ok_or_else(|| candle_core::Error::Msg("another device's collective failed".into()))
     }
 }
