@@ -10,7 +10,7 @@ use super::rules::{arity, Call, Rules, Typed};
 use super::{Def, Forward, Grad, Kind, Primitive, R};
 use crate::diag::Problem;
 use crate::types::TType;
-use candle_core::{Tensor, D};
+use candle_core::Tensor;
 
 pub const DEFS: &[Def] = &[Def {
     name: "softmax_cross_entropy",
@@ -74,8 +74,8 @@ fn layout(k: &Kernel, lt: &TType) -> R<(Vec<String>, Vec<String>, f64)> {
     Ok((raxes, lt.dims[r].axes.clone(), rows))
 }
 
-/// Per row: the global log-sum-exp, this device's softmax numerators and sum,
-/// and the row's target ([`Parts`]).
+/// This device's rows' first pass ([`fast::Rows`]) and their global
+/// log-sum-exp and row sums.
 fn parts(k: &Kernel, logits: &Tensor, lt: &TType, labels: &Tensor, yt: &TType) -> R<Parts> {
     let (_, vaxes, _) = layout(k, lt)?;
     // Labels in the logits' row layout.
@@ -88,59 +88,18 @@ fn parts(k: &Kernel, logits: &Tensor, lt: &TType, labels: &Tensor, yt: &TType) -
     let off = (vi * vloc) as i64;
     let m = super::reduce_fast::max_last_keepdim(logits).map_err(ce)?;
     let m = k.comm.pmax(k.rank, &m, &vaxes).map_err(ce)?;
-    let lab = Kernel::ints(&labels)?;
-    // Two passes for f32 (cross_entropy_fast), else composed from tensor ops
-    // with the labels' one-hot in this device's class window.
-    let (e, se, tgt) = match fast::first_pass(logits, &m, &lab, off) {
-        Some(r) => {
-            let (e, se, tgt) = r.map_err(ce)?;
-            (e, se, Target::Logit(tgt))
-        }
-        None => {
-            let e = logits.broadcast_sub(&m).and_then(|x| x.exp()).map_err(ce)?;
-            let se = e.sum_keepdim(D::Minus1).map_err(ce)?;
-            let mut oh = vec![0f64; lab.len() * vloc];
-            for (r, l) in lab.iter().enumerate() {
-                let c = l - off;
-                if c >= 0 && (c as usize) < vloc {
-                    oh[r * vloc + c as usize] = 1.0;
-                }
-            }
-            let oh = Tensor::from_vec(oh, logits.dims(), logits.device())
-                .and_then(|t| t.to_dtype(logits.dtype()))
-                .map_err(ce)?;
-            (e, se, Target::OneHot(oh))
-        }
-    };
-    let se = k.comm.psum(k.rank, &se, &vaxes).map_err(ce)?;
+    let rows = fast::Rows::new(logits, &m, Kernel::ints(&labels)?, off).map_err(ce)?;
+    let se = k.comm.psum(k.rank, &rows.se, &vaxes).map_err(ce)?;
     let lse = se.log().and_then(|l| l.add(&m)).map_err(ce)?;
-    Ok(Parts {
-        lse,
-        e,
-        se,
-        tgt,
-        labels: lab,
-        off,
-    })
+    Ok(Parts { rows, se, lse })
 }
 
-/// Each row's target: its logit (the fused pass), or the labels' one-hot
-/// (the composed one).
-enum Target {
-    Logit(Tensor),
-    OneHot(Tensor),
-}
-
-/// What [`parts`] computes: per row the global log-sum-exp, this device's
-/// softmax numerators `e` and their global sum, the target, and the labels
-/// with this device's first class.
+/// What [`parts`] computes.
 struct Parts {
-    lse: Tensor,
-    e: Tensor,
+    rows: fast::Rows,
+    /// The global row sums.
     se: Tensor,
-    tgt: Target,
-    labels: Vec<i64>,
-    off: i64,
+    lse: Tensor,
 }
 
 impl Primitive for CrossEntropy {
@@ -156,14 +115,7 @@ impl Primitive for CrossEntropy {
         let (logits, lt) = (x[0], ts[0]);
         let (raxes, vaxes, rows) = layout(k, lt)?;
         let p = parts(k, logits, lt, x[1], ts[1])?;
-        let tgt = match p.tgt {
-            Target::Logit(t) => t,
-            Target::OneHot(oh) => logits
-                .mul(&oh)
-                .and_then(|t| t.sum_keepdim(D::Minus1))
-                .map_err(ce)?,
-        };
-        let tgt = k.comm.psum(k.rank, &tgt, &vaxes).map_err(ce)?;
+        let tgt = k.comm.psum(k.rank, &p.rows.tgt, &vaxes).map_err(ce)?;
         let local = p.lse.sub(&tgt).and_then(|t| t.sum_all()).map_err(ce)?;
         let total = k.comm.psum(k.rank, &local, &raxes).map_err(ce)?;
         Forward::of((total / rows).map_err(ce)?)
@@ -179,27 +131,8 @@ impl Primitive for CrossEntropy {
         let mut split = raxes;
         split.extend(vaxes);
         let ct = k.comm.psum(k.rank, g.g, &split).map_err(ce)?;
-        let d = match p.tgt {
-            // As `t / rows` and a product with the scalar cotangent.
-            Target::Logit(_) => {
-                let c = ct
-                    .to_dtype(candle_core::DType::F32)
-                    .and_then(|c| c.flatten_all())
-                    .and_then(|c| c.to_vec1::<f32>())
-                    .map_err(ce)?;
-                let c = c.first().copied().ok_or("an empty cotangent")?;
-                fast::grad(&p.e, &p.se, &p.labels, p.off, (1.0 / rows) as f32, c)
-                    .ok_or("the gradient kernel lost its operands")?
-                    .map_err(ce)?
-            }
-            Target::OneHot(oh) => {
-                p.e.broadcast_div(&p.se)
-                    .and_then(|q| q.sub(&oh))
-                    .and_then(|t| t / rows)
-                    .and_then(|t| t.broadcast_mul(&ct.to_dtype(t.dtype())?))
-                    .map_err(ce)?
-            }
-        };
+        // As `t / rows` and a product with the scalar cotangent.
+        let d = p.rows.grad(&p.se, 1.0 / rows, Some(&ct)).map_err(ce)?;
         Ok(vec![Some(d), None])
     }
 

@@ -1,5 +1,6 @@
-//! Fused row kernels of softmax cross-entropy for contiguous f32 logits,
-//! shared by the `softmax_cross_entropy` primitive and the training loss.
+//! The row passes of softmax cross-entropy, shared by the
+//! `softmax_cross_entropy` primitive and the training loss ([`Rows`]): fused
+//! kernels for contiguous f32 logits, composed tensor ops for other types.
 //! The composed version made ten passes over the [rows, classes] logits and
 //! built the labels' one-hot as an f64 array of the same size (4 MiB per step
 //! for seed 000's batch); these make two: one for exp(x − max) with its row
@@ -9,7 +10,7 @@
 //! devices between the two passes, as before.
 
 use super::unary_fast::exp;
-use candle_core::{CpuStorage, Device, Result, Storage, Tensor};
+use candle_core::{CpuStorage, Device, Result, Storage, Tensor, D};
 
 /// `f` of the contiguous f32 values of `t` (read in place), or `None`.
 fn with_f32<T>(t: &Tensor, f: impl FnOnce(&[f32]) -> T) -> Option<T> {
@@ -101,6 +102,90 @@ pub fn grad(
         })
     })???;
     Some(Tensor::from_vec(d, e.dims(), &Device::Cpu))
+}
+
+/// This device's first pass over its logits `[.., V]` (row maxima `m`, the
+/// global ones), what the loss and its gradient are built from.
+pub struct Rows {
+    /// exp(x − m).
+    pub e: Tensor,
+    /// Row sums of `e` over this device's classes `[.., 1]`.
+    pub se: Tensor,
+    /// Each row's logit at its label, 0 outside this device's classes `[.., 1]`.
+    pub tgt: Tensor,
+    /// The labels' one-hot in this device's class window (the composed path).
+    onehot: Option<Tensor>,
+    labels: Vec<i64>,
+    off: i64,
+}
+
+impl Rows {
+    /// The first pass; `off` is this device's first class. Fused for f32
+    /// ([`first_pass`]), else composed with the labels' one-hot.
+    pub fn new(logits: &Tensor, m: &Tensor, labels: Vec<i64>, off: i64) -> Result<Rows> {
+        if let Some(r) = first_pass(logits, m, &labels, off) {
+            let (e, se, tgt) = r?;
+            return Ok(Rows {
+                e,
+                se,
+                tgt,
+                onehot: None,
+                labels,
+                off,
+            });
+        }
+        let e = logits.broadcast_sub(m)?.exp()?;
+        let se = e.sum_keepdim(D::Minus1)?;
+        let v = logits.dims().last().copied().unwrap_or(0);
+        let mut oh = vec![0f64; labels.len() * v];
+        for (r, l) in labels.iter().enumerate() {
+            let c = l - off;
+            if c >= 0 && (c as usize) < v {
+                oh[r * v + c as usize] = 1.0;
+            }
+        }
+        let oh = Tensor::from_vec(oh, logits.dims(), logits.device())?.to_dtype(logits.dtype())?;
+        let tgt = logits.mul(&oh)?.sum_keepdim(D::Minus1)?;
+        Ok(Rows {
+            e,
+            se,
+            tgt,
+            onehot: Some(oh),
+            labels,
+            off,
+        })
+    }
+
+    /// The logits' gradient `((e / se − onehot) · scale) · mul`, `se` the
+    /// global row sums, `mul` a scalar tensor (or 1). The composed path
+    /// scales as `t / (1 / scale)` does on a tensor (times the reciprocal).
+    pub fn grad(&self, se: &Tensor, scale: f64, mul: Option<&Tensor>) -> Result<Tensor> {
+        match &self.onehot {
+            None => {
+                let m = match mul {
+                    Some(t) => {
+                        let v = t
+                            .to_dtype(candle_core::DType::F32)?
+                            .flatten_all()?
+                            .to_vec1::<f32>()?;
+                        *v.first()
+                            .ok_or_else(|| candle_core::Error::Msg("an empty cotangent".into()))?
+                    }
+                    None => 1.0,
+                };
+                grad(&self.e, se, &self.labels, self.off, scale as f32, m).ok_or_else(|| {
+                    candle_core::Error::Msg("the gradient kernel lost its operands".into())
+                })?
+            }
+            Some(oh) => {
+                let d = self.e.broadcast_div(se)?.sub(oh)?.affine(scale, 0.0)?;
+                match mul {
+                    Some(t) => d.broadcast_mul(&t.to_dtype(d.dtype())?),
+                    None => Ok(d),
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

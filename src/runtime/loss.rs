@@ -263,41 +263,17 @@ fn cross_entropy(
     let vloc = logits.dims()[logits.rank() - 1];
     let (vi, _) = topo.shard_index(ex.rank, &vaxes);
     let off = (vi * vloc) as i64;
-    let d = candle_core::D::Minus1;
     let m = crate::prim::reduce_fast::max_last_keepdim(logits).map_err(ce)?;
     let m = ex.comm.pmax(ex.rank, &m, &vaxes).map_err(ce)?;
     let lab: Vec<i64> = labels
         .flatten_all()
         .and_then(|t| t.to_vec1::<i64>())
         .map_err(ce)?;
-    // exp(x − max), its row sums and each row's target logit: two passes for
-    // f32 (prim::cross_entropy_fast), else composed from tensor ops with the
-    // labels' one-hot in this device's vocabulary window.
-    let (e, se, tgt, oh) = match fast::first_pass(logits, &m, &lab, off) {
-        Some(r) => {
-            let (e, se, tgt) = r.map_err(ce)?;
-            (e, se, tgt, None)
-        }
-        None => {
-            let e = logits.broadcast_sub(&m).and_then(|x| x.exp()).map_err(ce)?;
-            let se = e.sum_keepdim(d).map_err(ce)?;
-            let mut oh = vec![0f64; lab.len() * vloc];
-            for (r, l) in lab.iter().enumerate() {
-                let k = l - off;
-                if k >= 0 && (k as usize) < vloc {
-                    oh[r * vloc + k as usize] = 1.0;
-                }
-            }
-            let oh = Tensor::from_vec(oh, logits.dims(), logits.device())
-                .and_then(|t| t.to_dtype(logits.dtype()))
-                .map_err(ce)?;
-            let tgt = logits.mul(&oh).and_then(|x| x.sum_keepdim(d)).map_err(ce)?;
-            (e, se, tgt, Some(oh))
-        }
-    };
-    let se = ex.comm.psum(ex.rank, &se, &vaxes).map_err(ce)?;
+    // exp(x − max), its row sums and each row's target logit (fused for f32).
+    let r = fast::Rows::new(logits, &m, lab, off).map_err(ce)?;
+    let se = ex.comm.psum(ex.rank, &r.se, &vaxes).map_err(ce)?;
     let lse = se.log().and_then(|l| l.add(&m)).map_err(ce)?;
-    let tgt = ex.comm.psum(ex.rank, &tgt, &vaxes).map_err(ce)?;
+    let tgt = ex.comm.psum(ex.rank, &r.tgt, &vaxes).map_err(ce)?;
     // A row is right when its target's logit is the largest (ties count).
     let mut sums = Vec::new();
     if metrics.contains(&Metric::Accuracy) {
@@ -321,17 +297,6 @@ fn cross_entropy(
     // d loss / d logits, held as addends over the axes the logits are replicated on
     // (not a pipeline's stage axis: only the last stage computes them).
     let (_, rep) = topo.replication(lt, stage_axis);
-    let div = (rows * rep) as f64;
-    let ct = match oh {
-        // As `x / div` on a tensor: times the reciprocal.
-        None => fast::grad(&e, &se, &lab, off, (1.0 / div) as f32, 1.0)
-            .ok_or("the loss's gradient kernel lost its operands")?
-            .map_err(ce)?,
-        Some(oh) => e
-            .broadcast_div(&se)
-            .and_then(|p| p.sub(&oh))
-            .and_then(|x| x / div)
-            .map_err(ce)?,
-    };
+    let ct = r.grad(&se, 1.0 / (rows * rep) as f64, None).map_err(ce)?;
     Ok(Scored { loss, ct, sums })
 }

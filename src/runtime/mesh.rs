@@ -175,29 +175,37 @@ impl Comm {
     ) -> Result<T> {
         let group = self.topo.group(rank, axes);
         let barrier = self.barrier_of(&group)?;
-        if let Ok(mut s) = self.slots.lock() {
-            s[rank] = Some(t.clone());
-        }
+        self.post(rank, Some(t.clone()));
         barrier.wait()?;
         // Only this group reads these slots, and nobody in it overwrites one until
         // everyone has read (the second wait).
+        let out = self.read_posts(&group, pick);
+        barrier.wait()?;
+        // Everyone has read this device's post: release it (it may be a whole
+        // gradient) instead of holding it until this device's next collective.
+        self.post(rank, None);
+        out
+    }
+
+    /// Put (or clear) this device's post in its slot.
+    fn post(&self, rank: usize, t: Option<Tensor>) {
+        if let Ok(mut s) = self.slots.lock() {
+            s[rank] = t;
+        }
+    }
+
+    /// `f` of the group's posts, in group order.
+    fn read_posts<T>(&self, group: &[usize], f: impl FnOnce(&[&Tensor]) -> Result<T>) -> Result<T> {
         let posted: Vec<Tensor> = match self.slots.lock() {
             Ok(s) => group.iter().filter_map(|r| s[*r].clone()).collect(),
             Err(_) => vec![],
         };
         let refs: Vec<&Tensor> = posted.iter().collect();
-        let out = if refs.len() == group.len() {
-            pick(&refs)
+        if refs.len() == group.len() {
+            f(&refs)
         } else {
             Err(candle_core::Error::Msg("a device's slot was lost".into()))
-        };
-        barrier.wait()?;
-        // Everyone has read this device's post: release it (it may be a whole
-        // gradient) instead of holding it until this device's next collective.
-        if let Ok(mut s) = self.slots.lock() {
-            s[rank] = None;
         }
-        out
     }
 
     /// As [`Comm::with_group`] for a result that is the same on every member (a
@@ -211,30 +219,17 @@ impl Comm {
         axes: &[String],
         compute: impl FnOnce(&[&Tensor]) -> Result<Tensor>,
     ) -> Result<Tensor> {
-        let lost = || candle_core::Error::Msg("a device's slot was lost".into());
         let poisoned = || candle_core::Error::Msg("mesh lock poisoned".into());
         let group = self.topo.group(rank, axes);
         let barrier = self.barrier_of(&group)?;
-        if let Ok(mut s) = self.slots.lock() {
-            s[rank] = Some(t.clone());
-        }
+        self.post(rank, Some(t.clone()));
         barrier.wait()?;
         let leader = group.first() == Some(&rank);
         let mut failure = None;
         if leader {
             // Every member has taken this group's previous result: each has
             // posted for this collective.
-            let posted: Vec<Tensor> = match self.slots.lock() {
-                Ok(s) => group.iter().filter_map(|r| s[*r].clone()).collect(),
-                Err(_) => vec![],
-            };
-            let refs: Vec<&Tensor> = posted.iter().collect();
-            let out = if refs.len() == group.len() {
-                compute(&refs)
-            } else {
-                Err(lost())
-            };
-            let kept = match out {
+            let kept = match self.read_posts(&group, compute) {
                 Ok(y) => Some(y),
                 Err(e) => {
                     failure = Some(e);
@@ -247,9 +242,7 @@ impl Comm {
                 .insert(group.clone(), (kept, group.len()));
         }
         barrier.wait()?;
-        if let Ok(mut s) = self.slots.lock() {
-            s[rank] = None;
-        }
+        self.post(rank, None);
         let got = {
             let mut m = self.results.lock().map_err(|_| poisoned())?;
             let (got, last) = match m.get_mut(&group) {
