@@ -211,6 +211,27 @@ impl Program {
         })
     }
 
+    /// Per node: whether a cotangent can flow through it — it depends on a
+    /// parameter (with `inputs`, on an input too). Reverse mode skips the
+    /// rest: nothing it would compute reaches a gradient. The mask is the
+    /// program's, the same on every device, so every device skips the same
+    /// collectives.
+    pub fn on_gradient_path(&self, inputs: bool) -> Vec<bool> {
+        let mut out = vec![false; self.nodes.len()];
+        for (i, node) in self.nodes.iter().enumerate() {
+            out[i] = match node.op {
+                Op::Param(_) => true,
+                Op::Input(_) => inputs,
+                // Operands come before their node (forward runs in order).
+                Op::Prim(_) => node
+                    .args
+                    .iter()
+                    .any(|a| out.get(*a as usize) == Some(&true)),
+            };
+        }
+        out
+    }
+
     /// Per node: whether its value is dropped after the forward pass and
     /// recomputed for the backward one — computed inside a checkpointed range,
     /// and neither the output nor read after its range (a repetition's result

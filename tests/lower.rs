@@ -91,3 +91,34 @@ fn huge_repeat_is_not_unrolled() {
     assert!(c.programs.is_empty());
     assert_eq!(c.plans.len(), 1);
 }
+
+#[test]
+fn backward_visits_only_what_reaches_a_parameter() {
+    let p = &programs("models/fsdp_mlp.shard")[0];
+    let live = p.on_gradient_path(false);
+    assert_eq!(live.len(), p.nodes.len());
+    for (i, n) in p.nodes.iter().enumerate() {
+        let expect = match &n.op {
+            Op::Param(_) => true,
+            Op::Input(_) => false,
+            Op::Prim(_) => n.args.iter().any(|a| live[*a as usize]),
+        };
+        assert_eq!(live[i], expect, "node {i}");
+    }
+    // The first layer reads the data (not on the path) and a weight (on it).
+    let first = p
+        .nodes
+        .iter()
+        .position(|n| {
+            matches!(&n.op, Op::Prim(q) if q.get().name() == "@")
+                && n.args
+                    .iter()
+                    .any(|a| matches!(p.nodes[*a as usize].op, Op::Input(_)))
+        })
+        .expect("a matmul of the input");
+    assert!(live[first]);
+    let x = p.nodes[first].args[0] as usize;
+    assert!(!live[x], "the data needs no cotangent");
+    // A loss function's cotangents are of its input (the model's output):
+    // tests/loss_fn.rs trains through `Exec::backward_to_inputs`.
+}

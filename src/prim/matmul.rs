@@ -198,7 +198,13 @@ pub fn matmul(x: &Tensor, y: &Tensor) -> R<Tensor> {
     x.broadcast_matmul(y).map_err(ce)
 }
 
-fn matmul_vjp(x: &Tensor, y: &Tensor, g: &Tensor) -> R<(Tensor, Tensor)> {
+/// The cotangents of `x @ y` the flags `want` (x's, y's) ask for.
+fn matmul_vjp(
+    x: &Tensor,
+    y: &Tensor,
+    g: &Tensor,
+    want: [bool; 2],
+) -> R<(Option<Tensor>, Option<Tensor>)> {
     if y.rank() == 1 {
         let g1 = g.unsqueeze(D::Minus1).map_err(ce)?;
         let gx = g1.broadcast_mul(y).map_err(ce)?;
@@ -206,9 +212,13 @@ fn matmul_vjp(x: &Tensor, y: &Tensor, g: &Tensor) -> R<(Tensor, Tensor)> {
         while gy.rank() > 1 {
             gy = super::reduce_fast::sum(&gy, 0).map_err(ce)?;
         }
-        return Ok((gx, gy));
+        return Ok((Some(gx), Some(gy)));
     }
-    let gx = if y.rank() == 2 && g.elem_count() / y.dims()[1].max(1) < y.dims()[0] {
+    let gx = if !want[0] {
+        // The input's cotangent reaches no parameter (the data's): a third of
+        // the layer's backward work saved.
+        None
+    } else if y.rank() == 2 && g.elem_count() / y.dims()[1].max(1) < y.dims()[0] {
         // g [R, N] smaller than y [K, N] (a small batch through a big weight):
         // g @ yᵀ would have gemm pack all of y into its panel layout first,
         // for only R rows of output; y @ gᵀ reads y as it lies and packs the
@@ -218,16 +228,20 @@ fn matmul_vjp(x: &Tensor, y: &Tensor, g: &Tensor) -> R<(Tensor, Tensor)> {
             .contiguous()
             .and_then(|t| t.reshape(((), n)))
             .map_err(ce)?;
-        y.matmul(&gf.t().map_err(ce)?)
-            .and_then(|t| t.t())
-            .and_then(|t| t.contiguous())
-            .and_then(|t| t.reshape(x.dims()))
-            .map_err(ce)?
+        Some(
+            y.matmul(&gf.t().map_err(ce)?)
+                .and_then(|t| t.t())
+                .and_then(|t| t.contiguous())
+                .and_then(|t| t.reshape(x.dims()))
+                .map_err(ce)?,
+        )
     } else {
         // gemm reads a transposed operand as it is (no copy).
-        matmul(g, &y.t().map_err(ce)?)?
+        Some(matmul(g, &y.t().map_err(ce)?)?)
     };
-    let gy = if y.rank() == 2 {
+    let gy = if !want[1] {
+        None
+    } else if y.rank() == 2 {
         let k = x.dims()[x.rank() - 1];
         let n = g.dims()[g.rank() - 1];
         let xf = x
@@ -238,7 +252,7 @@ fn matmul_vjp(x: &Tensor, y: &Tensor, g: &Tensor) -> R<(Tensor, Tensor)> {
             .contiguous()
             .and_then(|t| t.reshape(((), n)))
             .map_err(ce)?;
-        xf.t().and_then(|t| t.matmul(&gf)).map_err(ce)?
+        Some(xf.t().and_then(|t| t.matmul(&gf)).map_err(ce)?)
     } else {
         // Batch dims of `y` broadcast against `x`'s: sum the gradient over the
         // ones `y` lacks.
@@ -247,7 +261,7 @@ fn matmul_vjp(x: &Tensor, y: &Tensor, g: &Tensor) -> R<(Tensor, Tensor)> {
             .and_then(|t| t.contiguous())
             .and_then(|t| t.broadcast_matmul(g))
             .map_err(ce)?;
-        Kernel::unbroadcast(&gy, y.dims())?
+        Some(Kernel::unbroadcast(&gy, y.dims())?)
     };
     Ok((gx, gy))
 }
@@ -275,13 +289,15 @@ impl Primitive for MatMul {
         for (i, dim, from, to) in &steps {
             ops[*i] = k.relayout(&ops[*i], *dim, from, to)?;
         }
-        let (gx, gy) = matmul_vjp(&ops[0], &ops[1], g.g)?;
+        let want = [0, 1].map(|i| g.want.get(i) != Some(&false));
+        let (gx, gy) = matmul_vjp(&ops[0], &ops[1], g.g, want)?;
         let mut gs = [gx, gy];
         for (i, dim, from, to) in steps.into_iter().rev() {
-            gs[i] = k.relayout_t(&gs[i], dim, &from, &to)?;
+            if let Some(d) = &gs[i] {
+                gs[i] = Some(k.relayout_t(d, dim, &from, &to)?);
+            }
         }
-        let [gx, gy] = gs;
-        Ok(vec![Some(gx), Some(gy)])
+        Ok(gs.into())
     }
 
     fn cost(&self, c: &CostCx, ts: &[&TType], out: &TType) -> Option<Cost> {

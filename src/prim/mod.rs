@@ -84,6 +84,10 @@ pub struct Grad<'a> {
     pub out: &'a TType,
     pub saved: Option<&'a Tensor>,
     pub g: &'a Tensor,
+    /// Per operand: whether its cotangent is wanted (it depends on a
+    /// parameter). A derivative may return `None` for the others and skip
+    /// their work (matmul does); it must do so the same way on every device.
+    pub want: &'a [bool],
 }
 
 /// The behaviour of one typed op. The attributes are the implementing struct's

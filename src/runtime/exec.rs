@@ -8,6 +8,10 @@
 //! held as addends (one per device, summing to the gradient); a partial value
 //! has a replicated cotangent. Parameter gradients are then summed over the
 //! axes their parameter is replicated on.
+//!
+//! Reverse mode visits only the nodes a parameter's gradient passes through
+//! ([`Program::on_gradient_path`]): nothing is computed for the data, e.g. the
+//! first layer's input cotangent.
 
 use super::precision::is_half;
 use crate::mesh::Collectives;
@@ -165,6 +169,7 @@ impl Exec<'_> {
             out: g.out,
             saved: saved.as_ref(),
             g: &ct,
+            want: g.want,
         };
         let ds = p.vjp(&k, &wg)?;
         ds.into_iter()
@@ -426,6 +431,33 @@ impl Exec<'_> {
         range: std::ops::Range<usize>,
         grads: &mut [Option<Tensor>],
     ) -> R<Vec<Option<Tensor>>> {
+        let live = self.prog.on_gradient_path(false);
+        self.backward_live(tape, seeds, range, grads, &live)
+    }
+
+    /// [`Exec::backward_range`] also through the values that depend on inputs
+    /// only: the cotangents of the inputs are what is wanted (a loss
+    /// function's, of the model's output).
+    pub fn backward_to_inputs(
+        &self,
+        tape: &Tape,
+        seeds: &[(usize, Tensor)],
+        range: std::ops::Range<usize>,
+    ) -> R<Vec<Option<Tensor>>> {
+        let live = self.prog.on_gradient_path(true);
+        self.backward_live(tape, seeds, range, &mut [], &live)
+    }
+
+    /// Reverse mode over the nodes `live` marks (see
+    /// [`Program::on_gradient_path`]); the others get no cotangent.
+    fn backward_live(
+        &self,
+        tape: &Tape,
+        seeds: &[(usize, Tensor)],
+        range: std::ops::Range<usize>,
+        grads: &mut [Option<Tensor>],
+        live: &[bool],
+    ) -> R<Vec<Option<Tensor>>> {
         let n = self.prog.nodes.len();
         let mut ct: Vec<Option<Tensor>> = vec![None; n];
         for (i, g) in seeds {
@@ -438,7 +470,7 @@ impl Exec<'_> {
             });
             Ok(())
         };
-        for i in range.rev() {
+        for i in range.rev().filter(|i| live.get(*i) == Some(&true)) {
             let node = &self.prog.nodes[i];
             // Collectives must run on every device in the same order, even when a
             // device's cotangent happens to be absent: every op but elementwise
@@ -461,6 +493,11 @@ impl Exec<'_> {
                         .iter()
                         .map(|k| &self.prog.nodes[*k as usize].ty)
                         .collect();
+                    let want: Vec<bool> = node
+                        .args
+                        .iter()
+                        .map(|k| live.get(*k as usize) == Some(&true))
+                        .collect();
                     let grad = Grad {
                         x: &x,
                         ts: &ts,
@@ -468,10 +505,13 @@ impl Exec<'_> {
                         out: &node.ty,
                         saved: tape.masks[i].as_ref(),
                         g: &g,
+                        want: &want,
                     };
                     let ds = self.run_vjp(p.get(), self.kernel(i, None), &grad)?;
                     for (k, d) in ds.into_iter().enumerate() {
-                        if let (Some(d), Some(a)) = (d, node.args.get(k)) {
+                        if let (Some(d), Some(a), true) =
+                            (d, node.args.get(k), want.get(k) == Some(&true))
+                        {
                             add(&mut ct[*a as usize], d)?;
                         }
                     }

@@ -123,7 +123,7 @@ fn function(
     // returned, not consumed.
     let is_input = |n: &crate::spmd::Node| matches!(n.op, crate::spmd::Op::Input(_));
     let start = lp.nodes.iter().rposition(is_input).map_or(0, |i| i + 1);
-    let cts = lex.backward_range(&tape, &[(o, seed)], start..lp.nodes.len(), &mut [])?;
+    let cts = lex.backward_to_inputs(&tape, &[(o, seed)], start..lp.nodes.len())?;
     let input = lp
         .nodes
         .iter()
