@@ -22,6 +22,43 @@ fn with_f32<T>(t: &Tensor, f: impl FnOnce(&[f32]) -> T) -> Option<T> {
     }
 }
 
+/// Lanes of a row sum: element `i` adds into lane `i mod LANES` (in order),
+/// the lanes then fold in halves, and the tail past the last whole chunk adds
+/// last. A fixed order, so the bits depend on the row alone (not on the
+/// machine, nor on how the rows are split over devices); wide enough that
+/// the adds run as independent vector chains rather than one serial one.
+const LANES: usize = 32;
+
+/// Appends `exp(x − m)` of the row `x` to `out`; returns their sum in the
+/// order [`LANES`] gives.
+fn exp_row(x: &[f32], m: f32, out: &mut Vec<f32>) -> f32 {
+    let mut acc = [0f32; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        let mut e = [0f32; LANES];
+        for j in 0..LANES {
+            e[j] = exp(c[j] - m);
+            acc[j] += e[j];
+        }
+        out.extend_from_slice(&e);
+    }
+    let mut w = LANES;
+    while w > 1 {
+        w /= 2;
+        for j in 0..w {
+            acc[j] += acc[j + w];
+        }
+    }
+    let mut s = acc[0];
+    for i in tail {
+        let e = exp(*i - m);
+        out.push(e);
+        s += e;
+    }
+    s
+}
+
 /// The first pass over logits `[.., V]` whose row maxima are `m` `[.., 1]`:
 /// `e = exp(x − m)`, its row sums `[.., 1]`, and each row's logit at its label
 /// (its class minus `off`, this device's first class; 0 when the label is in
@@ -38,15 +75,11 @@ pub fn first_pass(
             if v == 0 || x.len() != labels.len() * v || mx.len() != labels.len() {
                 return None;
             }
-            let mut e = vec![0f32; x.len()];
+            let mut e = Vec::with_capacity(x.len());
             let mut se = Vec::with_capacity(labels.len());
             let mut tgt = Vec::with_capacity(labels.len());
-            for (r, (xr, er)) in x.chunks_exact(v).zip(e.chunks_exact_mut(v)).enumerate() {
-                let m = mx[r];
-                for (o, i) in er.iter_mut().zip(xr) {
-                    *o = exp(*i - m);
-                }
-                se.push(er.iter().sum::<f32>());
+            for (r, xr) in x.chunks_exact(v).enumerate() {
+                se.push(exp_row(xr, mx[r], &mut e));
                 let c = labels[r] - off;
                 tgt.push(if c >= 0 && (c as usize) < v {
                     xr[c as usize]
@@ -86,16 +119,15 @@ pub fn grad(
             if v == 0 || ev.len() != labels.len() * v || sv.len() != labels.len() {
                 return None;
             }
-            let mut d = vec![0f32; ev.len()];
-            for (r, (er, dr)) in ev.chunks_exact(v).zip(d.chunks_exact_mut(v)).enumerate() {
+            let mut d = Vec::with_capacity(ev.len());
+            for (r, er) in ev.chunks_exact(v).enumerate() {
                 let s = sv[r];
-                for (o, i) in dr.iter_mut().zip(er) {
-                    *o = ((*i / s) * scale) * mul;
-                }
+                let at = d.len();
+                d.extend(er.iter().map(|i| ((*i / s) * scale) * mul));
                 let c = labels[r] - off;
                 if c >= 0 && (c as usize) < v {
                     let c = c as usize;
-                    dr[c] = ((er[c] / s - 1.0) * scale) * mul;
+                    d[at + c] = ((er[c] / s - 1.0) * scale) * mul;
                 }
             }
             Some(d)
@@ -191,6 +223,37 @@ impl Rows {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn row_sums_add_in_lanes_then_the_tail() {
+        // Two whole chunks of LANES and a tail of 11.
+        let x: Vec<f32> = (0..2 * LANES + 11)
+            .map(|i| ((i * 13) % 17) as f32 * 0.25 - 2.0)
+            .collect();
+        let mut out = vec![7.0];
+        let s = exp_row(&x, 1.5, &mut out);
+        let e: Vec<f32> = x.iter().map(|v| exp(v - 1.5)).collect();
+        assert_eq!(out[0], 7.0, "appends");
+        assert_eq!(&out[1..], &e[..]);
+        let mut lanes = [0f32; LANES];
+        for (i, v) in e[..2 * LANES].iter().enumerate() {
+            lanes[i % LANES] += v;
+        }
+        let mut w = LANES;
+        while w > 1 {
+            w /= 2;
+            for j in 0..w {
+                lanes[j] += lanes[j + w];
+            }
+        }
+        let want = e[2 * LANES..].iter().fold(lanes[0], |a, v| a + v);
+        assert_eq!(s.to_bits(), want.to_bits());
+        let exact: f64 = e.iter().map(|v| f64::from(*v)).sum();
+        assert!(
+            (f64::from(s) - exact).abs() < 1e-6 * exact,
+            "{s} vs {exact}"
+        );
+    }
 
     #[test]
     fn passes_match_the_composed_formula() -> Result<()> {
