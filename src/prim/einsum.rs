@@ -300,6 +300,9 @@ fn einsum2(sa: &str, sb: &str, o: &str, a: &Tensor, b: &Tensor) -> R<Tensor> {
         order.iter().filter_map(|c| s.find(*c)).collect()
     };
     let prod = |cs: &[char]| -> usize { cs.iter().map(|c| size(*c)).product() };
+    if let Some(c) = einsum2_direct(sa, sb, o, a, b, &batch, &size)? {
+        return Ok(c);
+    }
     let mut ao: Vec<char> = batch.clone();
     ao.extend(&af);
     ao.extend(&contr);
@@ -327,6 +330,63 @@ fn einsum2(sa: &str, sb: &str, o: &str, a: &Tensor, b: &Tensor) -> R<Tensor> {
         .filter_map(|ch| co.iter().position(|x| *x == ch))
         .collect();
     c.permute(p).and_then(|t| t.contiguous()).map_err(ce)
+}
+
+/// [`einsum2`] as one matmul of the operands as they lie, when no copy is
+/// needed: the batch letters lead in both operands and the output, the output
+/// goes on with one operand's free letters (the left operand) then the
+/// other's, the left operand lies as [batch, free, contracted] or as [batch,
+/// contracted, free] (read transposed: gemm packs its left operand anyway),
+/// and the right one as [batch, contracted, free], contracted in the left's
+/// order. A weight's gradient (`bthe,btd->dhe`) takes this path: permuting
+/// both operands and the product into place was a tenth of GPT-J's step.
+/// `None` when the letters are not so grouped.
+fn einsum2_direct(
+    sa: &str,
+    sb: &str,
+    o: &str,
+    a: &Tensor,
+    b: &Tensor,
+    batch: &[char],
+    size: &dyn Fn(char) -> usize,
+) -> R<Option<Tensor>> {
+    let distinct = |s: &str| s.chars().enumerate().all(|(i, c)| !s[..i].contains(c));
+    if !(distinct(sa) && distinct(sb) && distinct(o) && sa.is_ascii() && sb.is_ascii()) {
+        return Ok(None);
+    }
+    let lead: String = batch.iter().collect();
+    if !(o.starts_with(&lead) && sa.starts_with(&lead) && sb.starts_with(&lead)) {
+        return Ok(None);
+    }
+    let only = |x: &str, y: &str| -> String { x.chars().filter(|c| !y.contains(*c)).collect() };
+    let (fa, fb) = (only(sa, sb), only(sb, sa));
+    let rest = &o[lead.len()..];
+    let (l, sl, fl, r, sr, fr) = if rest == format!("{fa}{fb}") {
+        (a, sa, fa, b, sb, fb)
+    } else if rest == format!("{fb}{fa}") {
+        (b, sb, fb, a, sa, fa)
+    } else {
+        return Ok(None);
+    };
+    let (lrest, rrest) = (&sl[lead.len()..], &sr[lead.len()..]);
+    let lc = only(lrest, &fl);
+    if rrest != format!("{lc}{fr}") {
+        return Ok(None);
+    }
+    let prod = |s: &str| -> usize { s.chars().map(size).product() };
+    let (nb, m, k, n) = (prod(&lead), prod(&fl), prod(&lc), prod(&fr));
+    let lhs = if lrest == format!("{fl}{lc}") {
+        l.reshape((nb, m, k))
+    } else if lrest == format!("{lc}{fl}") {
+        l.reshape((nb, k, m)).and_then(|t| t.transpose(1, 2))
+    } else {
+        return Ok(None);
+    };
+    let shape: Vec<usize> = o.chars().map(size).collect();
+    lhs.and_then(|x| x.matmul(&r.reshape((nb, k, n))?))
+        .and_then(|c| c.reshape(shape))
+        .map(Some)
+        .map_err(ce)
 }
 
 /// Sum out the letters of `s` that no other operand and not the output has.
