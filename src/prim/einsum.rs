@@ -339,8 +339,8 @@ fn einsum2(sa: &str, sb: &str, o: &str, a: &Tensor, b: &Tensor) -> R<Tensor> {
 /// contracted, free] (read transposed: gemm packs its left operand anyway),
 /// and the right one as [batch, contracted, free], contracted in the left's
 /// order. A weight's gradient (`bthe,btd->dhe`) takes this path: permuting
-/// both operands and the product into place was a tenth of GPT-J's step.
-/// `None` when the letters are not so grouped.
+/// both operands and the product into place was 4% of GPT-J's profile at
+/// d_model 256. `None` when the letters are not so grouped.
 fn einsum2_direct(
     sa: &str,
     sb: &str,
@@ -350,8 +350,12 @@ fn einsum2_direct(
     batch: &[char],
     size: &dyn Fn(char) -> usize,
 ) -> R<Option<Tensor>> {
+    // Byte slicing below: one byte a letter.
+    if !(sa.is_ascii() && sb.is_ascii() && o.is_ascii()) {
+        return Ok(None);
+    }
     let distinct = |s: &str| s.chars().enumerate().all(|(i, c)| !s[..i].contains(c));
-    if !(distinct(sa) && distinct(sb) && distinct(o) && sa.is_ascii() && sb.is_ascii()) {
+    if !(distinct(sa) && distinct(sb) && distinct(o)) {
         return Ok(None);
     }
     let lead: String = batch.iter().collect();
@@ -555,5 +559,105 @@ impl Primitive for Einsum {
             flops: if known { 2.0 * space } else { 0.0 },
             comms,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+
+    /// The einsum of two operands by its definition, in f64.
+    fn naive(sa: &str, sb: &str, o: &str, a: &Tensor, b: &Tensor) -> Vec<f64> {
+        let mut size: HashMap<char, usize> = HashMap::new();
+        for (s, t) in [(sa, a), (sb, b)] {
+            for (c, d) in s.chars().zip(t.dims()) {
+                size.insert(c, *d);
+            }
+        }
+        let letters: Vec<char> = {
+            let mut v: Vec<char> = o.chars().collect();
+            for c in sa.chars().chain(sb.chars()) {
+                if !v.contains(&c) {
+                    v.push(c);
+                }
+            }
+            v
+        };
+        let flat = |t: &Tensor| -> Vec<f64> {
+            t.flatten_all()
+                .and_then(|t| t.to_dtype(DType::F64))
+                .and_then(|t| t.to_vec1::<f64>())
+                .expect("values")
+        };
+        let (av, bv) = (flat(a), flat(b));
+        let at = |s: &str, idx: &HashMap<char, usize>| -> usize {
+            s.chars().fold(0, |acc, c| acc * size[&c] + idx[&c])
+        };
+        let n_out: usize = o.chars().map(|c| size[&c]).product();
+        let mut out = vec![0.0; n_out];
+        let total: usize = letters.iter().map(|c| size[c]).product();
+        for mut flat_i in 0..total {
+            let mut idx = HashMap::new();
+            for c in letters.iter().rev() {
+                idx.insert(*c, flat_i % size[c]);
+                flat_i /= size[c];
+            }
+            out[at(o, &idx)] += av[at(sa, &idx)] * bv[at(sb, &idx)];
+        }
+        out
+    }
+
+    /// Every grouping the direct path takes (left operand as it lies or read
+    /// transposed, operands swapped, batch letters leading) and some it
+    /// declines give the einsum's values.
+    #[test]
+    fn two_operand_einsums_match_their_definition() {
+        let dev = Device::Cpu;
+        let dims = |s: &str| -> Vec<usize> {
+            s.chars()
+                .map(|c| match c {
+                    'b' => 2,
+                    't' | 's' => 5,
+                    'h' => 3,
+                    'e' => 4,
+                    _ => 6,
+                })
+                .collect()
+        };
+        let cases = [
+            ("btd", "dhe", "bthe"),
+            ("bthe", "hed", "btd"),
+            ("bthe", "dhe", "btd"),
+            ("bthe", "btd", "dhe"),
+            ("btd", "bthe", "hed"),
+            ("bthe", "bshe", "bhts"),
+            ("bhts", "bshe", "bthe"),
+            ("bte", "bse", "bts"),
+            ("bts", "bse", "bte"),
+            ("bst", "bse", "bte"),
+            ("td", "dh", "ht"),
+        ];
+        for (sa, sb, o) in cases {
+            let t = |s: &str, k: f64| {
+                let d = dims(s);
+                let n: usize = d.iter().product();
+                let v: Vec<f32> = (0..n)
+                    .map(|i| ((i as f64 + k) * 0.61).sin() as f32)
+                    .collect();
+                Tensor::from_vec(v, d, &dev).expect("tensor")
+            };
+            let (a, b) = (t(sa, 0.0), t(sb, 7.0));
+            let got = einsum(&[sa, sb], o, &[&a, &b]).expect("einsum");
+            assert_eq!(got.dims(), dims(o).as_slice(), "{sa},{sb}->{o}");
+            let got = got
+                .flatten_all()
+                .and_then(|t| t.to_dtype(DType::F64))
+                .and_then(|t| t.to_vec1::<f64>())
+                .expect("values");
+            for (x, y) in got.iter().zip(naive(sa, sb, o, &a, &b)) {
+                assert!((x - y).abs() < 1e-5, "{sa},{sb}->{o}: {x} against {y}");
+            }
+        }
     }
 }

@@ -195,8 +195,9 @@ impl InplaceOp3 for Pass {
             } => {
                 // (m/c1)/(√(v/c2) + eps) = m·(√c2/c1)/(√v + eps·√c2): the bias
                 // corrections folded into two constants, one f64 division per
-                // element instead of three (a third of the classifier's step
-                // was this pass). The same arithmetic on every shard.
+                // element instead of three (this pass was a seventh of the
+                // 1-device classifier's step). The same arithmetic on every
+                // shard.
                 let r2 = c2.sqrt();
                 let (k, e) = (r2 / c1, eps * r2);
                 each2(s1, l1, x2, x3, |p, m, v| {
