@@ -7,7 +7,7 @@ use super::data::{Batch, Source};
 use super::exec::{Exec, R};
 use super::loss::loss_fn;
 use super::mesh::{Cluster, InProcess};
-use super::optim::OptState;
+use super::optim::{GradSum, OptState};
 use crate::ast::DType as SDType;
 use crate::init;
 use crate::mesh::{Collectives, Topology};
@@ -541,7 +541,7 @@ pub fn run_on(
                     let stages: &Option<super::pipeline::Stages> = active_stages.as_ref().unwrap_or(stages);
                     ex.sparse.touched.borrow_mut().clear();
                     // Microbatch j is the j-th contiguous chunk of the step's batch.
-                    let mut acc: Option<(Vec<Tensor>, f64)> = None;
+                    let mut acc: Option<(GradSum, f64)> = None;
                     let mut metric_sums: Vec<f64> = Vec::new();
                     // The `add_loss` / `observe` values, summed over microbatches.
                     let mut aux_sum: Vec<f64> = Vec::new();
@@ -583,8 +583,11 @@ pub fn run_on(
                             super::pipeline::add_into(&mut metric_sums, &c.sums);
                             super::pipeline::add_into(&mut aux_sum, &c.aux);
                             acc = Some(match acc {
-                                None => (g, loss),
-                                Some((x, l)) => (x.iter().zip(&g).map(|(x, y)| x + y).collect::<candle_core::Result<_>>().map_err(ce)?, l + loss),
+                                None => (GradSum::new(g), loss),
+                                Some((mut x, l)) => {
+                                    x.add(&g)?;
+                                    (x, l + loss)
+                                }
                             });
                             if c.tape.is_some() {
                                 tape = c.tape;
@@ -620,13 +623,16 @@ pub fn run_on(
                         };
                         let g = master_grads(g, &params)?;
                         acc = Some(match acc {
-                            None => (g, loss),
-                            Some((a, l)) => (a.iter().zip(&g).map(|(x, y)| x + y).collect::<candle_core::Result<_>>().map_err(ce)?, l + loss),
+                            None => (GradSum::new(g), loss),
+                            Some((mut a, l)) => {
+                                a.add(&g)?;
+                                (a, l + loss)
+                            }
                         });
                         tape = Some(t);
                     }
                     let (grads, loss) = acc.ok_or("no microbatch")?;
-                    let grads = sync_grads(&ex, grads)?;
+                    let grads = sync_grads(&ex, grads.into_vec())?;
                     // A pipeline's first stages keep no whole-program tape.
                     let tape = match tape {
                         Some(t) => t,

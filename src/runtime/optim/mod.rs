@@ -9,6 +9,9 @@ mod adam;
 mod ftrl;
 pub mod fused;
 mod sgd;
+mod sum;
+
+pub use sum::GradSum;
 
 use crate::spec::{OptKind, Optimizer};
 use candle_core::{DType, Tensor};
