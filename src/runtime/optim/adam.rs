@@ -1,9 +1,12 @@
 //! Adam and AdamW, as optax: bias-corrected moments, eps outside the square
-//! root, and (AdamW) decoupled weight decay.
+//! root, and (AdamW) decoupled weight decay. The fused step is one pass over
+//! the parameter, both moments and the gradient ([`OnePass`]); the three
+//! passes it replaces remain for tensors of mixed element types.
 
-use super::fused::Pass;
+use super::fused::{err, range, Elem, Pass};
 use super::{ce, Rule, R};
-use candle_core::Tensor;
+use candle_core::{CpuStorage, InplaceOp1, InplaceOp2, Layout, Tensor};
+use std::cell::RefCell;
 
 pub struct Adam {
     pub b1: f64,
@@ -11,6 +14,23 @@ pub struct Adam {
     pub eps: f64,
     /// AdamW's decoupled weight decay.
     pub weight_decay: Option<f64>,
+}
+
+impl Adam {
+    /// Step `t`'s constants, with the gradient scaled by `s` (clipping).
+    pub fn one_pass(&self, lr: f64, t: i32, s: f64) -> OnePass {
+        OnePass {
+            m: (self.b1, (1.0 - self.b1) * s),
+            v: (self.b2, (1.0 - self.b2) * s * s),
+            step: Pass::Adam {
+                lr,
+                c1: 1.0 - self.b1.powi(t),
+                c2: 1.0 - self.b2.powi(t),
+                eps: self.eps,
+                wd: self.weight_decay.unwrap_or(0.0),
+            },
+        }
+    }
 }
 
 impl Rule for Adam {
@@ -31,35 +51,13 @@ impl Rule for Adam {
         let (Some(m), Some(v)) = (m, v) else {
             return Err("adam without its moments".into());
         };
-        m.inplace_op2(
-            g,
-            &Pass::Linear {
-                a: self.b1,
-                b: (1.0 - self.b1) * s,
-            },
-        )
-        .map_err(ce)?;
-        v.inplace_op2(
-            g,
-            &Pass::Square {
-                a: self.b2,
-                b: (1.0 - self.b2) * s * s,
-            },
-        )
-        .map_err(ce)?;
-        let (c1, c2) = (1.0 - self.b1.powi(t), 1.0 - self.b2.powi(t));
-        p.inplace_op3(
-            m,
-            v,
-            &Pass::Adam {
-                lr,
-                c1,
-                c2,
-                eps: self.eps,
-                wd: self.weight_decay.unwrap_or(0.0),
-            },
-        )
-        .map_err(ce)
+        let one = self.one_pass(lr, t, s);
+        let dt = p.dtype();
+        if [g, m, v].iter().all(|x| x.dtype() == dt) {
+            one.run(p, g, m, v).map_err(ce)
+        } else {
+            one.three_passes(p, g, m, v).map_err(ce)
+        }
     }
 
     fn composed(
@@ -93,5 +91,177 @@ impl Rule for Adam {
             d = (d + p.affine(wd, 0.0).map_err(ce)?).map_err(ce)?;
         }
         Ok((d, Some(m), Some(v)))
+    }
+}
+
+/// One Adam step on one tensor: m ← a·m + b·g, v ← a'·v + b'·g², then p from
+/// m and v ([`Pass::Adam`]'s arithmetic).
+#[derive(Clone, Copy, Debug)]
+pub struct OnePass {
+    pub m: (f64, f64),
+    pub v: (f64, f64),
+    pub step: Pass,
+}
+
+impl OnePass {
+    /// The step as three in-place passes (m, v, then p): any element types.
+    pub fn three_passes(
+        &self,
+        p: &Tensor,
+        g: &Tensor,
+        m: &Tensor,
+        v: &Tensor,
+    ) -> candle_core::Result<()> {
+        let ((a, b), (c, d)) = (self.m, self.v);
+        m.inplace_op2(g, &Pass::Linear { a, b })?;
+        v.inplace_op2(g, &Pass::Square { a: c, b: d })?;
+        p.inplace_op3(m, v, &self.step)
+    }
+
+    /// The step in one pass, for `p`, `g`, `m`, `v` of one element type, with
+    /// the bits of [`Self::three_passes`]: the moments are rounded to their
+    /// type and stored before `p` reads them back, as the third pass would.
+    /// Reading each element once instead of m, v and g twice: the three passes
+    /// were a seventh of the 1-device classifier's device thread.
+    ///
+    /// candle lends one tensor's storage mutably per in-place op; the three
+    /// written here are borrowed by nesting the ops (m's runs v's, v's runs
+    /// p's), each lending its storage inward. No locks are taken twice: g is
+    /// read once, by the outermost op.
+    pub fn run(&self, p: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor) -> candle_core::Result<()> {
+        m.inplace_op2(g, &OnM { k: self, p, v })
+    }
+}
+
+struct OnM<'a> {
+    k: &'a OnePass,
+    p: &'a Tensor,
+    v: &'a Tensor,
+}
+
+/// A storage lent by an outer in-place op, with its layout.
+type Lent<'a> = (RefCell<&'a mut CpuStorage>, &'a Layout);
+
+struct OnV<'a> {
+    k: &'a OnePass,
+    p: &'a Tensor,
+    m: Lent<'a>,
+    g: (&'a CpuStorage, &'a Layout),
+}
+
+struct OnP<'a> {
+    k: &'a OnePass,
+    m: Lent<'a>,
+    v: Lent<'a>,
+    g: (&'a CpuStorage, &'a Layout),
+}
+
+impl InplaceOp2 for OnM<'_> {
+    fn name(&self) -> &'static str {
+        "adam-step"
+    }
+
+    fn cpu_fwd(
+        &self,
+        m: &mut CpuStorage,
+        lm: &Layout,
+        g: &CpuStorage,
+        lg: &Layout,
+    ) -> candle_core::Result<()> {
+        self.v.inplace_op1(&OnV {
+            k: self.k,
+            p: self.p,
+            m: (RefCell::new(m), lm),
+            g: (g, lg),
+        })
+    }
+}
+
+impl InplaceOp1 for OnV<'_> {
+    fn name(&self) -> &'static str {
+        "adam-step"
+    }
+
+    fn cpu_fwd(&self, v: &mut CpuStorage, lv: &Layout) -> candle_core::Result<()> {
+        let mut m = self.m.0.borrow_mut();
+        self.p.inplace_op1(&OnP {
+            k: self.k,
+            m: (RefCell::new(&mut **m), self.m.1),
+            v: (RefCell::new(v), lv),
+            g: self.g,
+        })
+    }
+}
+
+impl InplaceOp1 for OnP<'_> {
+    fn name(&self) -> &'static str {
+        "adam-step"
+    }
+
+    fn cpu_fwd(&self, p: &mut CpuStorage, lp: &Layout) -> candle_core::Result<()> {
+        let Pass::Adam {
+            lr,
+            c1,
+            c2,
+            eps,
+            wd,
+        } = self.k.step
+        else {
+            return Err(err("an Adam step expected"));
+        };
+        let n = lp.shape().elem_count();
+        let (ps, pe) = range(lp, n)?;
+        let (mut m, mut v) = (self.m.0.borrow_mut(), self.v.0.borrow_mut());
+        let (ms, me) = range(self.m.1, n)?;
+        let (vs, ve) = range(self.v.1, n)?;
+        let (gs, ge) = range(self.g.1, n)?;
+        let ((a, b), (c, d)) = (self.k.m, self.k.v);
+        // As Pass::Adam: the bias corrections folded into two constants.
+        let r2 = c2.sqrt();
+        let (k, e) = (r2 / c1, eps * r2);
+        fn run<T: Elem>(
+            p: &mut [T],
+            m: &mut [T],
+            v: &mut [T],
+            g: &[T],
+            f: impl Fn(f64, &mut T, &mut T, f64) -> f64,
+        ) {
+            for (((p, m), v), g) in p.iter_mut().zip(m).zip(v).zip(g) {
+                *p = T::put(f(p.get(), m, v, g.get()));
+            }
+        }
+        // Each line is one pass's: Linear, Square, then Adam on the stored moments.
+        macro_rules! step {
+            ($t:ty) => {
+                |p: f64, m: &mut $t, v: &mut $t, g: f64| {
+                    *m = <$t>::put(a * m.get() + b * g);
+                    *v = <$t>::put(c * v.get() + d * g * g);
+                    let dp = m.get() * k / (v.get().sqrt() + e) + wd * p;
+                    p - lr * dp
+                }
+            };
+        }
+        match (p, &mut **m, &mut **v, self.g.0) {
+            (CpuStorage::F32(p), CpuStorage::F32(m), CpuStorage::F32(v), CpuStorage::F32(g)) => {
+                run(
+                    &mut p[ps..pe],
+                    &mut m[ms..me],
+                    &mut v[vs..ve],
+                    &g[gs..ge],
+                    step!(f32),
+                )
+            }
+            (CpuStorage::F64(p), CpuStorage::F64(m), CpuStorage::F64(v), CpuStorage::F64(g)) => {
+                run(
+                    &mut p[ps..pe],
+                    &mut m[ms..me],
+                    &mut v[vs..ve],
+                    &g[gs..ge],
+                    step!(f64),
+                )
+            }
+            _ => return Err(err("one element type (f32 or f64) expected")),
+        }
+        Ok(())
     }
 }

@@ -36,7 +36,7 @@ pub enum Pass {
 }
 
 /// The float element types a step runs on: read as f64, written back.
-trait Elem: Copy {
+pub(super) trait Elem: Copy {
     fn get(self) -> f64;
     fn put(x: f64) -> Self;
 }
@@ -63,12 +63,12 @@ impl Elem for f64 {
     }
 }
 
-fn err(what: &str) -> candle_core::Error {
+pub(super) fn err(what: &str) -> candle_core::Error {
     candle_core::Error::Msg(format!("fused step: {what}"))
 }
 
 /// The contiguous elements of an operand of `n` elements.
-fn range(l: &Layout, n: usize) -> Result<(usize, usize)> {
+pub(super) fn range(l: &Layout, n: usize) -> Result<(usize, usize)> {
     l.contiguous_offsets()
         .filter(|(a, b)| b - a == n)
         .ok_or_else(|| err("contiguous operands expected"))

@@ -1,4 +1,4 @@
-//! The fused in-place steps equal the composed ones.
+//! The fused in-place steps equal the composed ones, and Adam's one pass its three.
 
 use super::*;
 use crate::spec::Schedule;
@@ -123,5 +123,59 @@ fn fused_steps_equal_composed_steps() {
                 }
             }
         }
+    }
+}
+
+/// Adam's one-pass step has the bits of its three passes, for f32 and f64,
+/// on views that start inside their storage, over steps with clipping.
+#[test]
+fn adams_one_pass_has_the_bits_of_three() {
+    let dev = Device::Cpu;
+    let adam = adam::Adam {
+        b1: 0.9,
+        b2: 0.999,
+        eps: 1e-8,
+        weight_decay: Some(0.01),
+    };
+    for dt in [DType::F32, DType::F64] {
+        let n = 1000;
+        let wave = |k: f64| -> Tensor {
+            let v: Vec<f64> = (0..n + 7).map(|i| ((i as f64 + k) * 0.37).sin()).collect();
+            Tensor::from_vec(v, n + 7, &dev)
+                .and_then(|t| t.to_dtype(dt))
+                .and_then(|t| t.narrow(0, 7, n))
+                .expect("tensor")
+        };
+        // Two copies of p, m, v (each a view 7 elements into its storage);
+        // the moments start at zero, as they do in a run.
+        let fresh = || -> Vec<Tensor> {
+            [1.0, 0.0, 0.0]
+                .iter()
+                .map(|k| {
+                    wave(0.0)
+                        .affine(*k, 0.0)
+                        .and_then(|t| t.pad_with_zeros(0, 7, 0))
+                        .and_then(|t| t.narrow(0, 7, n))
+                        .expect("state")
+                })
+                .collect()
+        };
+        let (one, three) = (fresh(), fresh());
+        let bits = |t: &Tensor| -> Vec<u64> {
+            let v = t.to_dtype(DType::F64).and_then(|t| t.to_vec1::<f64>());
+            v.expect("values").iter().map(|x| x.to_bits()).collect()
+        };
+        for step in 1..=3 {
+            let g = wave(step as f64 * 11.0);
+            let s = if step == 2 { 0.5 } else { 1.0 };
+            let k = adam.one_pass(0.05, step, s);
+            k.run(&one[0], &g, &one[1], &one[2]).expect("one pass");
+            k.three_passes(&three[0], &g, &three[1], &three[2])
+                .expect("three passes");
+            for (x, y) in one.iter().zip(&three) {
+                assert_eq!(bits(x), bits(y), "{dt:?}, step {step}");
+            }
+        }
+        assert_ne!(bits(&one[0]), bits(&wave(0.0)), "{dt:?}: p did not step");
     }
 }
