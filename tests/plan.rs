@@ -235,3 +235,47 @@ fn a_plan_against_a_device() {
     assert_eq!(parse("40GB").expect("decimal").memory, 40e9);
     assert!(parse("-3GiB").is_err() && parse("h200").is_err());
 }
+
+/// With `accumulate`, the plan counts the microbatches' running gradient sum
+/// beside the gradients, and a run measures the same bytes (on a data-parallel
+/// mesh and in a pipeline); without it, neither has one.
+#[test]
+fn accumulation_plans_and_measures_its_gradient_sum() {
+    let run = |path: &Path, text: String| {
+        let c = world::compile_source(path, text, &Default::default());
+        assert!(!c.has_errors(), "{}", path.display());
+        let plan = c.plans.first().cloned().expect("a plan");
+        let (prog, _, mut cfg, src) = c.prepare(None).expect("runnable");
+        cfg.steps = 1;
+        let out = shardc::runtime::train::run(prog, &cfg, &src, false, &mut |_| {}).expect("runs");
+        (plan, out.memory.expect("measured"))
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mlp = |acc: &str| {
+        format!(
+            "mesh m(dp: 2)\n\nmodel M {{\n  w: f32[8, 4] init normal(0.3)\n  fn forward(x: f32[B@dp, 8]) -> f32[B@dp, 4] {{ tanh(x @ w) }}\n}}\n\ntrain M on m {{\n  data: synthetic(classes: 4)\n  batch: 16, steps: 1, seed: 5{acc}\n  optimizer: adam(lr: 1e-2)\n}}\n"
+        )
+    };
+    let at = root.join("acc_plan.shard");
+    for (acc, sum) in [("", false), (", accumulate: 4", true)] {
+        let (plan, mem) = run(&at, mlp(acc));
+        assert_eq!(plan.grads, 8.0 * 4.0 * 4.0, "{acc:?}");
+        let want = if sum { plan.grads } else { 0.0 };
+        assert_eq!((plan.grad_sum, mem.grad_sum), (want, want), "{acc:?}");
+        assert_eq!(mem.grads, plan.grads);
+    }
+    // A pipeline sums its own microbatches into one set; its accumulated
+    // chunks keep a running sum beside it.
+    let t3d = root.join("tests/models/t3d_small.shard");
+    let text = std::fs::read_to_string(&t3d).expect("t3d_small");
+    assert!(text.contains("accumulate: 2"));
+    for (text, sum) in [
+        (text.clone(), true),
+        (text.replace("accumulate: 2", "accumulate: 1"), false),
+    ] {
+        let (plan, mem) = run(&t3d, text);
+        assert_eq!(plan.grad_sum, mem.grad_sum);
+        assert_eq!(plan.grad_sum > 0.0, sum);
+        assert_eq!(mem.grads, plan.grads);
+    }
+}

@@ -596,6 +596,9 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
                     t += &row("master params", m.master_params, planned.master_params);
                 }
                 t += &row("grads", m.grads, planned.grads);
+                if m.grad_sum > 0.0 || planned.grad_sum > 0.0 {
+                    t += &row("grad sum", m.grad_sum, planned.grad_sum);
+                }
                 t += &row(
                     "optimizer state",
                     m.optimizer_state,

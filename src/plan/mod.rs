@@ -45,6 +45,9 @@ pub struct Plan {
     pub optimizer: String,
     pub params: f64,
     pub grads: f64,
+    /// With `accumulate` > 1: the running sum of the microbatches' gradients,
+    /// held beside each microbatch's own while it runs backward.
+    pub grad_sum: f64,
     pub optimizer_state: f64,
     pub activations: f64,
     /// Parameters stored per device before gathering for use (FSDP) vs used.
@@ -120,6 +123,7 @@ impl Plan {
     pub fn total_memory(&self) -> f64 {
         self.params
             + self.grads
+            + self.grad_sum
             + self.optimizer_state
             + self.activations
             + self.gathered_params
@@ -136,6 +140,7 @@ impl Plan {
     pub fn peaks(&self) -> Vec<f64> {
         let fixed = self.params
             + self.grads
+            + self.grad_sum
             + self.optimizer_state
             + self.gathered_params
             + self.master_params;
@@ -226,6 +231,7 @@ fn plan_of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> P
         OptKind::Sgd { momentum, .. } if *momentum > 0.0 => "sgd+momentum".to_string(),
         _ => train.optimizer.name().to_string(),
     };
+    let slots = train.optimizer.slot_count() as f64;
     let mut plan = Plan {
         model: prog.model.clone(),
         mesh: train.mesh.clone(),
@@ -290,7 +296,12 @@ fn plan_of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> P
         c.count = c.count.saturating_mul(plan.microbatches as u64);
     }
     plan.activations = acts.iter().sum::<f64>() + loss_acts + recompute;
-    weights(&mut plan, prog, &cx, &weight, &optimizer, master);
+    weights(&mut plan, prog, &cx, &weight, (&optimizer, slots), master);
+    // A pipeline sums its microbatches' gradients into one set as it goes;
+    // accumulated chunks (or plain microbatches) keep a running sum beside.
+    if train.accumulate > 1 {
+        plan.grad_sum = plan.grads;
+    }
     if let Some(pp) = &prog.pipeline {
         pipeline(&mut plan, prog, pp, &acts);
     }
@@ -399,14 +410,9 @@ fn weights(
     prog: &Program,
     cx: &CostCx,
     w: &Weights,
-    optimizer: &str,
+    (optimizer, slots): (&str, f64),
     master: Option<f64>,
 ) {
-    let slots = match optimizer {
-        "adam" | "adamw" | "ftrl" => 2.0,
-        "adagrad" | "sgd+momentum" => 1.0,
-        _ => 0.0,
-    };
     plan.optimizer =
         format!("{optimizer}: {slots} slot(s) per parameter, in the parameter's layout");
     // Where each parameter is first used: its weight, and its pipeline stage.
@@ -688,6 +694,11 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
             "FSDP weights gathered for use (peak, one layer at a time is not modelled)".into(),
         ),
         ("grads", p.grads, "same layout as params".into()),
+        (
+            "grad sum",
+            p.grad_sum,
+            "the microbatches' running sum, beside each microbatch's grads".into(),
+        ),
         ("optimizer state", p.optimizer_state, p.optimizer.clone()),
         (
             "activations",
@@ -703,7 +714,7 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
         ),
     ];
     for (name, v, why) in rows {
-        if matches!(name, "gathered params" | "master params") && v == 0.0 {
+        if matches!(name, "gathered params" | "master params" | "grad sum") && v == 0.0 {
             continue;
         }
         s.push_str(&format!("  {name:<16} {:>12}   {why}\n", human_bytes(v)));

@@ -50,6 +50,8 @@ pub type Named = Vec<(String, Vec<f64>)>;
 pub struct Memory {
     pub params: f64,
     pub grads: f64,
+    /// The microbatches' running gradient sum (`accumulate` > 1).
+    pub grad_sum: f64,
     pub optimizer_state: f64,
     /// Forward values kept for backward (inputs and parameters excluded).
     pub activations: f64,
@@ -64,6 +66,7 @@ impl Memory {
     pub fn total(&self) -> f64 {
         self.params
             + self.grads
+            + self.grad_sum
             + self.optimizer_state
             + self.activations
             + self.gathered_params
@@ -632,6 +635,7 @@ pub fn run_on(
                         tape = Some(t);
                     }
                     let (grads, loss) = acc.ok_or("no microbatch")?;
+                    let grad_sum = grads.own_bytes();
                     let grads = sync_grads(&ex, grads.into_vec())?;
                     // A pipeline's first stages keep no whole-program tape.
                     let tape = match tape {
@@ -653,6 +657,7 @@ pub fn run_on(
                             params: work.iter().map(bytes).sum(),
                             master_params: if cdt == cfg.dtype { 0.0 } else { params.iter().map(bytes).sum() },
                             grads: grads.iter().map(bytes).sum(),
+                            grad_sum,
                             optimizer_state: state.bytes(),
                             ..Memory::default()
                         };

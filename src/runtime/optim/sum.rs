@@ -46,6 +46,16 @@ impl GradSum {
         Ok(())
     }
 
+    /// The bytes of the tensors the sum made itself, beside the microbatches'
+    /// own gradients: none until a second microbatch is added.
+    pub fn own_bytes(&self) -> f64 {
+        if !self.owned {
+            return 0.0;
+        }
+        let each = |t: &Tensor| (t.elem_count() * t.dtype().size_in_bytes()) as f64;
+        self.grads.iter().map(each).sum()
+    }
+
     /// The summed gradients.
     pub fn into_vec(self) -> Vec<Tensor> {
         self.grads
