@@ -319,7 +319,7 @@ fn einsum2(sa: &str, sb: &str, o: &str, a: &Tensor, b: &Tensor) -> R<Tensor> {
         .and_then(|t| t.contiguous())
         .and_then(|t| t.reshape((prod(&batch), prod(&contr), prod(&bf))))
         .map_err(ce)?;
-    let c = a2.matmul(&b2).map_err(ce)?;
+    let c = super::matmul_split::mm(&a2, &b2).map_err(ce)?;
     let mut co: Vec<char> = batch.clone();
     co.extend(&af);
     co.extend(&bf);
@@ -387,7 +387,7 @@ fn einsum2_direct(
         return Ok(None);
     };
     let shape: Vec<usize> = o.chars().map(size).collect();
-    lhs.and_then(|x| x.matmul(&r.reshape((nb, k, n))?))
+    lhs.and_then(|x| super::matmul_split::mm(&x, &r.reshape((nb, k, n))?))
         .and_then(|c| c.reshape(shape))
         .map(Some)
         .map_err(ce)

@@ -4,6 +4,7 @@
 
 use super::cost::{CommCost, Cost, CostCx};
 use super::kernel::{ce, Kernel};
+use super::matmul_split::mm;
 use super::rules::{axes_text, Rules};
 use super::{Def, Forward, Grad, Kind, Primitive, R};
 use crate::ast::{Expr, ReduceOp};
@@ -190,10 +191,13 @@ pub fn matmul(x: &Tensor, y: &Tensor) -> R<Tensor> {
         let out = x
             .contiguous()
             .and_then(|x| x.reshape((rows, k)))
-            .and_then(|x| x.matmul(y))
+            .and_then(|x| mm(&x, y))
             .map_err(ce)?;
         shape.push(y.dims()[1]);
         return out.reshape(shape).map_err(ce);
+    }
+    if x.rank() == 2 && y.rank() == 2 {
+        return mm(x, y).map_err(ce);
     }
     x.broadcast_matmul(y).map_err(ce)
 }
@@ -229,7 +233,7 @@ fn matmul_vjp(
             .and_then(|t| t.reshape(((), n)))
             .map_err(ce)?;
         Some(
-            y.matmul(&gf.t().map_err(ce)?)
+            mm(y, &gf.t().map_err(ce)?)
                 .and_then(|t| t.t())
                 .and_then(|t| t.contiguous())
                 .and_then(|t| t.reshape(x.dims()))
@@ -252,7 +256,7 @@ fn matmul_vjp(
             .contiguous()
             .and_then(|t| t.reshape(((), n)))
             .map_err(ce)?;
-        Some(xf.t().and_then(|t| t.matmul(&gf)).map_err(ce)?)
+        Some(xf.t().and_then(|t| mm(&t, &gf)).map_err(ce)?)
     } else {
         // Batch dims of `y` broadcast against `x`'s: sum the gradient over the
         // ones `y` lacks.

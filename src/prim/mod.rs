@@ -45,6 +45,7 @@ pub mod gather;
 pub mod index;
 pub mod lookup;
 pub mod matmul;
+pub mod matmul_split;
 pub mod norm;
 pub mod one_hot;
 pub mod reduce;

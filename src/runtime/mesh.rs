@@ -81,11 +81,11 @@ impl Barrier {
 /// (on 2 cores, 8 devices with 2 threads each ran 2-3× slower than with 1).
 /// A value the user set is kept. Called before this process starts threads.
 ///
-/// A device that does get several threads still runs small products on one:
-/// gemm splits a block over threads from 48·48·256 multiply-adds, and on this
-/// machine a [32, 784] @ [784, 512] product took 82-164 µs on 2 threads against
-/// a steady 110 µs on 1 (a 32-row microbatch of the classifier); from about
-/// [128, 784] @ [784, 512] on, 2 threads win (305 µs against 440).
+/// A device that does get several threads splits its products from 2²¹
+/// multiply-adds over candle's worker pool (`prim::matmul_split`: 114 → 58 µs
+/// for the classifier's [32, 784] @ [784, 512]). gemm's own threads stay off
+/// below 2²⁴ for the products that do not pass there: they wake through rayon,
+/// and that product took 82-164 µs on 2 of them against a steady 110 µs on 1.
 pub fn share_cores(devices_here: usize) {
     gemm::set_threading_threshold(ONE_THREAD_BELOW);
     if std::env::var_os("RAYON_NUM_THREADS").is_some() {
