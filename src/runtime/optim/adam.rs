@@ -53,7 +53,7 @@ impl Rule for Adam {
         };
         let one = self.one_pass(lr, t, s);
         let dt = p.dtype();
-        if [g, m, v].iter().all(|x| x.dtype() == dt) {
+        if [g, m, v].iter().all(|x| x.dtype() == dt) && apart(&[p, g, m, v]) {
             one.run(p, g, m, v).map_err(ce)
         } else {
             one.three_passes(p, g, m, v).map_err(ce)
@@ -92,6 +92,19 @@ impl Rule for Adam {
         }
         Ok((d, Some(m), Some(v)))
     }
+}
+
+/// Whether no two of these tensors share storage. The one pass holds all
+/// four tensors' locks at once, which candle checks only pairwise; tensors
+/// that share storage take the three passes, whose ops candle checks.
+fn apart(ts: &[&Tensor]) -> bool {
+    let at = |t: &Tensor| {
+        let (s, _) = t.storage_and_layout();
+        &*s as *const candle_core::Storage as usize
+    };
+    let mut seen: Vec<usize> = ts.iter().map(|t| at(t)).collect();
+    seen.sort_unstable();
+    seen.windows(2).all(|w| w[0] != w[1])
 }
 
 /// One Adam step on one tensor: m ← a·m + b·g, v ← a'·v + b'·g², then p from

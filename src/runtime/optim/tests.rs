@@ -179,3 +179,36 @@ fn adams_one_pass_has_the_bits_of_three() {
         assert_ne!(bits(&one[0]), bits(&wave(0.0)), "{dt:?}: p did not step");
     }
 }
+
+/// A gradient that shares the parameter's storage takes the three passes
+/// (the one pass would wait on its own lock) and gives their bits.
+#[test]
+fn adam_with_a_gradient_sharing_the_parameter_steps() {
+    let dev = Device::Cpu;
+    let adam = adam::Adam {
+        b1: 0.9,
+        b2: 0.999,
+        eps: 1e-8,
+        weight_decay: None,
+    };
+    let v: Vec<f32> = (0..64).map(|i| (i as f32 * 0.3).sin()).collect();
+    let p = Tensor::from_vec(v, 64, &dev).expect("p");
+    let (m, s) = (p.zeros_like().expect("m"), p.zeros_like().expect("v"));
+    let (p2, m2, s2) = (
+        p.copy().expect("p2"),
+        m.copy().expect("m2"),
+        s.copy().expect("v2"),
+    );
+    let g2 = p.copy().expect("g2");
+    adam.fused(0.1, 1, &p, &p.clone(), 1.0, Some(&m), Some(&s))
+        .expect("shared");
+    adam.one_pass(0.1, 1, 1.0)
+        .three_passes(&p2, &g2, &m2, &s2)
+        .expect("three");
+    for (x, y) in [(&p, &p2), (&m, &m2), (&s, &s2)] {
+        assert_eq!(
+            x.to_vec1::<f32>().expect("x"),
+            y.to_vec1::<f32>().expect("y")
+        );
+    }
+}
