@@ -4,7 +4,7 @@
 //! sum). The sum is fresh once, then grows in place.
 
 use super::fused::Pass;
-use super::{ce, plain, R};
+use super::{bytes, ce, plain, R};
 use candle_core::Tensor;
 
 /// The gradients of the microbatches so far, summed.
@@ -52,8 +52,7 @@ impl GradSum {
         if !self.owned {
             return 0.0;
         }
-        let each = |t: &Tensor| (t.elem_count() * t.dtype().size_in_bytes()) as f64;
-        self.grads.iter().map(each).sum()
+        self.grads.iter().map(bytes).sum()
     }
 
     /// The summed gradients.

@@ -126,17 +126,22 @@ fn fused_steps_equal_composed_steps() {
     }
 }
 
+/// optax's default Adam moments, with AdamW's decay when given.
+fn adam_with(weight_decay: Option<f64>) -> adam::Adam {
+    adam::Adam {
+        b1: 0.9,
+        b2: 0.999,
+        eps: 1e-8,
+        weight_decay,
+    }
+}
+
 /// Adam's one-pass step has the bits of its three passes, for f32 and f64,
 /// on views that start inside their storage, over steps with clipping.
 #[test]
 fn adams_one_pass_has_the_bits_of_three() {
     let dev = Device::Cpu;
-    let adam = adam::Adam {
-        b1: 0.9,
-        b2: 0.999,
-        eps: 1e-8,
-        weight_decay: Some(0.01),
-    };
+    let adam = adam_with(Some(0.01));
     for dt in [DType::F32, DType::F64] {
         let n = 1000;
         let wave = |k: f64| -> Tensor {
@@ -185,12 +190,7 @@ fn adams_one_pass_has_the_bits_of_three() {
 #[test]
 fn adam_with_a_gradient_sharing_the_parameter_steps() {
     let dev = Device::Cpu;
-    let adam = adam::Adam {
-        b1: 0.9,
-        b2: 0.999,
-        eps: 1e-8,
-        weight_decay: None,
-    };
+    let adam = adam_with(None);
     let v: Vec<f32> = (0..64).map(|i| (i as f32 * 0.3).sin()).collect();
     let p = Tensor::from_vec(v, 64, &dev).expect("p");
     let (m, s) = (p.zeros_like().expect("m"), p.zeros_like().expect("v"));
