@@ -232,6 +232,20 @@ impl Program {
         out
     }
 
+    /// Whether node `i` gathers a parameter for use (FSDP, or a table stored
+    /// split and used whole): its value is a whole weight, not an activation,
+    /// and its cotangent is the full-size gradient its collective's transpose
+    /// reduce-scatters.
+    pub fn gathers_param(&self, i: usize) -> bool {
+        self.nodes.get(i).is_some_and(|n| {
+            matches!(n.op, Op::Prim(Prim::Collective(_)))
+                && n.args
+                    .first()
+                    .and_then(|a| self.nodes.get(*a as usize))
+                    .is_some_and(|a| matches!(a.op, Op::Param(_)))
+        })
+    }
+
     /// Per node: whether its value is dropped after the forward pass and
     /// recomputed for the backward one — computed inside a checkpointed range,
     /// and neither the output nor read after its range (a repetition's result

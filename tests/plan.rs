@@ -279,3 +279,72 @@ fn accumulation_plans_and_measures_its_gradient_sum() {
         assert_eq!(mem.grads, plan.grads);
     }
 }
+
+/// FSDP keeps every gathered weight on the tape until backward has used it
+/// (a checkpointed block's are dropped and gathered again while it is
+/// recomputed; a pipeline keeps them per microbatch in flight), and holds one
+/// weight's full-size gradient until its reduce-scatter: the plan counts
+/// those bytes, and a run measures the same. Each microbatch gathers and
+/// reduce-scatters every weight once (a recomputed block gathers again).
+#[test]
+fn fsdp_plans_and_measures_its_gathered_weights() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let at = root.join("fsdp_plan.shard");
+    let text = |mesh: &str, policy: &str| {
+        format!(
+            "mesh m({mesh})\n\nlayer Block(D) {{\n  w: f32[D, D] init normal(0.3)\n  fn forward(x: f32[B@dp, D]) -> f32[B@dp, D] {{ x + tanh(x @ w) }}\n}}\n\nmodel M {{\n  shard_params(dp, min_size: 16)\n  inp: f32[8, 16] init normal(0.3)\n  blocks = repeat(4, Block(16){policy})\n  out: f32[16, 4] init normal(0.3)\n  fn forward(x: f32[B@dp, 8]) -> f32[B@dp, 4] {{ blocks(tanh(x @ inp)) @ out }}\n}}\n\ntrain M on m {{\n  data: synthetic(classes: 4)\n  batch: 16, steps: 1, seed: 5, accumulate: 2\n  optimizer: adam(lr: 1e-2)\n}}\n"
+        )
+    };
+    let run = |text: String| {
+        let c = world::compile_source(&at, text.clone(), &Default::default());
+        assert!(!c.has_errors(), "{text}");
+        let plan = c.plans.first().cloned().expect("a plan");
+        let (prog, _, mut cfg, src) = c.prepare(None).expect("runnable");
+        cfg.steps = 1;
+        let out = shardc::runtime::train::run(prog, &cfg, &src, false, &mut |_| {}).expect("runs");
+        let mem = out.memory.expect("measured");
+        assert_eq!(mem.gathered_params, plan.gathered_params, "{text}");
+        assert_eq!(mem.gathered_grads, plan.gathered_grads, "{text}");
+        assert_eq!(mem.total(), plan.total_memory(), "{text}");
+        plan
+    };
+    let calls = |plan: &shardc::plan::Plan, kind: &str| -> u64 {
+        plan.comms
+            .iter()
+            .filter(|c| c.kind == kind)
+            .map(|c| c.count)
+            .sum()
+    };
+    // Every weight, whole, at once: inp, four blocks' w, out (f32).
+    let plain = run(text("dp: 4", ""));
+    assert_eq!(
+        plain.gathered_params,
+        4.0 * (8.0 * 16.0 + 4.0 * 16.0 * 16.0 + 16.0 * 4.0)
+    );
+    assert_eq!(
+        plain.gathered_grads,
+        4.0 * 16.0 * 16.0,
+        "the largest, one at a time"
+    );
+    // Six weights, two microbatches.
+    assert_eq!(calls(&plain, "param all-gather (FSDP)"), 12);
+    assert_eq!(calls(&plain, "grad reduce-scatter (FSDP)"), 12);
+    // Checkpointed blocks keep inp and out, and gather one block's w again
+    // while recomputing it: four more gathers per microbatch.
+    let ck = run(text("dp: 4", ", checkpoint: full"));
+    assert_eq!(
+        ck.gathered_params,
+        4.0 * (8.0 * 16.0 + 16.0 * 4.0 + 16.0 * 16.0)
+    );
+    assert_eq!(calls(&ck, "param all-gather (FSDP)"), 20);
+    assert_eq!(calls(&ck, "grad reduce-scatter (FSDP)"), 12);
+    // A pipeline: the first stage keeps its microbatches' gathered weights in
+    // flight.
+    let pp = run(text("dp: 2, pp: 2", ", stages: pp, microbatches: 2"));
+    let stages = pp.pipeline.as_ref().expect("pipelined");
+    assert!(stages.in_flight[0] > 1, "{:?}", stages.in_flight);
+    assert_eq!(
+        pp.gathered_params,
+        stages.in_flight[0] as f64 * 4.0 * (8.0 * 16.0 + 2.0 * 16.0 * 16.0)
+    );
+}

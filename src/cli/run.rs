@@ -604,11 +604,16 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
                     m.optimizer_state,
                     planned.optimizer_state,
                 );
-                t += &row(
-                    "gathered params",
-                    m.gathered_params,
-                    planned.gathered_params,
-                );
+                if m.gathered_params > 0.0 || planned.gathered_params > 0.0 {
+                    t += &row(
+                        "gathered params",
+                        m.gathered_params,
+                        planned.gathered_params,
+                    );
+                }
+                if m.gathered_grads > 0.0 || planned.gathered_grads > 0.0 {
+                    t += &row("gathered grads", m.gathered_grads, planned.gathered_grads);
+                }
                 t += &row("activations", m.activations, planned.activations);
                 t += &row("total", m.total(), planned.total_memory());
                 out!("{t}");

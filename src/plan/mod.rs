@@ -50,8 +50,14 @@ pub struct Plan {
     pub grad_sum: f64,
     pub optimizer_state: f64,
     pub activations: f64,
-    /// Parameters stored per device before gathering for use (FSDP) vs used.
+    /// Parameters gathered for use (FSDP: stored split, used whole), which
+    /// the tape keeps for backward; a checkpointed block's are dropped and
+    /// gathered again (one block at a time). In a pipeline, per microbatch in
+    /// flight.
     pub gathered_params: f64,
+    /// The full-size gradient of a gathered parameter, held in backward until
+    /// its reduce-scatter (one at a time).
+    pub gathered_grads: f64,
     /// Mixed precision: the f32 master weights (`params` are the 16-bit
     /// working copies; gradients and optimizer state are f32).
     pub master_params: f64,
@@ -96,9 +102,11 @@ pub struct PipelinePlan {
     pub schedule: String,
     /// Idle share of each device's step.
     pub bubble: f64,
-    /// Per stage: the most microbatches in flight, and their activation bytes.
+    /// Per stage: the most microbatches in flight, and their activation bytes
+    /// and gathered parameters.
     pub in_flight: Vec<usize>,
     pub activations: Vec<f64>,
+    pub gathered: Vec<f64>,
     /// The schedule drawn as text, one row per stage.
     pub timeline: String,
 }
@@ -127,6 +135,7 @@ impl Plan {
             + self.optimizer_state
             + self.activations
             + self.gathered_params
+            + self.gathered_grads
             + self.master_params
     }
     /// FLOPs per device of one microbatch, forward and backward: backward
@@ -142,12 +151,15 @@ impl Plan {
             + self.grads
             + self.grad_sum
             + self.optimizer_state
-            + self.gathered_params
+            + self.gathered_grads
             + self.master_params;
         match &self.pipeline {
-            Some(pp) if !pp.activations.is_empty() => {
-                pp.activations.iter().map(|a| fixed + a).collect()
-            }
+            Some(pp) if !pp.activations.is_empty() => pp
+                .activations
+                .iter()
+                .zip(&pp.gathered)
+                .map(|(a, g)| fixed + a + g)
+                .collect(),
             _ => vec![self.total_memory()],
         }
     }
@@ -257,7 +269,10 @@ fn plan_of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> P
     };
     let weight = Weights::new(prog);
     let recomputed = prog.checkpointed();
-    let mut acts = values(
+    let Values {
+        mut acts,
+        mut gathered,
+    } = values(
         &mut plan,
         prog,
         &cx,
@@ -278,6 +293,24 @@ fn plan_of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> P
         .iter()
         .map(|r| dropped(r.0 as usize, r.1 as usize))
         .fold(0.0, f64::max);
+    // Parameters a checkpointed block gathers: dropped after forward, and
+    // gathered again while the block is recomputed.
+    let regathered = prog
+        .checkpoints
+        .iter()
+        .map(|&(a, b)| {
+            (a as usize..(b as usize).min(gathered.len()))
+                .filter(|i| recomputed[*i])
+                .map(|i| gathered[i])
+                .sum::<f64>()
+        })
+        .fold(0.0, f64::max);
+    for (g, r) in gathered.iter_mut().zip(&recomputed) {
+        if *r {
+            *g = 0.0;
+        }
+    }
+    plan.gathered_params = gathered.iter().sum::<f64>() + regathered;
     for (a, r) in acts.iter_mut().zip(&recomputed) {
         if *r {
             *a = 0.0;
@@ -287,6 +320,7 @@ fn plan_of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> P
     // A loss function's own program runs once per (micro)batch, after the model.
     let loss_acts: f64 = match &prog.loss {
         Some(l) => values(&mut plan, l, &cx, &|_| 1.0, &[], sources)
+            .acts
             .iter()
             .sum(),
         None => 0.0,
@@ -303,15 +337,24 @@ fn plan_of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> P
         plan.grad_sum = plan.grads;
     }
     if let Some(pp) = &prog.pipeline {
-        pipeline(&mut plan, prog, pp, &acts);
+        pipeline(&mut plan, pp, &acts, (&gathered, regathered));
     }
     tables(&mut plan, prog, train, spec);
     plan
 }
 
+/// Per node of a program, the bytes forward keeps for backward.
+struct Values {
+    /// Activations.
+    acts: Vec<f64>,
+    /// Parameters gathered for use ([`Program::gathers_param`]).
+    gathered: Vec<f64>,
+}
+
 /// Activations, FLOPs and collectives of `prog`'s values, node `i` counting
-/// `weight(i)` times; returns each node's activation bytes. A `recomputed`
-/// node (checkpointing) runs its forward, and its collectives, once more.
+/// `weight(i)` times; returns each node's bytes kept for backward. A
+/// `recomputed` node (checkpointing) runs its forward, and its collectives,
+/// once more. Also the largest gradient of a gathered parameter.
 fn values(
     plan: &mut Plan,
     prog: &Program,
@@ -319,23 +362,21 @@ fn values(
     weight: &dyn Fn(usize) -> f64,
     recomputed: &[bool],
     sources: &SourceMap,
-) -> Vec<f64> {
+) -> Values {
     // Activations and FLOPs: every computed value (not an input, a parameter, a
     // layout change the checker inserted, or FSDP's gather of a parameter) is
     // kept for backward; elementwise work is one FLOP per element, and ops add
     // their own. Collectives count forward and backward.
     let mut acts = vec![0.0f64; prog.nodes.len()];
+    let mut gathered = vec![0.0f64; prog.nodes.len()];
+    let on_path = prog.on_gradient_path(false);
     for (i, n) in prog.nodes.iter().enumerate() {
         let m = weight(i);
         if m == 0.0 {
             continue;
         }
         let Op::Prim(p) = &n.op else { continue };
-        let gathers_param = n
-            .args
-            .first()
-            .is_some_and(|a| matches!(prog.nodes[*a as usize].op, Op::Param(_)))
-            && matches!(p, Prim::Collective(_));
+        let gathers_param = prog.gathers_param(i);
         let ts: Vec<&TType> = n.args.iter().map(|a| &prog.nodes[*a as usize].ty).collect();
         let cost = p.get().cost(cx, &ts, &n.ty).unwrap_or_default();
         let again = recomputed.get(i) == Some(&true);
@@ -351,6 +392,38 @@ fn values(
             plan.recompute_flops += flops;
         }
         if gathers_param {
+            if let Some(numel) = cx.local_numel(&n.ty) {
+                let b = numel * n.ty.dtype.bytes() as f64;
+                gathered[i] = b * m;
+                if on_path.get(i) == Some(&true) {
+                    plan.gathered_grads = plan.gathered_grads.max(b);
+                }
+            }
+            // Gathered for every forward (and recompute); the gradient,
+            // when there is one, reduce-scattered once.
+            for c in cost.comms {
+                let n_gathers = if again { 2.0 } else { 1.0 };
+                plan.comms.push(Comm {
+                    kind: "param all-gather (FSDP)".into(),
+                    axes: c.axes.clone(),
+                    bytes: c.bytes,
+                    count: (n_gathers * m) as u64,
+                    span: n.span,
+                    source: sources.describe(n.span),
+                    explicit: c.explicit,
+                });
+                if on_path.get(i) == Some(&true) {
+                    plan.comms.push(Comm {
+                        kind: "grad reduce-scatter (FSDP)".into(),
+                        axes: c.axes,
+                        bytes: c.bytes,
+                        count: m as u64,
+                        span: n.span,
+                        source: sources.describe(n.span),
+                        explicit: c.explicit,
+                    });
+                }
+            }
             continue;
         }
         for c in cost.comms {
@@ -365,7 +438,7 @@ fn values(
             });
         }
     }
-    acts
+    Values { acts, gathered }
 }
 
 /// How many times each node counts: a pipelined stack counts one stage's share
@@ -438,7 +511,7 @@ fn weights(
             continue;
         }
         let m = w.of(at);
-        let (stored, used) = (&p.stored, &p.used);
+        let stored = &p.stored;
         let Some(n) = cx.local_numel(stored) else {
             continue;
         };
@@ -458,25 +531,6 @@ fn weights(
         plan.optimizer_state += bytes * m * slots;
         if m == 0.0 {
             continue;
-        }
-        if stored != used {
-            if let Some(u) = cx.local_numel(used) {
-                let ub = u * used.dtype.bytes() as f64;
-                plan.gathered_params = plan.gathered_params.max(ub);
-                let fsdp: Vec<String> = stored
-                    .all_axes()
-                    .into_iter()
-                    .filter(|a| !used.all_axes().contains(a))
-                    .map(|s| s.to_string())
-                    .collect();
-                let k: f64 = fsdp.iter().map(|a| cx.axis_size(a) as f64).product();
-                *sync
-                    .entry(("param all-gather (FSDP, fwd + bwd)".into(), fsdp.clone()))
-                    .or_default() += 2.0 * ub * (k - 1.0) / k * m;
-                *sync
-                    .entry(("grad reduce-scatter (FSDP)".into(), fsdp))
-                    .or_default() += ub * (k - 1.0) / k * m;
-            }
         }
         // Replicated over an axis: the gradient is partial over it (data parallel,
         // and tensor-parallel replicas such as LayerNorm scales).
@@ -529,7 +583,12 @@ fn weights(
 /// Each stage keeps, per microbatch in flight, its layers' share of one
 /// microbatch's activations; the first also those before the stack, the last
 /// those after it.
-fn pipeline(plan: &mut Plan, prog: &Program, pp: &crate::spmd::Pipeline, acts: &[f64]) {
+fn pipeline(
+    plan: &mut Plan,
+    pp: &crate::spmd::Pipeline,
+    acts: &[f64],
+    (gathered, regathered): (&[f64], f64),
+) {
     use crate::schedule as sch;
     let stages = pp.stages.max(1);
     let m = pp.microbatches.max(1);
@@ -537,22 +596,26 @@ fn pipeline(plan: &mut Plan, prog: &Program, pp: &crate::spmd::Pipeline, acts: &
     let in_flight: Vec<usize> = (0..stages).map(|k| sch::in_flight(&ticks, k)).collect();
     let start = pp.blocks.first().map_or(0, |b| b.0 as usize);
     let end = pp.blocks.last().map_or(0, |b| b.1 as usize);
-    let pre: f64 = acts[..start.min(acts.len())].iter().sum();
-    let stack: f64 = acts[start.min(acts.len())..end.min(acts.len())]
-        .iter()
-        .sum();
-    let post: f64 = acts[end.min(acts.len())..].iter().sum();
-    let _ = prog;
-    let activations: Vec<f64> = in_flight
-        .iter()
-        .enumerate()
-        .map(|(k, n)| {
-            let own =
-                stack + if k == 0 { pre } else { 0.0 } + if k + 1 == stages { post } else { 0.0 };
-            own * *n as f64 + plan.recompute_activations
-        })
-        .collect();
+    // Per stage, what each microbatch in flight keeps, plus one block recomputed.
+    let per_stage = |v: &[f64], once: f64| -> Vec<f64> {
+        let pre: f64 = v[..start.min(v.len())].iter().sum();
+        let stack: f64 = v[start.min(v.len())..end.min(v.len())].iter().sum();
+        let post: f64 = v[end.min(v.len())..].iter().sum();
+        in_flight
+            .iter()
+            .enumerate()
+            .map(|(k, n)| {
+                let own = stack
+                    + if k == 0 { pre } else { 0.0 }
+                    + if k + 1 == stages { post } else { 0.0 };
+                own * *n as f64 + once
+            })
+            .collect()
+    };
+    let activations = per_stage(acts, plan.recompute_activations);
+    let gathered = per_stage(gathered, regathered);
     plan.activations = activations.first().copied().unwrap_or(plan.activations);
+    plan.gathered_params = gathered.first().copied().unwrap_or(plan.gathered_params);
     plan.pipeline = Some(PipelinePlan {
         axis: pp.axis.clone(),
         stages,
@@ -561,6 +624,7 @@ fn pipeline(plan: &mut Plan, prog: &Program, pp: &crate::spmd::Pipeline, acts: &
         bubble: sch::bubble(&ticks),
         in_flight,
         activations,
+        gathered,
         timeline: sch::draw(&ticks),
     });
 }
@@ -691,7 +755,12 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
         (
             "gathered params",
             p.gathered_params,
-            "FSDP weights gathered for use (peak, one layer at a time is not modelled)".into(),
+            "weights gathered for use (FSDP), kept for backward; checkpointed blocks gather theirs again".into(),
+        ),
+        (
+            "gathered grads",
+            p.gathered_grads,
+            "a gathered weight's full gradient, held until its reduce-scatter".into(),
         ),
         ("grads", p.grads, "same layout as params".into()),
         (
@@ -714,7 +783,11 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
         ),
     ];
     for (name, v, why) in rows {
-        if matches!(name, "gathered params" | "master params" | "grad sum") && v == 0.0 {
+        if matches!(
+            name,
+            "gathered params" | "gathered grads" | "master params" | "grad sum"
+        ) && v == 0.0
+        {
             continue;
         }
         s.push_str(&format!("  {name:<16} {:>12}   {why}\n", human_bytes(v)));

@@ -20,6 +20,7 @@ use crate::prim::{Forward, Grad, Kernel, Prim, Primitive};
 use crate::spmd::{Op, Program};
 use crate::types::TType;
 use candle_core::{DType, Device, Tensor};
+use std::cell::Cell;
 
 pub type R<T> = std::result::Result<T, String>;
 
@@ -37,6 +38,23 @@ pub struct Exec<'a> {
     pub sparse: SparseState,
     /// A pipeline's stage axis and, per parameter, the stage holding it.
     pub stage: Option<(String, Vec<Option<usize>>)>,
+    /// What backward held of gathered parameters, measured for `--mem`.
+    pub gathers: Cell<GatherBytes>,
+}
+
+/// The bytes of gathered parameters ([`Program::gathers_param`]) that only
+/// backward holds, at their most: what `--mem` sets beside the plan's.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GatherBytes {
+    /// Full-size gradients of gathered parameters alive at once, before their
+    /// reduce-scatter.
+    pub unreduced: f64,
+    /// Parameters a checkpointed block gathered again while recomputed.
+    pub regathered: f64,
+}
+
+fn bytes(t: &Tensor) -> f64 {
+    (t.elem_count() * t.dtype().size_in_bytes()) as f64
 }
 
 /// What forward keeps for backward: every node's local value.
@@ -61,6 +79,7 @@ impl<'a> Exec<'a> {
             dev: self.dev.clone(),
             sparse: self.sparse.fresh(),
             stage: self.stage.clone(),
+            gathers: Cell::default(),
         }
     }
 
@@ -394,13 +413,19 @@ impl Exec<'_> {
             if ck {
                 // Only what was dropped runs again.
                 self.forward_where(tape, a..b, dropout_seed, &|i| dropped[i])?;
-                let bytes: f64 = (a..b)
-                    .filter(|i| dropped[*i])
-                    .map(|i| {
-                        (tape.vals[i].elem_count() * tape.vals[i].dtype().size_in_bytes()) as f64
-                    })
-                    .sum();
-                peak = peak.max(bytes);
+                // Activations, and the parameters the block gathered again.
+                let (mut acts, mut gathered) = (0.0, 0.0);
+                for i in (a..b).filter(|i| dropped[*i]) {
+                    if self.prog.gathers_param(i) {
+                        gathered += bytes(&tape.vals[i]);
+                    } else {
+                        acts += bytes(&tape.vals[i]);
+                    }
+                }
+                peak = peak.max(acts);
+                let mut g = self.gathers.get();
+                g.regathered = g.regathered.max(gathered);
+                self.gathers.set(g);
             }
             // Every cotangent so far goes in, also those of earlier nodes, so
             // that each one adds its terms in the order a single pass would.
@@ -460,9 +485,15 @@ impl Exec<'_> {
     ) -> R<Vec<Option<Tensor>>> {
         let n = self.prog.nodes.len();
         let mut ct: Vec<Option<Tensor>> = vec![None; n];
+        // Bytes of gathered parameters' full-size gradients alive, and the most.
+        let mut unreduced = 0.0;
         for (i, g) in seeds {
+            if self.prog.gathers_param(*i) {
+                unreduced += bytes(g);
+            }
             ct[*i] = Some(g.clone());
         }
+        let mut most = unreduced;
         let add = |slot: &mut Option<Tensor>, g: Tensor| -> R<()> {
             *slot = Some(match slot.take() {
                 Some(s) => (s + g).map_err(ce)?,
@@ -475,7 +506,12 @@ impl Exec<'_> {
             // Collectives must run on every device in the same order, even when a
             // device's cotangent happens to be absent: every op but elementwise
             // arithmetic takes zeros then.
-            let g = match ct[i].take() {
+            let taken = ct[i].take();
+            let held = match &taken {
+                Some(g) if self.prog.gathers_param(i) => bytes(g),
+                _ => 0.0,
+            };
+            let g = match taken {
                 Some(g) => g,
                 None if matches!(&node.op, Op::Prim(p) if !matches!(p, Prim::Arith(_))) => {
                     tape.vals[i].zeros_like().map_err(ce)?
@@ -512,12 +548,22 @@ impl Exec<'_> {
                         if let (Some(d), Some(a), true) =
                             (d, node.args.get(k), want.get(k) == Some(&true))
                         {
-                            add(&mut ct[*a as usize], d)?;
+                            let a = *a as usize;
+                            if ct[a].is_none() && self.prog.gathers_param(a) {
+                                unreduced += bytes(&d);
+                                most = f64::max(most, unreduced);
+                            }
+                            add(&mut ct[a], d)?;
                         }
                     }
                 }
             }
+            // This node's cotangent is spent (reduce-scattered, if gathered).
+            unreduced -= held;
         }
+        let mut g = self.gathers.get();
+        g.unreduced = g.unreduced.max(most);
+        self.gathers.set(g);
         Ok(ct)
     }
 }

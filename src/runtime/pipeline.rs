@@ -133,17 +133,33 @@ pub struct Chunk {
     pub aux: Vec<f64>,
     /// The most bytes of activations this device held at once.
     pub peak_activations: f64,
+    /// The most bytes of gathered parameters its microbatches' tapes held at
+    /// once.
+    pub peak_gathered: f64,
     /// A tape of the last stage's last microbatch (for the NaN report).
     pub tape: Option<Tape>,
 }
 
-/// Activation bytes a tape holds (inputs and parameters are shared, not counted).
+/// Activation bytes a tape holds (inputs and parameters are shared, not
+/// counted; parameters gathered for use are [`gathered_bytes`]).
 fn tape_bytes(prog: &Program, t: &Tape) -> f64 {
+    tape_where(prog, t, &|i| {
+        !matches!(prog.nodes[i].op, Op::Input(_) | Op::Param(_)) && !prog.gathers_param(i)
+    })
+}
+
+/// Bytes of the parameters a tape holds gathered for use.
+fn gathered_bytes(prog: &Program, t: &Tape) -> f64 {
+    tape_where(prog, t, &|i| prog.gathers_param(i))
+}
+
+fn tape_where(prog: &Program, t: &Tape, counted: &dyn Fn(usize) -> bool) -> f64 {
     t.vals
         .iter()
-        .zip(&prog.nodes)
-        .filter(|(_, n)| !matches!(n.op, Op::Input(_) | Op::Param(_)))
-        .map(|(v, _)| (v.elem_count() * v.dtype().size_in_bytes()) as f64)
+        .take(prog.nodes.len())
+        .enumerate()
+        .filter(|(i, _)| counted(*i))
+        .map(|(_, v)| (v.elem_count() * v.dtype().size_in_bytes()) as f64)
         .sum()
 }
 
@@ -226,6 +242,7 @@ pub fn run_chunk(
     let mut sums = vec![0.0; n_sums];
     let mut aux = aux_flat(ex.prog, &ex.empty_tape(params, &[])?, &|_| false)?;
     let mut peak = 0.0f64;
+    let mut peak_gathered = 0.0f64;
     let mut last_tape = None;
     // The shape every boundary value has (the repeated layer keeps its type).
     let act_shape: Vec<usize> = ex
@@ -286,6 +303,8 @@ pub fn run_chunk(
                     }
                     tapes.insert(m, tape);
                     peak = peak.max(tapes.values().map(|t| tape_bytes(ex.prog, t)).sum());
+                    peak_gathered =
+                        peak_gathered.max(tapes.values().map(|t| gathered_bytes(ex.prog, t)).sum());
                 }
             }
             Some(Act::B(m)) => {
@@ -381,6 +400,7 @@ pub fn run_chunk(
         sums: total.get(1..1 + n_sums).unwrap_or_default().to_vec(),
         aux: total.get(1 + n_sums..).unwrap_or_default().to_vec(),
         peak_activations: peak,
+        peak_gathered,
         tape: last_tape,
     })
 }

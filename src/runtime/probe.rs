@@ -110,6 +110,7 @@ fn device(
         dev: dev.clone(),
         sparse: SparseState::default(),
         stage: None,
+        gathers: Default::default(),
     };
     let ps: Vec<Tensor> = prog
         .params

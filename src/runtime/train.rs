@@ -55,8 +55,12 @@ pub struct Memory {
     pub optimizer_state: f64,
     /// Forward values kept for backward (inputs and parameters excluded).
     pub activations: f64,
-    /// FSDP parameters gathered for use.
+    /// Parameters gathered for use (FSDP) that the tape keeps for backward,
+    /// and those a checkpointed block gathers again.
     pub gathered_params: f64,
+    /// Full-size gradients of gathered parameters alive at once in backward,
+    /// before their reduce-scatter.
+    pub gathered_grads: f64,
     /// Mixed precision: the f32 master weights (`params` are then the 16-bit
     /// working copies the passes use).
     pub master_params: f64,
@@ -70,6 +74,7 @@ impl Memory {
             + self.optimizer_state
             + self.activations
             + self.gathered_params
+            + self.gathered_grads
             + self.master_params
     }
 }
@@ -414,6 +419,7 @@ pub fn run_on(
                         ..Default::default()
                     },
                     stage: stages.as_ref().map(|st| (st.axis.clone(), st.param_stage.clone())),
+                    gathers: Default::default(),
                 };
                 // Parameters: each device computes only its own piece.
                 let mut params = Vec::new();
@@ -506,6 +512,8 @@ pub fn run_on(
                 let mut first = None;
                 // A pipeline's activations: the most its microbatches' tapes held at once.
                 let mut peak_activations = 0.0f64;
+                // And the most bytes of gathered parameters those tapes held.
+                let mut peak_gathered = 0.0f64;
                 // The most bytes a checkpointed block held while recomputed.
                 let mut recompute_peak = 0.0f64;
                 let base = prog;
@@ -581,6 +589,7 @@ pub fn run_on(
                             let n_sums = cfg.metrics.iter().map(|m| m.sums()).sum();
                             let c = super::pipeline::run_chunk(&ex, st, &work, &micro, &loss_of, n_sums, m_count, true)?;
                             peak_activations = peak_activations.max(c.peak_activations);
+                            peak_gathered = peak_gathered.max(c.peak_gathered);
                             let g = master_grads(c.grads, &params)?;
                             let loss = c.loss + aux_split(prog, &c.aux).0;
                             super::pipeline::add_into(&mut metric_sums, &c.sums);
@@ -599,6 +608,8 @@ pub fn run_on(
                     }
                     for j in (0..k).filter(|_| stages.is_none()) {
                         let mb = microbatch(j)?;
+                        // The previous microbatch's values are spent.
+                        drop(tape.take());
                         *ex.sparse.keep.borrow_mut() = mb.keep;
                         let y = mb.labels;
                         let mut t = ex.forward(&work, &mb.inputs, mb.seed).map_err(|e| RunError::op(e, generation))?;
@@ -661,16 +672,22 @@ pub fn run_on(
                             optimizer_state: state.bytes(),
                             ..Memory::default()
                         };
-                        for (n, v) in prog.nodes.iter().zip(&tape.vals) {
+                        for (i, (n, v)) in prog.nodes.iter().zip(&tape.vals).enumerate() {
                             match &n.op {
                                 Op::Input(_) | Op::Param(_) => {}
-                                Op::Prim(crate::prim::Prim::Collective(_)) if n.args.first().is_some_and(|a| matches!(prog.nodes[*a as usize].op, Op::Param(_))) => m.gathered_params = m.gathered_params.max(bytes(v)),
+                                _ if prog.gathers_param(i) => m.gathered_params += bytes(v),
                                 _ => m.activations += bytes(v),
                             }
                         }
+                        let backward = ex.gathers.get();
+                        m.gathered_grads = backward.unreduced;
                         if stages.is_some() {
                             m.activations = peak_activations;
-                        } else {
+                            m.gathered_params = peak_gathered;
+                        }
+                        // One checkpointed block's parameters, gathered again.
+                        m.gathered_params += backward.regathered;
+                        if stages.is_none() {
                             // What the checkpoints keep, and one block recomputed.
                             m.activations += recompute_peak;
                         }
