@@ -233,9 +233,7 @@ impl Program {
     }
 
     /// Whether node `i` gathers a parameter for use (FSDP, or a table stored
-    /// split and used whole): its value is a whole weight, not an activation,
-    /// and its cotangent is the full-size gradient its collective's transpose
-    /// reduce-scatters.
+    /// split and used whole): its value is a weight, not an activation.
     pub fn gathers_param(&self, i: usize) -> bool {
         self.nodes.get(i).is_some_and(|n| {
             matches!(n.op, Op::Prim(Prim::Collective(_)))
@@ -244,6 +242,22 @@ impl Program {
                     .and_then(|a| self.nodes.get(*a as usize))
                     .is_some_and(|a| matches!(a.op, Op::Param(_)))
         })
+    }
+
+    /// [`Program::gathers_param`] from more than one device: the whole weight
+    /// is a copy held beside the stored piece, and its cotangent the
+    /// full-size gradient the gather's transpose reduce-scatters. Over axes of
+    /// size 1 the gathered value is the parameter itself.
+    pub fn gathers_copy(&self, i: usize) -> bool {
+        let numel = |t: &TType| self.local_shape(t).map(|s| s.iter().product::<i64>()).ok();
+        self.gathers_param(i)
+            && self.nodes.get(i).is_some_and(|n| {
+                let stored = n.args.first().and_then(|a| self.nodes.get(*a as usize));
+                match (numel(&n.ty), stored.and_then(|a| numel(&a.ty))) {
+                    (Some(used), Some(stored)) => used > stored,
+                    _ => false,
+                }
+            })
     }
 
     /// Per node: whether its value is dropped after the forward pass and

@@ -338,6 +338,11 @@ fn fsdp_plans_and_measures_its_gathered_weights() {
     );
     assert_eq!(calls(&ck, "param all-gather (FSDP)"), 20);
     assert_eq!(calls(&ck, "grad reduce-scatter (FSDP)"), 12);
+    // On one device the gathered weight is the parameter itself: no copy, no
+    // traffic.
+    let one = run(text("dp: 1", ""));
+    assert_eq!((one.gathered_params, one.gathered_grads), (0.0, 0.0));
+    assert!(one.comms.is_empty(), "{:?}", one.comms);
     // A pipeline: the first stage keeps its microbatches' gathered weights in
     // flight.
     let pp = run(text("dp: 2, pp: 2", ", stages: pp, microbatches: 2"));

@@ -347,7 +347,7 @@ fn plan_of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> P
 struct Values {
     /// Activations.
     acts: Vec<f64>,
-    /// Parameters gathered for use ([`Program::gathers_param`]).
+    /// Parameters gathered for use ([`Program::gathers_copy`]).
     gathered: Vec<f64>,
 }
 
@@ -392,6 +392,10 @@ fn values(
             plan.recompute_flops += flops;
         }
         if gathers_param {
+            if !prog.gathers_copy(i) {
+                // Over axes of size 1: the parameter itself, nothing sent.
+                continue;
+            }
             if let Some(numel) = cx.local_numel(&n.ty) {
                 let b = numel * n.ty.dtype.bytes() as f64;
                 gathered[i] = b * m;

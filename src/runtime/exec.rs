@@ -42,7 +42,7 @@ pub struct Exec<'a> {
     pub gathers: Cell<GatherBytes>,
 }
 
-/// The bytes of gathered parameters ([`Program::gathers_param`]) that only
+/// The bytes of gathered parameters ([`Program::gathers_copy`]) that only
 /// backward holds, at their most: what `--mem` sets beside the plan's.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GatherBytes {
@@ -416,9 +416,9 @@ impl Exec<'_> {
                 // Activations, and the parameters the block gathered again.
                 let (mut acts, mut gathered) = (0.0, 0.0);
                 for i in (a..b).filter(|i| dropped[*i]) {
-                    if self.prog.gathers_param(i) {
+                    if self.prog.gathers_copy(i) {
                         gathered += bytes(&tape.vals[i]);
-                    } else {
+                    } else if !self.prog.gathers_param(i) {
                         acts += bytes(&tape.vals[i]);
                     }
                 }
@@ -488,7 +488,7 @@ impl Exec<'_> {
         // Bytes of gathered parameters' full-size gradients alive, and the most.
         let mut unreduced = 0.0;
         for (i, g) in seeds {
-            if self.prog.gathers_param(*i) {
+            if self.prog.gathers_copy(*i) {
                 unreduced += bytes(g);
             }
             ct[*i] = Some(g.clone());
@@ -508,7 +508,7 @@ impl Exec<'_> {
             // arithmetic takes zeros then.
             let taken = ct[i].take();
             let held = match &taken {
-                Some(g) if self.prog.gathers_param(i) => bytes(g),
+                Some(g) if self.prog.gathers_copy(i) => bytes(g),
                 _ => 0.0,
             };
             let g = match taken {
@@ -549,7 +549,7 @@ impl Exec<'_> {
                             (d, node.args.get(k), want.get(k) == Some(&true))
                         {
                             let a = *a as usize;
-                            if ct[a].is_none() && self.prog.gathers_param(a) {
+                            if ct[a].is_none() && self.prog.gathers_copy(a) {
                                 unreduced += bytes(&d);
                                 most = f64::max(most, unreduced);
                             }

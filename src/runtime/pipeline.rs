@@ -150,7 +150,7 @@ fn tape_bytes(prog: &Program, t: &Tape) -> f64 {
 
 /// Bytes of the parameters a tape holds gathered for use.
 fn gathered_bytes(prog: &Program, t: &Tape) -> f64 {
-    tape_where(prog, t, &|i| prog.gathers_param(i))
+    tape_where(prog, t, &|i| prog.gathers_copy(i))
 }
 
 fn tape_where(prog: &Program, t: &Tape, counted: &dyn Fn(usize) -> bool) -> f64 {

@@ -675,7 +675,8 @@ pub fn run_on(
                         for (i, (n, v)) in prog.nodes.iter().zip(&tape.vals).enumerate() {
                             match &n.op {
                                 Op::Input(_) | Op::Param(_) => {}
-                                _ if prog.gathers_param(i) => m.gathered_params += bytes(v),
+                                _ if prog.gathers_copy(i) => m.gathered_params += bytes(v),
+                                _ if prog.gathers_param(i) => {}
                                 _ => m.activations += bytes(v),
                             }
                         }
