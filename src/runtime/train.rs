@@ -402,7 +402,7 @@ pub fn run_on(
         for &rank in &local_ranks {
             let tx = tx.clone();
             let (topo, label_t, inputs, out_t) = (&topo, &label_t, &inputs, &out_t);
-            let (micro_sizes, int_inputs) = (&micro_sizes, &int_inputs);
+            let (micro_sizes, int_inputs, local_ranks) = (&micro_sizes, &int_inputs, &local_ranks);
             handles.push(scope.spawn(move || {
                 // A device that fails breaks the mesh's barrier, so no other device
                 // waits forever in a collective.
@@ -423,6 +423,8 @@ pub fn run_on(
                 };
                 // Parameters: each device computes only its own piece.
                 let mut params = Vec::new();
+                // Per parameter: no other device of this process holds its piece.
+                let mut alone = vec![false; prog.params.len()];
                 for (pi, p) in prog.params.iter().enumerate() {
                     // A pipeline stage holds only its own layers' parameters.
                     if !ex.holds(pi) {
@@ -430,9 +432,31 @@ pub fn run_on(
                         continue;
                     }
                     let key = piece_key(topo, rank, pi, p);
+                    // The devices of this process that take this piece: the
+                    // last one removes it from the cache, so that the run does
+                    // not keep the initial values beside the trained ones.
+                    let takers = local_ranks
+                        .iter()
+                        .filter(|r| {
+                            let holds = match stages {
+                                Some(st) => st.param_stage.get(pi).copied().flatten().is_none_or(|s| topo.coord(**r, &st.axis) == s),
+                                None => true,
+                            };
+                            holds && piece_key(topo, **r, pi, p) == key
+                        })
+                        .count();
+                    alone[pi] = takers == 1;
                     let cell = match (placements.get(&pi), pieces.lock()) {
                         // Tables are MOD-placed per device: not shared.
-                        (None, Ok(mut m)) => Some(m.entry(key).or_default().clone()),
+                        (None, Ok(mut m)) => {
+                            let slot = m.entry(key.clone()).or_default();
+                            slot.1 += 1;
+                            let cell = slot.0.clone();
+                            if slot.1 >= takers {
+                                m.remove(&key);
+                            }
+                            Some(cell)
+                        }
                         _ => None,
                     };
                     let make = || -> R<Tensor> {
@@ -506,6 +530,13 @@ pub fn run_on(
                         } else {
                             skip[pi] = true;
                         }
+                    }
+                }
+                // A piece no other device here holds (the piece cache let go
+                // of it) steps in place without a first copy.
+                for (pi, _) in alone.iter().enumerate().filter(|(_, a)| **a) {
+                    if !placements.contains_key(&pi) && state.in_place(pi, &params[pi]) {
+                        state.claim(pi, &params[pi]);
                     }
                 }
                 let mut memory = None;
@@ -1014,9 +1045,10 @@ impl StepBatches<'_> {
 }
 
 /// Initial parameter pieces by (parameter, shard index and count per dimension),
-/// computed once and shared by the replicas that hold the same piece.
+/// computed once and shared by the replicas that hold the same piece, and how
+/// many of them have taken it (the last removes it).
 type PieceCache =
-    std::sync::Mutex<HashMap<PieceKey, Arc<std::sync::OnceLock<Result<Tensor, String>>>>>;
+    std::sync::Mutex<HashMap<PieceKey, (Arc<std::sync::OnceLock<Result<Tensor, String>>>, usize)>>;
 
 /// A parameter piece: the parameter, and its shard index and count per
 /// dimension on a device (replicas of the piece have the same key).
