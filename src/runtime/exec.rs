@@ -53,8 +53,27 @@ pub struct GatherBytes {
     pub regathered: f64,
 }
 
-fn bytes(t: &Tensor) -> f64 {
+/// A tensor's bytes (what `--mem` counts).
+pub(crate) fn bytes(t: &Tensor) -> f64 {
     (t.elem_count() * t.dtype().size_in_bytes()) as f64
+}
+
+/// Whether device `rank` holds parameter `p`, given a pipeline's stage axis
+/// and each parameter's stage (see [`Exec::holds`]).
+pub fn holds_at(
+    stage: &Option<(String, Vec<Option<usize>>)>,
+    topo: &crate::mesh::Topology,
+    rank: usize,
+    p: usize,
+) -> bool {
+    match stage {
+        Some((axis, of)) => of
+            .get(p)
+            .copied()
+            .flatten()
+            .is_none_or(|s| topo.coord(rank, axis) == s),
+        None => true,
+    }
 }
 
 /// What forward keeps for backward: every node's local value.
@@ -86,14 +105,7 @@ impl<'a> Exec<'a> {
     /// Whether this device holds parameter `p` (a pipeline stage holds only its
     /// own layers').
     pub fn holds(&self, p: usize) -> bool {
-        match &self.stage {
-            Some((axis, of)) => of
-                .get(p)
-                .copied()
-                .flatten()
-                .is_none_or(|s| self.comm.topo().coord(self.rank, axis) == s),
-            None => true,
-        }
+        holds_at(&self.stage, self.comm.topo(), self.rank, p)
     }
 
     /// The axes parameter `p` is replicated over among the devices holding it,

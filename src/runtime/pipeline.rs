@@ -159,7 +159,7 @@ fn tape_where(prog: &Program, t: &Tape, counted: &dyn Fn(usize) -> bool) -> f64 
         .take(prog.nodes.len())
         .enumerate()
         .filter(|(i, _)| counted(*i))
-        .map(|(_, v)| (v.elem_count() * v.dtype().size_in_bytes()) as f64)
+        .map(|(_, v)| super::exec::bytes(v))
         .sum()
 }
 

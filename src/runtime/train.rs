@@ -4,7 +4,7 @@
 
 pub use super::config::Config;
 use super::data::{Batch, Source};
-use super::exec::{Exec, R};
+use super::exec::{bytes, Exec, R};
 use super::loss::loss_fn;
 use super::mesh::{Cluster, InProcess};
 use super::optim::{GradSum, OptState};
@@ -77,10 +77,6 @@ impl Memory {
             + self.gathered_grads
             + self.master_params
     }
-}
-
-fn bytes(t: &Tensor) -> f64 {
-    (t.elem_count() * t.dtype().size_in_bytes()) as f64
 }
 
 pub struct RunOutput {
@@ -437,13 +433,7 @@ pub fn run_on(
                     // not keep the initial values beside the trained ones.
                     let takers = local_ranks
                         .iter()
-                        .filter(|r| {
-                            let holds = match stages {
-                                Some(st) => st.param_stage.get(pi).copied().flatten().is_none_or(|s| topo.coord(**r, &st.axis) == s),
-                                None => true,
-                            };
-                            holds && piece_key(topo, **r, pi, p) == key
-                        })
+                        .filter(|r| super::exec::holds_at(&ex.stage, topo, **r, pi) && piece_key(topo, **r, pi, p) == key)
                         .count();
                     alone[pi] = takers == 1;
                     let cell = match (placements.get(&pi), pieces.lock()) {

@@ -108,9 +108,7 @@ pub fn rule(o: &Optimizer) -> Box<dyn Rule + Send + Sync> {
     }
 }
 
-fn bytes(t: &Tensor) -> f64 {
-    (t.elem_count() * t.dtype().size_in_bytes()) as f64
-}
+use super::exec::bytes;
 
 /// Plain contiguous f32/f64 CPU tensors, which the fused kernels step.
 fn plain(t: &Tensor) -> bool {
