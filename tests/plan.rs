@@ -353,3 +353,56 @@ fn fsdp_plans_and_measures_its_gathered_weights() {
         stages.in_flight[0] as f64 * 4.0 * (8.0 * 16.0 + 2.0 * 16.0 * 16.0)
     );
 }
+
+/// The virtual mesh's devices share a replicated parameter piece and, as
+/// the optimizer steps it in place, its slots: the plan for one process
+/// holding every device counts them once, and a run holds exactly that (each
+/// tensor counted once, after the first step). A frozen weight's replicas
+/// share it, with no slots.
+#[test]
+fn one_process_plans_and_holds_replicas_once() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let at = root.join("replicas_plan.shard");
+    let text = |optimizer: &str, directive: &str| {
+        format!(
+            "mesh m(dp: 4, mp: 2)\n\nmodel M {{\n  {directive}\n  w1: f32[8, 16@mp] init normal(0.3)\n  w2: f32[16@mp, 4] init normal(0.3)\n  b: f32[4] init zeros\n  fn forward(x: f32[B@dp, 8]) -> f32[B@dp, 4] {{ psum(tanh(x @ w1) @ w2, mp) + b }}\n}}\n\ntrain M on m {{\n  data: synthetic(classes: 4)\n  batch: 16, steps: 1, seed: 5\n  optimizer: {optimizer}\n}}\n"
+        )
+    };
+    let run = |text: String| {
+        let c = world::compile_source(&at, text.clone(), &Default::default());
+        assert!(!c.has_errors(), "{text}");
+        let plan = c.plans.first().cloned().expect("a plan");
+        let (prog, _, mut cfg, src) = c.prepare(None).expect("runnable");
+        cfg.steps = 1;
+        let out = shardc::runtime::train::run(prog, &cfg, &src, false, &mut |_| {}).expect("runs");
+        let mem = out.memory.expect("measured");
+        let held = out.state_here.expect("held");
+        assert_eq!(mem.total(), plan.total_memory(), "{text}");
+        assert_eq!(
+            8.0 * (mem.total() - mem.state()) + held,
+            plan.process_memory(8, true),
+            "{text}"
+        );
+        (plan, held)
+    };
+    // Per device: w1 and w2 are 8 × 8 and 8 × 4 (split over mp, 4 replicas
+    // over dp), b is 4 (8 replicas), f32.
+    let (w, b) = (4.0 * (8.0 * 8.0 + 8.0 * 4.0), 4.0 * 4.0);
+    // Adam: a piece and its two slots, once per distinct piece (two of w1
+    // and w2, one of b).
+    let (adam, held) = run(text("adam(lr: 1e-2)", ""));
+    assert_eq!(held, 3.0 * (2.0 * w + b));
+    assert_eq!(adam.replicas, vec![(4, 3.0 * w), (8, 3.0 * b)]);
+    assert_eq!(
+        adam.process_memory(8, true),
+        8.0 * adam.total_memory() - 3.0 * (6.0 * w + 7.0 * b)
+    );
+    // Without sharing (a run that reloads), every device keeps its own.
+    assert_eq!(adam.process_memory(8, false), 8.0 * adam.total_memory());
+    // Part of the mesh in a process (MPI): the bound, every device its own.
+    assert_eq!(adam.process_memory(4, true), 4.0 * adam.total_memory());
+    // Plain SGD keeps no slots; a frozen weight none either.
+    let (sgd, held) = run(text("sgd(lr: 1e-2)", "freeze(b)"));
+    assert_eq!(held, 2.0 * w + b);
+    assert_eq!(sgd.replicas, vec![(4, w), (8, b)]);
+}

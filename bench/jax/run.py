@@ -37,7 +37,7 @@ class Config:
     shardc_first_loss: float | None = None
     jax_first_loss: float | None = None
     flop: float | None = None  # model FLOP per step, all devices
-    plan_bytes: float | None = None  # the plan's per-device total × devices
+    plan_bytes: float | None = None  # the plan for the process (`one process`, or total × devices)
     shardc_rss: list = field(default_factory=list)  # peak RSS of each shardc run, bytes
     tiny_times: list = field(default_factory=list)  # the shrunk program's step times
     tiny_rss: list = field(default_factory=list)    # and its peak RSS
@@ -92,8 +92,10 @@ BYTES = {"B": 1.0, "KiB": 2.0**10, "MiB": 2.0**20, "GiB": 2.0**30, "TiB": 2.0**4
 
 def plan_figures(shardc: str, cfg: Config) -> tuple[float, float]:
     """FLOP per step of the whole model (`shardc plan`'s "compute per device per
-    step" times the number of devices in its header) and the plan's memory
-    (its per-device total times the devices)."""
+    step" times the number of devices in its header) and the plan's memory for
+    the process: its "one process" row (every device in one process, replicas
+    sharing parameters and optimizer state), or without one (no replicas, or
+    one device) the per-device total times the devices."""
     cmd = [shardc, "plan", os.path.join(HERE, cfg.shard)] + (["--mesh", cfg.mesh] if cfg.mesh else [])
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if p.returncode != 0:
@@ -104,8 +106,10 @@ def plan_figures(shardc: str, cfg: Config) -> tuple[float, float]:
     if not m or not d or not t or m.group(2) not in UNITS or t.group(2) not in BYTES:
         die(f"could not read the FLOP and memory per step from `{' '.join(cmd)}`:\n{p.stdout}")
     devices = int(d.group(1))
-    return (float(m.group(1)) * UNITS[m.group(2)] * devices,
-            float(t.group(1)) * BYTES[t.group(2)] * devices)
+    one = re.search(r"^  one process +([0-9.]+) (\w+)", p.stdout, re.M)
+    memory = (float(one.group(1)) * BYTES[one.group(2)] if one and one.group(2) in BYTES
+              else float(t.group(1)) * BYTES[t.group(2)] * devices)
+    return float(m.group(1)) * UNITS[m.group(2)] * devices, memory
 
 
 def run_shardc(shardc: str, file: str, mesh: str | None, steps: int, tmp: str, seq: int):
@@ -316,13 +320,14 @@ def main():
               + "  |  " + " ".join(f"{x:.2f}" for x in c.jax_rounds))
     print("FLOP / step: `shardc plan`'s compute per device per step × devices (the same figure for both sides).")
     print()
-    print("| configuration | shardc peak RSS | the same program shrunk | plan: per-device total × devices | RSS / plan | (RSS − shrunk) / plan |")
+    print("| configuration | shardc peak RSS | the same program shrunk | plan for the process | RSS / plan | (RSS − shrunk) / plan |")
     print("|---|---|---|---|---|---|")
     for c in configs:
         rss, floor = max(c.shardc_rss), max(c.tiny_rss)
         print(f"| {c.name} | {rss / 2**20:.1f} MiB | {floor / 2**20:.1f} MiB | {c.plan_bytes / 2**20:.1f} MiB | "
               f"{rss / c.plan_bytes:.2f}× | {(rss - floor) / c.plan_bytes:.2f}× |")
     print("Peak RSS: the largest of the runs' (the whole process: every virtual device, the binary, the data).")
+    print("Plan for the process: `shardc plan`'s `one process` row (replicas share parameters and optimizer state), else its per-device total × devices.")
     print("Shrunk: the same file with every size a few elements (SHRINK in run.py), the process's floor.")
     print()
     print("| configuration, shardc | step, shrunk program (the runtime's fixed cost) |")

@@ -61,6 +61,10 @@ pub struct Plan {
     /// Mixed precision: the f32 master weights (`params` are the 16-bit
     /// working copies; gradients and optimizer state are f32).
     pub master_params: f64,
+    /// Bytes of each device's parameters and optimizer state that `copies`
+    /// devices hold identically, as (copies, bytes per device): the
+    /// replicas one process keeps once (`process_memory`).
+    pub replicas: Vec<(usize, f64)>,
     /// `train`'s `precision` (`f32`, `bf16`, `f16`).
     pub precision: String,
     /// Forward FLOPs per device of one microbatch.
@@ -137,6 +141,26 @@ impl Plan {
             + self.gathered_params
             + self.gathered_grads
             + self.master_params
+    }
+    /// Bytes one process holding `devices` devices of the mesh needs (the
+    /// virtual mesh: all of them). Its devices share a replicated parameter
+    /// piece, and the piece's optimizer slots when the optimizer steps in
+    /// place, one device stepping them for all; with `shares` false (a run
+    /// that reloads, whose replicas step their own copies) each keeps its own.
+    /// Counted for the whole mesh in one process: an MPI process that holds
+    /// only some devices gets `devices × total_memory()`, an upper bound.
+    pub fn process_memory(&self, devices: usize, shares: bool) -> f64 {
+        let n = devices as f64;
+        let whole = self.mesh_axes.iter().map(|a| a.1.max(1)).product::<i64>() as f64;
+        if !shares || devices < 2 || n < whole {
+            return n * self.total_memory();
+        }
+        let saved: f64 = self
+            .replicas
+            .iter()
+            .map(|(k, b)| b * n * (1.0 - 1.0 / (*k).max(1) as f64))
+            .sum();
+        n * self.total_memory() - saved
     }
     /// FLOPs per device of one microbatch, forward and backward: backward
     /// costs about twice the forward (two products per matmul).
@@ -243,7 +267,6 @@ fn plan_of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> P
         OptKind::Sgd { momentum, .. } if *momentum > 0.0 => "sgd+momentum".to_string(),
         _ => train.optimizer.name().to_string(),
     };
-    let slots = train.optimizer.slot_count() as f64;
     let mut plan = Plan {
         model: prog.model.clone(),
         mesh: train.mesh.clone(),
@@ -330,7 +353,14 @@ fn plan_of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> P
         c.count = c.count.saturating_mul(plan.microbatches as u64);
     }
     plan.activations = acts.iter().sum::<f64>() + loss_acts + recompute;
-    weights(&mut plan, prog, &cx, &weight, (&optimizer, slots), master);
+    weights(
+        &mut plan,
+        prog,
+        &cx,
+        &weight,
+        (&train.optimizer, &optimizer),
+        master,
+    );
     // A pipeline sums its microbatches' gradients into one set as it goes;
     // accumulated chunks (or plain microbatches) keep a running sum beside.
     if train.accumulate > 1 {
@@ -487,11 +517,11 @@ fn weights(
     prog: &Program,
     cx: &CostCx,
     w: &Weights,
-    (optimizer, slots): (&str, f64),
+    (optimizer, name): (&crate::spec::Optimizer, &str),
     master: Option<f64>,
 ) {
-    plan.optimizer =
-        format!("{optimizer}: {slots} slot(s) per parameter, in the parameter's layout");
+    let slots = optimizer.slot_count() as f64;
+    plan.optimizer = format!("{name}: {slots} slot(s) per parameter, in the parameter's layout");
     // Where each parameter is first used: its weight, and its pipeline stage.
     let mut first = vec![None; prog.params.len()];
     for (i, n) in prog.nodes.iter().enumerate() {
@@ -508,6 +538,7 @@ fn weights(
         })
     };
     let mut sync: BTreeMap<(String, Vec<String>), f64> = Default::default();
+    let mut replicas: BTreeMap<usize, f64> = Default::default();
     for (p, at) in prog.params.iter().zip(&first) {
         // Tables are planned with their SparseCore padding (below).
         let Some(at) = *at else { continue };
@@ -528,14 +559,6 @@ fn weights(
             plan.master_params += bytes * m;
         }
         plan.grads += bytes * m;
-        // Frozen: no optimizer state, no gradient synchronisation.
-        if p.frozen {
-            continue;
-        }
-        plan.optimizer_state += bytes * m * slots;
-        if m == 0.0 {
-            continue;
-        }
         // Replicated over an axis: the gradient is partial over it (data parallel,
         // and tensor-parallel replicas such as LayerNorm scales).
         let stage = stage_of(at);
@@ -549,8 +572,27 @@ fn weights(
             })
             .map(|a| a.0.clone())
             .collect();
+        let copies = cx.axes_product(&rep).max(1) as usize;
+        // The replicas one process shares (the runtime's piece cache): the
+        // stored piece (the master weights under mixed precision), which a
+        // frozen parameter keeps as it is, and which an optimizer stepping
+        // in place steps once for all, with its slots. Another optimizer's
+        // replicas each build their own.
+        let in_place = optimizer.steps_in_place();
+        if copies > 1 && m > 0.0 && (p.frozen || in_place) {
+            let slots = if p.frozen { 0.0 } else { slots };
+            *replicas.entry(copies).or_default() += bytes * m * (1.0 + slots);
+        }
+        // Frozen: no optimizer state, no gradient synchronisation.
+        if p.frozen {
+            continue;
+        }
+        plan.optimizer_state += bytes * m * slots;
+        if m == 0.0 {
+            continue;
+        }
         if !rep.is_empty() {
-            let k: f64 = rep.iter().map(|a| cx.axis_size(a) as f64).product();
+            let k = copies as f64;
             *sync.entry(("grad all-reduce".into(), rep)).or_default() +=
                 2.0 * bytes * (k - 1.0) / k * m;
         }
@@ -582,6 +624,7 @@ fn weights(
         });
     }
     plan.comms = merged;
+    plan.replicas = replicas.into_iter().collect();
 }
 
 /// Each stage keeps, per microbatch in flight, its layers' share of one
@@ -797,10 +840,19 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
         s.push_str(&format!("  {name:<16} {:>12}   {why}\n", human_bytes(v)));
     }
     s.push_str(&format!(
-        "  {:<16} {:>12}\n\n",
+        "  {:<16} {:>12}\n",
         "total",
         human_bytes(p.total_memory())
     ));
+    let here = p.process_memory(devices as usize, true);
+    if here < p.total_memory() * devices as f64 {
+        s.push_str(&format!(
+            "  {:<16} {:>12}   all {devices} devices in one process (the virtual mesh), replicas sharing parameters and optimizer state\n",
+            "one process",
+            human_bytes(here)
+        ));
+    }
+    s.push('\n');
     let recompute = if p.recompute_flops > 0.0 {
         format!(
             ", recomputed {}; the model's own: {} per step",

@@ -67,6 +67,17 @@ pub struct Memory {
 }
 
 impl Memory {
+    /// What of `total` is parameters and optimizer state, which replicas in
+    /// one process may share: the master weights under mixed precision (the
+    /// 16-bit working copies are each device's own), else the parameters.
+    pub fn state(&self) -> f64 {
+        let stored = if self.master_params > 0.0 {
+            self.master_params
+        } else {
+            self.params
+        };
+        stored + self.optimizer_state
+    }
     pub fn total(&self) -> f64 {
         self.params
             + self.grads
@@ -81,6 +92,9 @@ impl Memory {
 
 pub struct RunOutput {
     pub memory: Option<Memory>,
+    /// The parameters and optimizer state of every device of this process
+    /// after the first step, a tensor replicas share counted once.
+    pub state_here: Option<f64>,
     pub losses: Vec<f64>,
     /// Gradients at the first step, gathered to global arrays, when asked for.
     pub first_grads: Option<Named>,
@@ -392,6 +406,9 @@ pub fn run_on(
     // The optimizer slots replicas share, by the same keys.
     let slots: SlotCache = Default::default();
     let slots = &slots;
+    // Parameters and optimizer state after the first step, each tensor once.
+    let held: std::sync::Mutex<HashMap<candle_core::TensorId, f64>> = Default::default();
+    let held = &held;
     let several_here = local_ranks.len() > 1;
     std::thread::scope(|scope| {
         let mut handles = Vec::new();
@@ -739,6 +756,15 @@ pub fn run_on(
                     if shared {
                         comm.barrier().map_err(ce)?;
                     }
+                    if step == 0 {
+                        // The state this device holds, by tensor: replicas
+                        // that share a piece hold the same tensor.
+                        if let Ok(mut h) = held.lock() {
+                            for t in params.iter().chain(state.m.iter().chain(&state.v).flatten()) {
+                                h.insert(t.id(), bytes(t));
+                            }
+                        }
+                    }
                     if let Some(crate::spec::Checkpoint { every, keep, dir }) = &cfg.checkpoint {
                         if (step + 1) % every == 0 {
                             // Every device takes part in gathering; device 0 writes.
@@ -872,6 +898,11 @@ pub fn run_on(
             Some(e) => Err(e.clone()),
             None => Ok(RunOutput {
                 memory,
+                state_here: held
+                    .lock()
+                    .ok()
+                    .filter(|h| !h.is_empty())
+                    .map(|h| h.values().sum()),
                 losses,
                 first_grads: first,
             }),

@@ -252,6 +252,15 @@ impl Optimizer {
         }
     }
 
+    /// Whether its step is one fused pass that writes a parameter and its
+    /// slots in place (every optimizer but FTRL, whose step builds new
+    /// tensors). Replicas of a parameter piece in one process then share the
+    /// piece and its slots, one of them stepping them for all; the plan counts
+    /// them once per process (`Plan::process_memory`).
+    pub fn steps_in_place(&self) -> bool {
+        !matches!(self.kind, OptKind::Ftrl { .. } | OptKind::Frozen)
+    }
+
     /// How many slots, for the plan.
     pub fn slot_count(&self) -> usize {
         let (m, v) = self.slots();

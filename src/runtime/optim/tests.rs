@@ -212,3 +212,57 @@ fn adam_with_a_gradient_sharing_the_parameter_steps() {
         );
     }
 }
+
+/// The plan counts a replicated piece's slots once per process exactly when
+/// the runtime shares them: when the optimizer's rule has a fused in-place
+/// step for the slots it keeps (`Optimizer::steps_in_place`).
+#[test]
+fn plan_and_runtime_agree_on_which_optimizers_step_in_place() {
+    let dev = Device::Cpu;
+    let p = Tensor::zeros(4, DType::F32, &dev).expect("p");
+    let kinds = [
+        OptKind::Adam {
+            b1: 0.9,
+            b2: 0.999,
+            eps: 1e-8,
+        },
+        OptKind::AdamW {
+            b1: 0.9,
+            b2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        },
+        OptKind::Sgd {
+            momentum: 0.0,
+            nesterov: false,
+        },
+        OptKind::Sgd {
+            momentum: 0.9,
+            nesterov: true,
+        },
+        OptKind::Adagrad {
+            initial_accumulator: 0.1,
+            eps: 1e-7,
+        },
+        OptKind::Ftrl {
+            lr_power: -0.5,
+            l1: 0.0,
+            l2: 0.0,
+            initial_accumulator: 0.1,
+        },
+        OptKind::Frozen,
+    ];
+    for kind in kinds {
+        let o = Optimizer {
+            kind,
+            lr: Schedule::Constant(0.1),
+        };
+        let state = OptState::new(std::slice::from_ref(&p), vec![o.clone()]).expect("state");
+        assert_eq!(
+            state.in_place(0, &p),
+            o.steps_in_place(),
+            "{}",
+            o.describe()
+        );
+    }
+}
