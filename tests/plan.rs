@@ -378,6 +378,13 @@ fn one_process_plans_and_holds_replicas_once() {
         let mem = out.memory.expect("measured");
         let held = out.state_here.expect("held");
         assert_eq!(mem.total(), plan.total_memory(), "{text}");
+        let shown = shardc::plan::render(&plan, &c.sources);
+        let row = format!(
+            "  {:<16} {:>12}",
+            "one process",
+            shardc::plan::human_bytes(plan.process_memory(8, true))
+        );
+        assert!(shown.contains(&row), "{shown}");
         assert_eq!(
             8.0 * (mem.total() - mem.state()) + held,
             plan.process_memory(8, true),

@@ -844,8 +844,10 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
         "total",
         human_bytes(p.total_memory())
     ));
+    // What the virtual mesh needs on this machine; not for a plan against a
+    // real device, whose devices each hold their own.
     let here = p.process_memory(devices as usize, true);
-    if here < p.total_memory() * devices as f64 {
+    if p.device.is_none() && here < p.total_memory() * devices as f64 {
         s.push_str(&format!(
             "  {:<16} {:>12}   all {devices} devices in one process (the virtual mesh), replicas sharing parameters and optimizer state\n",
             "one process",
