@@ -296,12 +296,7 @@ fn fsdp_plans_and_measures_its_gathered_weights() {
         )
     };
     let run = |text: String| {
-        let c = world::compile_source(&at, text.clone(), &Default::default());
-        assert!(!c.has_errors(), "{text}");
-        let plan = c.plans.first().cloned().expect("a plan");
-        let (prog, _, mut cfg, src) = c.prepare(None).expect("runnable");
-        cfg.steps = 1;
-        let out = shardc::runtime::train::run(prog, &cfg, &src, false, &mut |_| {}).expect("runs");
+        let (plan, out, _) = plan_and_run(&at, &text);
         let mem = out.memory.expect("measured");
         assert_eq!(mem.gathered_params, plan.gathered_params, "{text}");
         assert_eq!(mem.gathered_grads, plan.gathered_grads, "{text}");
@@ -369,16 +364,10 @@ fn one_process_plans_and_holds_replicas_once() {
         )
     };
     let run = |text: String| {
-        let c = world::compile_source(&at, text.clone(), &Default::default());
-        assert!(!c.has_errors(), "{text}");
-        let plan = c.plans.first().cloned().expect("a plan");
-        let (prog, _, mut cfg, src) = c.prepare(None).expect("runnable");
-        cfg.steps = 1;
-        let out = shardc::runtime::train::run(prog, &cfg, &src, false, &mut |_| {}).expect("runs");
+        let (plan, out, shown) = plan_and_run(&at, &text);
         let mem = out.memory.expect("measured");
         let held = out.state_here.expect("held");
         assert_eq!(mem.total(), plan.total_memory(), "{text}");
-        let shown = shardc::plan::render(&plan, &c.sources);
         let row = format!(
             "  {:<16} {:>12}",
             "one process",
@@ -412,4 +401,24 @@ fn one_process_plans_and_holds_replicas_once() {
     let (sgd, held) = run(text("sgd(lr: 1e-2)", "freeze(b)"));
     assert_eq!(held, 2.0 * w + b);
     assert_eq!(sgd.replicas, vec![(4, w), (8, b)]);
+}
+
+/// `text` compiled as the file `at` and trained one step: its plan, what the
+/// run measured, and the plan as `shardc plan` prints it.
+fn plan_and_run(
+    at: &Path,
+    text: &str,
+) -> (
+    shardc::plan::Plan,
+    shardc::runtime::train::RunOutput,
+    String,
+) {
+    let c = world::compile_source(at, text.to_string(), &Default::default());
+    assert!(!c.has_errors(), "{text}");
+    let plan = c.plans.first().cloned().expect("a plan");
+    let shown = shardc::plan::render(&plan, &c.sources);
+    let (prog, _, mut cfg, src) = c.prepare(None).expect("runnable");
+    cfg.steps = 1;
+    let out = shardc::runtime::train::run(prog, &cfg, &src, false, &mut |_| {}).expect("runs");
+    (plan, out, shown)
 }
