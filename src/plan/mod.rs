@@ -62,7 +62,7 @@ pub struct Plan {
     /// working copies; gradients and optimizer state are f32).
     pub master_params: f64,
     /// Bytes of each device's parameters and optimizer state that `copies`
-    /// devices hold identically, as (copies, bytes per device): the
+    /// (≥ 2) devices hold identically, as (copies, bytes per device): the
     /// replicas one process keeps once (`process_memory`).
     pub replicas: Vec<(usize, f64)>,
     /// `train`'s `precision` (`f32`, `bf16`, `f16`).
@@ -152,13 +152,15 @@ impl Plan {
     pub fn process_memory(&self, devices: usize, shares: bool) -> f64 {
         let n = devices as f64;
         let whole = self.mesh_axes.iter().map(|a| a.1.max(1)).product::<i64>() as f64;
-        if !shares || devices < 2 || n < whole {
+        // Part of the mesh: which replicas are local is not known here.
+        if !shares || n < whole {
             return n * self.total_memory();
         }
+        // `copies` is at least 2 (see `replicas`).
         let saved: f64 = self
             .replicas
             .iter()
-            .map(|(k, b)| b * n * (1.0 - 1.0 / (*k).max(1) as f64))
+            .map(|(k, b)| b * n * (1.0 - 1.0 / *k as f64))
             .sum();
         n * self.total_memory() - saved
     }
