@@ -152,24 +152,35 @@ pub struct Pipeline {
 }
 
 impl Program {
-    /// The program as mixed precision runs it: every float value (and
-    /// parameter) of a wider float type in `dtype`, for the plan's bytes. A
-    /// loss function keeps its types: it runs in f32.
-    pub fn in_precision(&self, dtype: crate::ast::DType) -> Program {
-        let narrow = |t: &mut TType| {
-            if t.dtype.is_float() && t.dtype.bytes() > dtype.bytes() {
+    /// The program in the one float type a run holds its values in: every
+    /// float value and parameter in `dtype` (f32, or the 16-bit type under
+    /// mixed precision), whatever type the model declares. Declared types are
+    /// checked (E0210, W0002); the runtime computes every float in the run's
+    /// type. For the plan's bytes; borrowed when nothing changes.
+    pub fn in_run_dtype(&self, dtype: crate::ast::DType) -> std::borrow::Cow<'_, Program> {
+        let other = |t: &TType| t.dtype.is_float() && t.dtype != dtype;
+        let differs = self.nodes.iter().any(|n| other(&n.ty))
+            || self
+                .params
+                .iter()
+                .any(|q| other(&q.stored) || other(&q.used));
+        if !differs {
+            return std::borrow::Cow::Borrowed(self);
+        }
+        let set = |t: &mut TType| {
+            if t.dtype.is_float() {
                 t.dtype = dtype;
             }
         };
         let mut p = self.clone();
         for n in &mut p.nodes {
-            narrow(&mut n.ty);
+            set(&mut n.ty);
         }
         for q in &mut p.params {
-            narrow(&mut q.stored);
-            narrow(&mut q.used);
+            set(&mut q.stored);
+            set(&mut q.used);
         }
-        p
+        std::borrow::Cow::Owned(p)
     }
 
     pub fn add(&mut self, op: Op, args: Vec<Nid>, ty: TType, span: Span) -> Nid {

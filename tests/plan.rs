@@ -422,3 +422,31 @@ fn plan_and_run(
     let out = shardc::runtime::train::run(prog, &cfg, &src, false, &mut |_| {}).expect("runs");
     (plan, out, shown)
 }
+
+/// Every float of a run is held in the run's type, whatever the model
+/// declares (W0002): an f32 run holds a `bf16` or `f64` weight in f32, and
+/// `precision: bf16` holds its working copy in bf16 beside the f32 master.
+/// The plan counts those bytes, and a run measures the same.
+#[test]
+fn declared_float_types_plan_as_the_run_holds_them() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let at = root.join("dtypes_plan.shard");
+    let text = |precision: &str| {
+        format!(
+            "mesh m(dp: 2)\n\nmodel M {{\n  w1: bf16[8, 16] init normal(0.3)\n  w2: f64[16, 4] init normal(0.3)\n  fn forward(x: f32[B@dp, 8]) -> f32[B@dp, 4] {{\n    cast(tanh(cast(tanh(cast(x, bf16) @ w1), f64) @ w2), f32)\n  }}\n}}\n\ntrain M on m {{\n  data: synthetic(classes: 4)\n  batch: 16, steps: 1, seed: 5{precision}\n  optimizer: adam(lr: 1e-2)\n}}\n"
+        )
+    };
+    let elements = 8.0 * 16.0 + 16.0 * 4.0;
+    for (precision, working, master, bf16) in
+        [("", 4.0, 0.0, false), (", precision: bf16", 2.0, 4.0, true)]
+    {
+        let text = text(precision);
+        let (plan, out, _) = plan_and_run(&at, &text);
+        let mem = out.memory.expect("measured");
+        assert_eq!(plan.params, working * elements, "{precision:?}");
+        assert_eq!(plan.master_params, master * elements, "{precision:?}");
+        assert_eq!(plan.bf16, bf16, "which peak: {precision:?}");
+        assert_eq!(mem.params, plan.params, "{precision:?}");
+        assert_eq!(mem.total(), plan.total_memory(), "{precision:?}");
+    }
+}

@@ -168,6 +168,7 @@ impl<'p> Checker<'p> {
         let Some((inst, out, _, body)) = self.check_model(&decl, batch) else {
             return;
         };
+        self.float_types(&inst, t);
         let loss = match (&out, &t.loss_fn) {
             (Val::T(ty), Some(name)) => self.check_loss_fn(&inst, &decl, t, name, ty),
             _ => None,
@@ -242,6 +243,45 @@ impl<'p> Checker<'p> {
                 body,
                 loss,
                 pipeline,
+            });
+        }
+    }
+
+    /// W0002: each declaration of a weight (in the model and every layer it
+    /// holds) whose float type is neither the run's nor f32, the type mixed
+    /// precision keeps its master weights in. The runtime holds it in the
+    /// run's type whatever it declares.
+    fn float_types(&mut self, model: &std::sync::Arc<super::Inst>, t: &crate::spec::Train) {
+        use crate::ast::DType;
+        let compute = t.precision.compute();
+        let run = compute.unwrap_or(DType::F32);
+        let mut seen = std::collections::HashSet::new();
+        let mut todo = vec![model.clone()];
+        let mut found = std::collections::BTreeMap::new();
+        while let Some(inst) = todo.pop() {
+            if !seen.insert(inst.key.clone()) {
+                continue;
+            }
+            for (name, (stored, _, span)) in &inst.weights {
+                let d = stored.dtype;
+                if d.is_float() && d != DType::F32 && d != run {
+                    found.insert(*span, (name.clone(), d));
+                }
+            }
+            for v in inst.subs.values() {
+                if let Val::Layer(sub) | Val::Repeat(_, sub, ..) = v {
+                    todo.push(sub.clone());
+                }
+            }
+        }
+        for (span, (weight, d)) in found {
+            self.report(Problem::RunFloatType {
+                span,
+                weight,
+                declared: d.name().to_string(),
+                run: run.name().to_string(),
+                mixed: compute.is_some(),
+                train: t.model_span,
             });
         }
     }

@@ -85,6 +85,7 @@ codes! {
     E0500 => "invalid layer directive",
     N0001 => "collective inserted by the compiler",
     W0001 => "fewer microbatches than pipeline stages",
+    W0002 => "a weight declared in a float type the run does not hold",
 }
 
 impl Code {

@@ -370,6 +370,18 @@ pub enum Problem {
         microbatches: usize,
         stages: usize,
     },
+    /// A weight declared in a float type that the run neither computes in
+    /// nor keeps as master weights (f32).
+    RunFloatType {
+        span: Span,
+        weight: String,
+        declared: String,
+        /// The run's float type (`f32`, or the mixed-precision type).
+        run: String,
+        /// The run computes in a 16-bit type (`precision: bf16 | f16`).
+        mixed: bool,
+        train: Span,
+    },
     DataUnreadable {
         span: Span,
         path: String,
@@ -708,6 +720,18 @@ impl Problem {
                 d(Code::W0001, format!("{microbatches} microbatch(es) for {stages} pipeline stages: devices idle {:.0}% of each step", bubble * 100.0), *span, format!("{microbatches} < {stages}"))
                     .note(format!("the bubble fraction is (stages − 1) / (microbatches + stages − 1) = {}/{}", stages - 1, microbatches + stages - 1))
                     .help(format!("use at least {stages} microbatches, more to shrink the bubble"))
+            }
+            RunFloatType { span, weight, declared, run, mixed, train } => {
+                let help = match (declared.as_str(), *mixed) {
+                    ("f64", _) => "declare it `f32`; `shardc run --f64` computes the whole run in f64 to check numerics".to_string(),
+                    (d, false) => format!("to hold and compute the model in {d}, add `precision: {d}` to `train` (f32 master weights and optimizer state); or declare it `f32`"),
+                    (_, true) => format!("declare it `f32` (the master weights) or `{run}`"),
+                };
+                let how = if *mixed { format!("computes in {run}, with f32 master weights") } else { format!("holds and computes every float in {run}") };
+                d(Code::W0002, format!("the weight `{weight}` is declared `{declared}`, but this run holds it in {run}"), *span, format!("declared `{declared}`"))
+                    .secondary(*train, format!("this run {how}"))
+                    .note("a run holds every float in its own type (f32; the 16-bit type of `precision: bf16 | f16`, master weights f32; f64 with `--f64`): declared float types are checked, not stored")
+                    .help(help)
             }
             DataUnreadable { span, path, reason } => d(Code::E0304, format!("cannot read the data `{path}`: {reason}"), *span, "named here".into())
                 .help("paths in a `.shard` file are relative to that file; `--data` paths to the working directory"),

@@ -81,7 +81,8 @@ pub struct Plan {
     pub stacks: Vec<StackPlan>,
     /// A pipelined stack: stages, schedule, bubble, per-stage activations.
     pub pipeline: Option<PipelinePlan>,
-    /// The parameters are 16-bit floats (the bf16 peak applies).
+    /// The run computes in a 16-bit float (`precision: bf16 | f16`): the
+    /// bf16 peak applies.
     pub bf16: bool,
     /// `--device`: the plan against a device's memory, FLOP/s and links.
     pub device: Option<device::Verdict>,
@@ -255,16 +256,12 @@ pub fn of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> Pl
 }
 
 fn plan_of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> Plan {
-    // Mixed precision: values and working weights in the 16-bit type; master
-    // weights, gradients and optimizer state stay f32.
-    let narrowed;
-    let (prog, master) = match train.precision.compute() {
-        Some(c) => {
-            narrowed = prog.in_precision(c);
-            (&narrowed, Some(crate::ast::DType::F32.bytes() as f64))
-        }
-        None => (prog, None),
-    };
+    // Every float in the run's type, whatever the model declares: f32, or
+    // under mixed precision the 16-bit type for values and working weights,
+    // with f32 master weights, gradients and optimizer state.
+    let compute = train.precision.compute();
+    let master = compute.map(|_| crate::ast::DType::F32.bytes() as f64);
+    let prog = &*prog.in_run_dtype(compute.unwrap_or(crate::ast::DType::F32));
     let optimizer = match &train.optimizer.kind {
         OptKind::Sgd { momentum, .. } if *momentum > 0.0 => "sgd+momentum".to_string(),
         _ => train.optimizer.name().to_string(),
@@ -278,14 +275,7 @@ fn plan_of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> P
         microbatches: train.accumulate.max(1)
             * prog.pipeline.as_ref().map_or(1, |p| p.microbatches.max(1)),
         precision: train.precision.name().into(),
-        bf16: train.precision.compute().is_some()
-            || !prog.params.is_empty()
-                && prog.params.iter().all(|p| {
-                    matches!(
-                        p.stored.dtype,
-                        crate::ast::DType::BF16 | crate::ast::DType::F16
-                    )
-                }),
+        bf16: compute.is_some(),
         ..Default::default()
     };
     let cx = CostCx {
