@@ -226,6 +226,15 @@ fn a_run_that_cannot_fit_is_refused_with_its_plan() {
         stdout.contains("F15 ") && !stdout.contains("F10B"),
         "{stdout}"
     );
+    // `--f64` holds every float in f64 whatever the precision: twice the
+    // plan of an f32 run (61.0 GiB per device), not of this bf16 one.
+    let out = shardc()
+        .args(["run", "examples/gpt3_175b.shard", "--f64"])
+        .output()
+        .expect("shardc runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("1024 devices × 121.9 GiB each"), "{stderr}");
 }
 
 /// `run --watch`: a broken edit saved during the run is reported and the run goes

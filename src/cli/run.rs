@@ -265,11 +265,19 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
         } else {
             devices as usize
         };
+        // `--f64` holds every float in f64, mixed precision or not: twice
+        // the plan of the same run in f32.
         let scale = if f64 { 2.0 } else { 1.0 };
+        let in_f32 = (f64 && train.precision != crate::spec::Precision::F32).then(|| {
+            let mut t = train.clone();
+            t.precision = crate::spec::Precision::F32;
+            crate::plan::of(prog, &t, &c.spec, &c.sources)
+        });
+        let sized = in_f32.as_ref().unwrap_or(p);
         // Replicas on one machine share their parameters and optimizer
         // state, unless a reload may give each its own.
-        let need = p.process_memory(here, processes == 1 && !watch) * scale;
-        let each = p.total_memory() * scale;
+        let need = sized.process_memory(here, processes == 1 && !watch) * scale;
+        let each = sized.total_memory() * scale;
         let saved = each * here as f64 - need;
         let split = if saved > 0.0 {
             format!(
