@@ -5,7 +5,7 @@
 //! earlier ones (`tests/stages.rs` enforces this list); each stage returns one
 //! typed result to the next, and [`world::compile`] drives them.
 //!
-//! 0. foundation: [`source`], [`diag`], [`units`], [`files`], [`access`], [`arrays`]
+//! 0. foundation: [`source`], [`diag`], [`units`], [`files`], [`access`], [`arrays`], [`heap`]
 //! 1. syntax: [`ast`], [`parse`], [`fmt`]
 //! 2. core: [`types`], [`mesh`], [`init`], [`embed`], [`schedule`]
 //! 3. resolve: [`resolve`]
@@ -42,6 +42,7 @@ pub mod diag;
 pub mod embed;
 pub mod files;
 pub mod fmt;
+pub mod heap;
 pub mod init;
 pub mod layout;
 pub mod lower;

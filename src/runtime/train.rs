@@ -559,6 +559,7 @@ pub fn run_on(
                 // The reload in force (none: the program the run started with).
                 let mut active: Option<std::sync::Arc<super::reload::Update>> = None;
                 let mut active_stages: Option<Option<super::pipeline::Stages>> = None;
+                crate::heap::steps_begin();
                 for step in cfg.start_step..end {
                     let b = &*step_batches.get(step)?;
                     let mut reloaded = None;
@@ -755,6 +756,9 @@ pub fn run_on(
                     state.update(step + 1, &mut params, &grads, scale, &masks, &skip)?;
                     if shared {
                         comm.barrier().map_err(ce)?;
+                    }
+                    if Some(&rank) == local_ranks.first() {
+                        crate::heap::step_done();
                     }
                     if step == 0 {
                         // The state this device holds, by tensor: replicas
