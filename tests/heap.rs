@@ -62,6 +62,12 @@ fn large_blocks_are_pooled_by_size_reused_and_trimmed() {
     assert_eq!(pooled_free(), MIB, "the 3 MiB block stayed free all step");
     step_done();
     assert_eq!(pooled_free(), 0, "and the 1 MiB one all the next");
+    step_done(); // its size, untouched, leaves the table; it comes back
+    drop(block(MIB, 4));
+    assert_eq!(pooled_free(), MIB);
+    step_done();
+    step_done();
+    assert_eq!(pooled_free(), 0);
 
     // Two blocks live at once, then one: the second is surplus next step.
     let (x, y) = (block(2 * MIB, 1), block(2 * MIB, 1));
