@@ -22,6 +22,8 @@ pub struct Options {
     /// `--allow-path DIR`: directories outside the model's own that it may read
     /// (imports, data) and write (absolute checkpoint and FDO directories).
     pub grants: Vec<PathBuf>,
+    /// `shardc run --f64`: the run holds every float in f64 (W0002 does not apply).
+    pub f64: bool,
 }
 
 pub struct Compilation {
@@ -254,7 +256,11 @@ fn compile_here(files: &dyn Files, path: &Path, text: String, opts: &Options) ->
     let (spec, diags) = crate::spec::build(&program, &sources);
     diagnostics.extend(diags);
     diagnostics.extend(output_dirs(&spec, &opts.grants));
-    let (diags, checked) = Checker::new(&program, &spec, opts.strict).run();
+    let flags = crate::check::Flags {
+        strict: opts.strict,
+        f64: opts.f64,
+    };
+    let (diags, checked) = Checker::new(&program, &spec, flags).run();
     diagnostics.extend(diags);
     let lowered: Vec<crate::spmd::Program> = checked
         .models

@@ -237,6 +237,40 @@ fn a_run_that_cannot_fit_is_refused_with_its_plan() {
     assert!(stderr.contains("1024 devices × 121.9 GiB each"), "{stderr}");
 }
 
+/// W0002 says a declared float type is not what the run holds: an `f64`
+/// weight in an f32 run. Under `--f64` the run holds it (and every float) in
+/// f64, so the warning does not apply there.
+#[test]
+fn run_f64_holds_an_f64_weight_without_warning() {
+    let dir = temp("f64");
+    let model = dir.join("w.shard");
+    std::fs::write(
+        &model,
+        "mesh m(data: 2)\nmodel W {\n  w: f64[6, 3] init normal(0.1)\n  fn forward(x: f32[B@data, 6]) -> f32[B@data, 3] { cast(cast(x, f64) @ w, f32) }\n}\ntrain W on m { data: synthetic(classes: 3), batch: 4, steps: 1, optimizer: sgd(lr: 0.1) }\n",
+    )
+    .expect("write");
+    let run = |f64: bool| {
+        let mut c = shardc();
+        c.args(["run", "--quiet", "--out"])
+            .arg(dir.join(format!("out{f64}")))
+            .arg(&model);
+        if f64 {
+            c.arg("--f64");
+        }
+        let out = c.output().expect("shardc runs");
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{stderr}");
+        stderr
+    };
+    let plain = run(false);
+    assert!(
+        plain.contains("W0002") && plain.contains("holds it in f32"),
+        "{plain}"
+    );
+    let f64 = run(true);
+    assert!(!f64.contains("W0002"), "{f64}");
+}
+
 /// `run --watch`: a broken edit saved during the run is reported and the run goes
 /// on; a good one (a new learning rate) applies from a later step, said once.
 #[test]

@@ -168,7 +168,9 @@ impl<'p> Checker<'p> {
         let Some((inst, out, _, body)) = self.check_model(&decl, batch) else {
             return;
         };
-        self.float_types(&inst, t);
+        if !self.run_f64 {
+            self.float_types(&inst, t);
+        }
         let loss = match (&out, &t.loss_fn) {
             (Val::T(ty), Some(name)) => self.check_loss_fn(&inst, &decl, t, name, ty),
             _ => None,

@@ -164,12 +164,23 @@ struct Scope {
     scope_name: String,
 }
 
+/// What the command line asks of a check, beyond the file.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Flags {
+    /// Every collective must be written explicitly (also `pragma strict`).
+    pub strict: bool,
+    /// The run holds every float in f64 (`shardc run --f64`): no declared
+    /// float type is one it does not hold, so W0002 does not apply.
+    pub f64: bool,
+}
+
 pub struct Checker<'p> {
     prog: &'p Program,
     spec: &'p crate::spec::Spec,
     pub diags: Vec<Diagnostic>,
     mesh: Option<&'p Mesh>,
     strict: Option<Span>,
+    run_f64: bool,
     pub out: Checked,
     seen_types: HashSet<(Span, String, String)>,
     stack: Vec<String>,
@@ -201,14 +212,15 @@ pub struct Checker<'p> {
 }
 
 impl<'p> Checker<'p> {
-    pub fn new(prog: &'p Program, spec: &'p crate::spec::Spec, strict_flag: bool) -> Self {
-        let strict = prog.strict.or(strict_flag.then(Span::default));
+    pub fn new(prog: &'p Program, spec: &'p crate::spec::Spec, flags: Flags) -> Self {
+        let strict = prog.strict.or(flags.strict.then(Span::default));
         Checker {
             prog,
             spec,
             diags: vec![],
             mesh: None,
             strict,
+            run_f64: flags.f64,
             out: Checked::default(),
             seen_types: HashSet::new(),
             stack: vec![],

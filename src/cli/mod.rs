@@ -2,7 +2,7 @@
 //! 2 usage or I/O error.
 
 use crate::diag::render::{self, Style};
-use crate::diag::Code;
+use crate::diag::{Code, Severity};
 use crate::world::{self, Compilation, Options};
 use clap::{Parser, Subcommand, ValueEnum};
 use std::io::{IsTerminal, Write};
@@ -454,13 +454,20 @@ fn parse_mesh(s: &str) -> Result<MeshArg, String> {
     Ok(MeshArg(v))
 }
 
+/// What `check`'s sibling commands (plan, lower, layout) compile with.
+fn opts_for(grants: &[PathBuf], mesh: Vec<(String, i64)>) -> Options {
+    Options {
+        mesh,
+        grants: grants.to_vec(),
+        ..Options::default()
+    }
+}
+
 /// Compile for a command that needs a clean program: checks `--mesh` names and
 /// reports errors (exit 1) or unreadable files (exit 2).
 fn compile_clean(
-    grants: &[PathBuf],
     file: &std::path::Path,
-    mesh: Vec<(String, i64)>,
-    data: Option<PathBuf>,
+    opts: &Options,
     speak: bool,
 ) -> Result<Compilation, ExitCode> {
     // Every process of a multi-process run compiles the same file; one reports.
@@ -478,17 +485,11 @@ fn compile_clean(
             }
         }};
     }
-    let opts = Options {
-        mesh: mesh.clone(),
-        data,
-        grants: grants.to_vec(),
-        ..Options::default()
-    };
-    let c = world::compile(file, &opts).map_err(|e| {
+    let c = world::compile(file, opts).map_err(|e| {
         eprintln!("error: cannot read `{}`: {e}", file.display());
         ExitCode::from(2)
     })?;
-    for (axis, _) in &mesh {
+    for (axis, _) in &opts.mesh {
         if !c.program.meshes.iter().any(|m| m.axis(axis).is_some()) {
             eprintln!(
                 "error: --mesh names axis `{axis}`, which no mesh in `{}` has",
@@ -497,17 +498,26 @@ fn compile_clean(
             return Err(ExitCode::from(2));
         }
     }
+    let style = if std::io::stderr().is_terminal() {
+        Style::Color
+    } else {
+        Style::Plain
+    };
     if c.has_errors() {
-        let style = if std::io::stderr().is_terminal() {
-            Style::Color
-        } else {
-            Style::Plain
-        };
         for d in c.diagnostics.iter().filter(|d| d.is_error()) {
             eprint!("{}", render::human(d, &c.sources, style));
         }
         eprintln!("{}", c.summary(&file.display().to_string()));
         return Err(ExitCode::from(1));
+    }
+    // Warnings are said before the command goes on (notes, such as each
+    // inserted reshard, are `check`'s to list).
+    for d in c
+        .diagnostics
+        .iter()
+        .filter(|d| d.severity == Severity::Warning)
+    {
+        eprint!("{}", render::human(d, &c.sources, style));
     }
     Ok(c)
 }
@@ -522,7 +532,7 @@ fn plan(
     json: bool,
     device: Option<crate::plan::device::Device>,
 ) -> ExitCode {
-    let c = match compile_clean(grants, file, mesh, None, true) {
+    let c = match compile_clean(file, &opts_for(grants, mesh), true) {
         Ok(c) => c,
         Err(code) => return code,
     };
@@ -566,7 +576,7 @@ fn show(
     mesh: Vec<(String, i64)>,
     model: Option<&str>,
 ) -> ExitCode {
-    let c = match compile_clean(grants, file, mesh, None, true) {
+    let c = match compile_clean(file, &opts_for(grants, mesh), true) {
         Ok(c) => c,
         Err(code) => return code,
     };
@@ -599,7 +609,7 @@ fn show(
 }
 
 fn lower(grants: &[PathBuf], file: &std::path::Path, mesh: Vec<(String, i64)>) -> ExitCode {
-    let c = match compile_clean(grants, file, mesh, None, true) {
+    let c = match compile_clean(file, &opts_for(grants, mesh), true) {
         Ok(c) => c,
         Err(code) => return code,
     };

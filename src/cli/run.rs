@@ -194,13 +194,14 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
     let (quiet, json, mem) = (quiet || !lead, json && lead, mem && lead);
     let file = file.as_path();
     use crate::runtime::train;
-    let c = match compile_clean(
-        &grants,
-        file,
-        mesh.map(|m| m.0).unwrap_or_default(),
+    let opts = Options {
+        mesh: mesh.map(|m| m.0).unwrap_or_default(),
         data,
-        lead,
-    ) {
+        grants: grants.clone(),
+        f64,
+        ..Options::default()
+    };
+    let c = match compile_clean(file, &opts, lead) {
         Ok(c) => c,
         Err(code) => return code,
     };
@@ -451,6 +452,7 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
         mesh: mesh_opt,
         data: data_opt,
         grants: grants.clone(),
+        f64,
         ..Options::default()
     };
     let style = if std::io::stderr().is_terminal() {
