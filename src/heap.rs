@@ -12,8 +12,8 @@
 //! pool does at run time what XLA's static buffer assignment does ahead of
 //! it: a large block freed on any thread goes on one list per exact size (in
 //! pages), the next request of that size on any thread takes it back, and
-//! once every size a step uses has its blocks, a step maps, faults in and
-//! zero-fills nothing. [`step_done`], called once per training step, returns
+//! once every size a step uses has its blocks, a step maps and faults in no
+//! new pages. [`step_done`], called once per training step, returns
 //! to the system the blocks of each size that stayed free through the whole
 //! step (a size the step no longer asks for, or more blocks of one than the
 //! step holds at once), so sizes that change (a reload, checkpoint gathers)
