@@ -454,7 +454,7 @@ fn parse_mesh(s: &str) -> Result<MeshArg, String> {
     Ok(MeshArg(v))
 }
 
-/// What `check`'s sibling commands (plan, lower, layout) compile with.
+/// What `plan`, `show` and `lower` compile with: the file's grants and `--mesh`.
 fn opts_for(grants: &[PathBuf], mesh: Vec<(String, i64)>) -> Options {
     Options {
         mesh,
