@@ -1,82 +1,120 @@
 //! The process's allocator: mimalloc for small blocks; for large ones
-//! (tensors' storage) whole page mappings, which a training run keeps and
-//! reuses by exact size.
+//! (tensors' storage) one arena of pages that a training run reuses for
+//! blocks of any size.
 //!
-//! A training step allocates and frees tensors of the same sizes over and
-//! over, on every device thread. mimalloc keeps freed pages in the heap of the
-//! thread that allocated them, by size class: on a mesh of 8 virtual devices
-//! each thread's heap held its own high-water mark of each class, and GPT-J
-//! d_model 768 peaked at 1.41× its plan (1.22× on one device; 1.17× with this
-//! pool, which also made the 8-device steps faster). glibc returns
-//! large blocks to the system and page-faults them in again every step. This
-//! pool does at run time what XLA's static buffer assignment does ahead of
-//! it: a large block freed on any thread goes on one list per exact size (in
-//! pages), the next request of that size on any thread takes it back, and
-//! once every size a step uses has its blocks, a step maps and faults in no
-//! new pages. [`step_done`], called once per training step, returns
-//! to the system the blocks of each size that stayed free through the whole
-//! step (a size the step no longer asks for, or more blocks of one than the
-//! step holds at once), so sizes that change (a reload, checkpoint gathers)
-//! do not accumulate.
+//! A training step allocates and frees tensors over and over, on every device
+//! thread: activations in the forward pass, gradients in the backward pass,
+//! optimizer temporaries after it. mimalloc keeps freed pages in the heap of
+//! the thread that allocated them, by size class: on a mesh of 8 virtual
+//! devices each thread's heap held its own high-water mark of each class, and
+//! GPT-J d_model 768 peaked at 1.41× its plan. glibc returns large blocks to
+//! the system and page-faults them in again every step. Keeping freed blocks
+//! by exact size (this module's first form) faults nothing in once warm, but
+//! holds the most of each size a step ever uses, although activations and
+//! gradients are not all alive at once: 1.17× the plan. The arena does at run
+//! time what XLA's static buffer assignment does ahead of it: a freed block's
+//! pages serve the next request that fits, of whatever size, on any thread
+//! (1.11× on d_model 768, 1.28× on 256 where the binary's own pages weigh
+//! more, 1.03× on the full-size GPT-J, at the same step times). Resizing
+//! pooled blocks to other sizes instead (`mremap`) got within 1.10× only by
+//! faulting 40–80 MiB in every step, 6–14% slower.
+//!
+//! The arena is one reserved stretch of address space, handed out from the
+//! bottom; free ranges are merged with their free neighbours and a request
+//! takes the smallest free range that holds it (the lowest of equal ones), so
+//! a step that repeats the last one's requests finds its pages resident and
+//! faults nothing in. [`step_done`], called once per training step, returns to
+//! the system the free pages the step did not use (`madvise(MADV_DONTNEED)`;
+//! of each free range it keeps the span of what the step freed there), so
+//! what a step stops using (a reload, the first step's one-off buffers) does
+//! not stay resident.
 //!
 //! Pooling starts with [`steps_begin`]: before it (compiling, reading data,
 //! and in commands that do not train, such as the language server) a large
-//! block is mapped when allocated and unmapped when freed, as glibc does.
+//! block is its own mapping, mapped when allocated and unmapped when freed,
+//! as glibc does; so is a block the arena cannot hold (where address space is
+//! short, or the reservation failed).
 //!
 //! Small blocks (below [`LARGE`]) and over-aligned ones stay with mimalloc,
 //! built without transparent huge pages (`no_thp` in Cargo.toml): with them,
 //! every 2 MiB a thread's heap touched stayed resident, 20–70 MiB more per
 //! process on the benchmark's models (bench/jax). The binary installs
 //! [`Heap`] as its global allocator (src/main.rs); in a program that does not,
-//! the pool stays empty and these functions do nothing.
+//! the arena stays empty and these functions do nothing.
 
 use std::alloc::{GlobalAlloc, Layout};
+use std::collections::{BTreeMap, BTreeSet};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-/// Blocks from this size up are whole mappings, pooled while training.
+/// Blocks from this size up are pages of their own: in the arena while
+/// training, else whole mappings.
 pub const LARGE: usize = 64 << 10;
 const PAGE: usize = 4096;
-/// Distinct block sizes the pool tracks at once; a new size beyond them is
-/// mapped and unmapped without pooling.
-const BUCKETS: usize = 2048;
+/// Address space reserved for the arena, the first size the system grants
+/// (reserving costs no memory; pages become usable as the arena grows).
+const RESERVE: [usize; 3] = [1 << 40, 1 << 36, 1 << 32];
+/// The arena is made usable (writable) in steps of this many bytes.
+const COMMIT: usize = 64 << 20;
+/// Ranges [`step_done`] releases, at most, per visit to the lock.
+const BATCH: usize = 64;
 
 /// The global allocator of the `shardc` binary.
 pub struct Heap;
 
+/// A free range of the arena.
 #[derive(Clone, Copy)]
-struct Bucket {
-    /// Block size in bytes, a multiple of [`PAGE`].
-    size: usize,
-    /// The first free block; each free block holds the address of the next.
-    head: usize,
-    /// Free blocks on the list.
-    free: usize,
-    /// The fewest free blocks the list had since the last trim.
-    low: usize,
-    /// Whether a block of this size was asked for or freed since the last trim.
-    touched: bool,
-}
-
-/// The sizes in use, sorted: found by binary search, and a size no step
-/// touched and with no free block leaves at the next trim.
-struct Table {
+struct Free {
     len: usize,
-    b: [Bucket; BUCKETS],
+    /// Whether its pages are all zero (never handed out, or released):
+    /// such a range holds no memory, and merges only with its like.
+    zero: bool,
+    /// The addresses `lo..hi` span what of it was freed in step `step`: the
+    /// part a step uses, which the trim at its end keeps.
+    step: u64,
+    lo: usize,
+    hi: usize,
 }
 
-const UNUSED: Bucket = Bucket {
-    size: 0,
-    head: 0,
-    free: 0,
-    low: 0,
-    touched: false,
-};
+impl Free {
+    /// The part used in step `step`, if any.
+    fn hot(&self, step: u64) -> Option<(usize, usize)> {
+        (self.step == step && self.lo < self.hi).then_some((self.lo, self.hi))
+    }
+}
 
-static POOL: Mutex<Table> = Mutex::new(Table {
-    len: 0,
-    b: [UNUSED; BUCKETS],
+/// The arena's bookkeeping. Its maps allocate small nodes, which mimalloc
+/// serves: nothing here asks for a large block, so holding the lock while
+/// they allocate cannot deadlock.
+struct Arena {
+    /// The reservation's start; 0 until the first request while pooling.
+    base: usize,
+    /// Bytes reserved.
+    cap: usize,
+    /// Bytes from `base` ever handed out; above it, nothing is in use.
+    top: usize,
+    /// Bytes from `base` made writable.
+    committed: usize,
+    /// Free ranges below `top` by start address.
+    free: BTreeMap<usize, Free>,
+    /// The same, by (length, start), for the smallest that fits.
+    by_len: BTreeSet<(usize, usize)>,
+    /// Training steps done.
+    step: u64,
+    /// Whether reserving failed (then every large block is its own mapping).
+    failed: bool,
+}
+
+static ARENA: Mutex<Arena> = Mutex::new(Arena {
+    base: 0,
+    cap: 0,
+    top: 0,
+    committed: 0,
+    free: BTreeMap::new(),
+    by_len: BTreeSet::new(),
+    step: 0,
+    failed: false,
 });
 static POOLING: AtomicBool = AtomicBool::new(false);
 
@@ -88,42 +126,14 @@ fn pooled(layout: &Layout) -> bool {
     layout.size() >= LARGE && layout.align() <= PAGE
 }
 
-impl Table {
-    /// The bucket of `size`, added if there is room.
-    fn bucket(&mut self, size: usize) -> Option<&mut Bucket> {
-        let i = match self.b[..self.len].binary_search_by_key(&size, |b| b.size) {
-            Ok(i) => i,
-            Err(_) if self.len == BUCKETS => return None,
-            Err(i) => {
-                self.b.copy_within(i..self.len, i + 1);
-                self.b[i] = Bucket { size, ..UNUSED };
-                self.len += 1;
-                i
-            }
-        };
-        let b = &mut self.b[i];
-        b.touched = true;
-        Some(b)
-    }
-}
-
-/// Takes the first block off `b`'s list.
-fn pop(b: &mut Bucket) -> *mut u8 {
-    let p = b.head as *mut u8;
-    // SAFETY: a free block on the list holds the next one's address.
-    b.head = unsafe { p.cast::<usize>().read() };
-    b.free -= 1;
-    p
-}
-
-fn map(size: usize) -> *mut u8 {
+fn mmap(size: usize, prot: libc::c_int, flags: libc::c_int) -> *mut u8 {
     // SAFETY: an anonymous private mapping, no address hint.
     let p = unsafe {
         libc::mmap(
             null_mut(),
             size,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            prot,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
             -1,
             0,
         )
@@ -135,6 +145,11 @@ fn map(size: usize) -> *mut u8 {
     }
 }
 
+/// A block of its own, zero.
+fn map(size: usize) -> *mut u8 {
+    mmap(size, libc::PROT_READ | libc::PROT_WRITE, 0)
+}
+
 fn unmap(p: *mut u8, size: usize) {
     // SAFETY: `p` is a mapping of `size` bytes made by `map` (or moved by
     // `mremap`), which nothing uses any more.
@@ -143,17 +158,170 @@ fn unmap(p: *mut u8, size: usize) {
     }
 }
 
-/// A block of `size` bytes (a multiple of [`PAGE`]), and whether it is
-/// freshly mapped, hence zero.
+impl Arena {
+    fn holds(&self, p: usize) -> bool {
+        self.base != 0 && p >= self.base && p < self.base + self.cap
+    }
+
+    /// Reserves the address space, once.
+    fn reserve(&mut self) -> bool {
+        if self.base != 0 {
+            return true;
+        }
+        if self.failed {
+            return false;
+        }
+        for cap in RESERVE {
+            let p = mmap(cap, libc::PROT_NONE, libc::MAP_NORESERVE);
+            if !p.is_null() {
+                self.base = p as usize;
+                self.cap = cap;
+                return true;
+            }
+        }
+        self.failed = true;
+        false
+    }
+
+    fn insert(&mut self, start: usize, f: Free) {
+        self.free.insert(start, f);
+        self.by_len.insert((f.len, start));
+    }
+
+    fn remove(&mut self, start: usize) -> Option<Free> {
+        let f = self.free.remove(&start)?;
+        self.by_len.remove(&(f.len, start));
+        Some(f)
+    }
+
+    /// `size` bytes, and whether they are zero; `None` where the arena
+    /// cannot hold them.
+    fn take(&mut self, size: usize) -> Option<(*mut u8, bool)> {
+        if !self.reserve() {
+            return None;
+        }
+        if let Some(&(len, start)) = self.by_len.range((size, 0)..).next() {
+            let f = self.remove(start)?;
+            if len > size {
+                let rest = start + size;
+                self.insert(
+                    rest,
+                    Free {
+                        len: len - size,
+                        lo: f.lo.max(rest),
+                        hi: f.hi.max(rest),
+                        ..f
+                    },
+                );
+            }
+            return Some((start as *mut u8, f.zero));
+        }
+        // Nothing free holds it: grow the arena, starting at the free range
+        // that ends at the top, if there is one.
+        let end = self.base + self.top;
+        let (start, zero) = match self.free.range(..end).next_back() {
+            Some((&s, f)) if s + f.len == end => (s, f.zero),
+            _ => (end, true),
+        };
+        let top = start - self.base + size;
+        if top > self.cap {
+            return None;
+        }
+        if top > self.committed {
+            let want = top.next_multiple_of(COMMIT).min(self.cap);
+            // SAFETY: a part of the reservation, which only this arena uses.
+            let r = unsafe {
+                libc::mprotect(
+                    (self.base + self.committed) as *mut libc::c_void,
+                    want - self.committed,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                )
+            };
+            if r != 0 {
+                return None;
+            }
+            self.committed = want;
+        }
+        if start < end {
+            self.remove(start);
+        }
+        self.top = top;
+        Some((start as *mut u8, zero))
+    }
+
+    /// Frees `len` bytes at `p` (pages in use, or `zero`: released), merged
+    /// with free neighbours of the same kind.
+    fn give(&mut self, p: usize, len: usize, zero: bool) {
+        let step = self.step;
+        let mut f = Free {
+            len,
+            zero,
+            step,
+            lo: p,
+            hi: if zero { p } else { p + len },
+        };
+        let mut start = p;
+        let merge = |f: &mut Free, g: &Free| {
+            f.len += g.len;
+            match (f.hot(step), g.hot(step)) {
+                (Some((a, b)), Some((c, d))) => (f.lo, f.hi) = (a.min(c), b.max(d)),
+                (None, Some(h)) => (f.lo, f.hi) = h,
+                _ => {}
+            }
+        };
+        if let Some((&s, &prev)) = self.free.range(..p).next_back() {
+            if s + prev.len == p && prev.zero == zero {
+                self.remove(s);
+                start = s;
+                merge(&mut f, &prev);
+            }
+        }
+        if let Some(&next) = self.free.get(&(p + len)) {
+            if next.zero == zero {
+                self.remove(p + len);
+                merge(&mut f, &next);
+            }
+        }
+        self.insert(start, f);
+    }
+
+    /// For the trim at the end of the step: takes up to [`BATCH`] free
+    /// ranges from address `from` on with pages the step did not use, keeps
+    /// the part it did, and puts the others in `out`; returns where to go on
+    /// from.
+    fn stale(&mut self, from: usize, out: &mut Vec<(usize, usize)>) -> Option<usize> {
+        let step = self.step;
+        let found: Vec<usize> = self
+            .free
+            .range(from..)
+            .filter(|(&s, f)| !f.zero && f.hot(step) != Some((s, s + f.len)))
+            .map(|(&s, _)| s)
+            .take(BATCH)
+            .collect();
+        for &s in &found {
+            let Some(f) = self.remove(s) else { continue };
+            match f.hot(step) {
+                Some((lo, hi)) => {
+                    self.insert(lo, Free { len: hi - lo, ..f });
+                    out.extend(
+                        [(s, lo - s), (hi, s + f.len - hi)]
+                            .into_iter()
+                            .filter(|c| c.1 > 0),
+                    );
+                }
+                None => out.push((s, f.len)),
+            }
+        }
+        (found.len() == BATCH).then(|| found[BATCH - 1] + 1)
+    }
+}
+
+/// A block of `size` bytes (a multiple of [`PAGE`]), and whether it is zero.
 fn take(size: usize) -> (*mut u8, bool) {
     if POOLING.load(Ordering::Relaxed) {
-        if let Ok(mut table) = POOL.lock() {
-            if let Some(b) = table.bucket(size) {
-                if b.free > 0 {
-                    let p = pop(b);
-                    b.low = b.low.min(b.free);
-                    return (p, false);
-                }
+        if let Ok(mut arena) = ARENA.lock() {
+            if let Some(got) = arena.take(size) {
+                return got;
             }
         }
     }
@@ -161,105 +329,71 @@ fn take(size: usize) -> (*mut u8, bool) {
 }
 
 fn give(p: *mut u8, size: usize) {
-    if POOLING.load(Ordering::Relaxed) {
-        if let Ok(mut table) = POOL.lock() {
-            if let Some(b) = table.bucket(size) {
-                // SAFETY: the block is ours, at least a page, and unused.
-                unsafe { p.cast::<usize>().write(b.head) };
-                b.head = p as usize;
-                b.free += 1;
-                return;
-            }
+    if let Ok(mut arena) = ARENA.lock() {
+        if arena.holds(p as usize) {
+            arena.give(p as usize, size, false);
+            return;
         }
     }
     unmap(p, size);
 }
 
-/// From here on, large blocks freed are kept for reuse; every block free now
-/// is returned to the system (what a run's setup freed, such as initial
-/// values in f64 and whole arrays cut into pieces, is not what its steps
-/// use). Each device calls it before its first step.
+/// From here on, large blocks come from the arena and go back to it. Each
+/// device calls it before its first step.
 pub fn steps_begin() {
     POOLING.store(true, Ordering::Relaxed);
-    trim(true);
 }
 
-/// Returns to the system, for each block size, as many free blocks as stayed
-/// free since the last call. The runtime calls it once per training step; a
-/// size in steady use keeps its blocks.
+/// Returns to the system the arena's free pages that the step which ended
+/// did not use (of each free range, all but the span of what the step freed
+/// in it). The runtime calls it once per training step; what a step keeps
+/// using stays resident.
 pub fn step_done() {
-    trim(false);
-}
-
-fn trim(all: bool) {
-    // Blocks come off the lists in batches held on the stack and are
-    // unmapped outside the lock: nothing here may allocate (an allocation
-    // takes the same lock), and unmapping is slow.
-    // The size to go on from: another thread may add sizes between batches.
     let mut from = 0;
     loop {
-        let mut batch = [(0usize, 0usize); 64];
-        let mut n = 0;
-        let more = match POOL.lock() {
-            Ok(mut table) => {
-                let mut next = table.b[..table.len].partition_point(|b| b.size < from);
-                while next < table.len && n < batch.len() {
-                    from = table.b[next].size;
-                    let b = &mut table.b[next];
-                    if all {
-                        b.low = b.free;
-                    }
-                    if b.low > 0 {
-                        b.low -= 1;
-                        batch[n] = (pop(b) as usize, b.size);
-                        n += 1;
-                    } else {
-                        b.low = b.free;
-                        next += 1;
-                        from += 1;
-                    }
-                }
-                if next == table.len {
-                    // Sizes nothing asked for or freed all step, with no
-                    // free block left, leave the table.
-                    let len = table.len;
-                    let mut kept = 0;
-                    for i in 0..len {
-                        let b = table.b[i];
-                        if b.touched || b.free > 0 {
-                            table.b[kept] = Bucket {
-                                touched: false,
-                                ..b
-                            };
-                            kept += 1;
-                        }
-                    }
-                    table.len = kept;
-                }
-                next < table.len
-            }
+        // Ranges come off the lists while they are released, so that no one
+        // is handed pages the kernel is zeroing; the system calls are made
+        // outside the lock.
+        let mut batch = Vec::with_capacity(2 * BATCH);
+        let more = match ARENA.lock() {
+            Ok(mut arena) => arena.stale(from, &mut batch),
             Err(_) => return,
         };
-        for &(p, size) in &batch[..n] {
-            unmap(p as *mut u8, size);
+        for &(p, len) in &batch {
+            // SAFETY: a free range of the arena, off the lists: no one
+            // uses it; its pages read as zero afterwards.
+            unsafe {
+                libc::madvise(p as *mut libc::c_void, len, libc::MADV_DONTNEED);
+            }
         }
-        if !more {
-            return;
+        if let Ok(mut arena) = ARENA.lock() {
+            for &(p, len) in &batch {
+                arena.give(p, len, true);
+            }
         }
+        match more {
+            Some(next) => from = next,
+            None => break,
+        }
+    }
+    if let Ok(mut arena) = ARENA.lock() {
+        arena.step += 1;
     }
 }
 
-/// Bytes in free pooled blocks.
+/// Bytes in free ranges of the arena whose pages are still resident.
 pub fn pooled_free() -> usize {
-    POOL.lock()
-        .map(|t| t.b[..t.len].iter().map(|b| b.size * b.free).sum())
+    ARENA
+        .lock()
+        .map(|a| a.free.values().filter(|f| !f.zero).map(|f| f.len).sum())
         .unwrap_or(0)
 }
 
-// SAFETY: a large block is a whole mapping of `pages(size)` bytes, page
-// aligned (so any alignment up to a page holds), with one owner until freed;
-// everything else is mimalloc's. `dealloc` and `realloc` tell the two apart
-// by the layout, which is the one the block was allocated with.
+// SAFETY: a large block is page aligned (so any alignment up to a page
+// holds), `pages(size)` bytes, either in the arena or a whole mapping, with
+// one owner until freed; everything else is mimalloc's. `dealloc` and
+// `realloc` tell the two apart by the layout, which is the one the block was
+// allocated with, and arena blocks from whole mappings by address.
 unsafe impl GlobalAlloc for Heap {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if pooled(&layout) {
@@ -272,9 +406,9 @@ unsafe impl GlobalAlloc for Heap {
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         if pooled(&layout) {
-            let (p, fresh) = take(pages(layout.size()));
-            if !fresh {
-                // SAFETY: a pooled block of at least `layout.size()` bytes.
+            let (p, zero) = take(pages(layout.size()));
+            if !zero && !p.is_null() {
+                // SAFETY: a block of at least `layout.size()` bytes.
                 unsafe { p.write_bytes(0, layout.size()) };
             }
             p
@@ -297,10 +431,11 @@ unsafe impl GlobalAlloc for Heap {
         // SAFETY: the caller guarantees that `new_size` with this alignment
         // is a valid layout.
         let new = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
+        let own_mapping = || ARENA.lock().map(|a| !a.holds(ptr as usize)).unwrap_or(true);
         match (pooled(&layout), pooled(&new)) {
             // SAFETY: the caller's contract, passed on.
             (false, false) => unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) },
-            (true, true) => {
+            (true, true) if own_mapping() => {
                 let (old, want) = (pages(layout.size()), pages(new_size));
                 if old == want {
                     return ptr;
@@ -315,6 +450,9 @@ unsafe impl GlobalAlloc for Heap {
                 }
             }
             _ => {
+                if pooled(&layout) && pooled(&new) && pages(layout.size()) == pages(new_size) {
+                    return ptr;
+                }
                 // SAFETY: a fresh block of the new layout; both hold at least
                 // the smaller size; the old one is freed with its own layout.
                 unsafe {

@@ -1,7 +1,8 @@
 //! The `shardc` binary: the command line (src/cli) over the library, with the
 //! process's allocator.
 
-/// Large blocks pooled by exact size, small ones mimalloc's: see src/heap.rs.
+/// Large blocks from one arena a training run reuses, small ones mimalloc's:
+/// see src/heap.rs.
 #[global_allocator]
 static ALLOC: shardc::heap::Heap = shardc::heap::Heap;
 

@@ -1,8 +1,10 @@
 //! The process allocator (src/heap.rs), installed here as the binary
-//! installs it: large blocks come back by exact size, zeroed when asked,
-//! intact across threads, and a step's trim returns what a step did not use.
-//! One test function, so that no other test's allocations move the pool's
-//! figures between its checks.
+//! installs it: once a run's steps begin, a freed large block's pages serve
+//! the next request that fits, of any size and on any thread (the smallest
+//! free range that holds it; neighbours merged), zeroed when asked, intact
+//! across threads, and a step's trim returns the pages a whole step left
+//! free. One test function, so that no other test's allocations move the
+//! arena's figures between its checks.
 
 use shardc::heap::{pooled_free, step_done, steps_begin, Heap, LARGE};
 
@@ -15,68 +17,87 @@ fn block(n: usize, fill: u8) -> Vec<u8> {
     vec![fill; n]
 }
 
+fn at(b: &[u8]) -> usize {
+    b.as_ptr() as usize
+}
+
 #[test]
-fn large_blocks_are_pooled_by_size_reused_and_trimmed() {
+fn large_blocks_reuse_the_arena_and_a_step_trims_it() {
     // Before a run's steps begin, a freed block goes back at once.
     drop(block(MIB, 1));
     assert_eq!(pooled_free(), 0);
     steps_begin();
     assert_eq!(pooled_free(), 0);
 
-    // A freed large block waits in the pool and serves the next request of
-    // its size (in pages), on any thread.
+    // A freed large block's pages wait in the arena and serve the next
+    // request that fits, on any thread.
     let a = block(MIB, 7);
-    let addr = a.as_ptr() as usize;
+    let addr = at(&a);
     drop(a);
     assert_eq!(pooled_free(), MIB);
     let b = std::thread::spawn(move || {
         let b = block(MIB - 100, 9);
-        (b.as_ptr() as usize, b)
+        (at(&b), b)
     })
     .join()
     .expect("thread");
-    assert_eq!(b.0, addr, "a block of the same size in pages is reused");
+    assert_eq!(b.0, addr, "a block that fits is reused");
     assert_eq!(pooled_free(), 0);
     drop(b);
 
-    // Zeroed requests get zeros from a reused block.
+    // Zeroed requests get zeros from reused pages.
     let z = vec![0u8; MIB];
-    assert_eq!(z.as_ptr() as usize, addr);
+    assert_eq!(at(&z), addr);
     assert!(z.iter().all(|x| *x == 0));
     drop(z);
 
-    // Small blocks are not pooled.
+    // Small blocks are not the arena's.
     drop(block(LARGE - 1, 1));
     assert_eq!(pooled_free(), MIB);
 
-    // A size the step keeps using keeps its block; one it stopped using goes.
-    let other = block(3 * MIB, 1);
-    drop(other);
-    assert_eq!(pooled_free(), 4 * MIB);
-    step_done(); // the first trim measures from here
-    assert_eq!(pooled_free(), 4 * MIB);
+    // A smaller request takes the start of a free range; the rest stays free.
+    let half = block(MIB / 2, 3);
+    assert_eq!(at(&half), addr);
+    assert_eq!(pooled_free(), MIB / 2);
+    // Freed, it merges with its free neighbour: the whole range fits a
+    // request of its size again, at the same place.
+    drop(half);
+    let whole = block(MIB, 4);
+    assert_eq!(at(&whole), addr, "neighbours merge");
+    drop(whole);
+
+    // The smallest free range that holds a request serves it.
+    let (x, gap, y, wall) = (
+        block(3 * MIB, 1),
+        block(MIB, 1),
+        block(2 * MIB, 1),
+        block(MIB, 1),
+    );
+    let (xa, ya) = (at(&x), at(&y));
+    drop((x, y));
+    let fit = block(2 * MIB - 4096, 2);
+    assert_eq!(at(&fit), ya, "the 2 MiB range, not the 3 MiB one");
+    let big = block(3 * MIB, 2);
+    assert_eq!(at(&big), xa);
+    drop((fit, big, gap, wall));
+
+    // A step's trim returns the pages that stayed free through it; what a
+    // step uses stays.
+    step_done(); // the ranges above were freed this step: kept
+    assert!(pooled_free() > 0);
     for _ in 0..3 {
-        drop(block(MIB, 2)); // the 1 MiB block is taken and given back
+        drop(block(MIB, 2)); // a range used again this step
     }
     step_done();
-    assert_eq!(pooled_free(), MIB, "the 3 MiB block stayed free all step");
+    assert_eq!(pooled_free(), MIB, "only the range this step used stays");
     step_done();
-    assert_eq!(pooled_free(), 0, "and the 1 MiB one all the next");
-    step_done(); // its size, untouched, leaves the table; it comes back
-    drop(block(MIB, 4));
-    assert_eq!(pooled_free(), MIB);
+    assert_eq!(pooled_free(), 0, "and it goes after a step without it");
+    // Returned pages read as zero and serve requests again.
+    let again = vec![0u8; 2 * MIB];
+    assert!(again.iter().all(|x| *x == 0));
+    drop(again);
     step_done();
     step_done();
-    assert_eq!(pooled_free(), 0);
-
-    // Two blocks live at once, then one: the second is surplus next step.
-    let (x, y) = (block(2 * MIB, 1), block(2 * MIB, 1));
-    drop((x, y));
-    step_done();
-    drop(block(2 * MIB, 3));
-    step_done();
-    assert_eq!(pooled_free(), 2 * MIB);
-    steps_begin();
     assert_eq!(pooled_free(), 0);
 
     // Growing and shrinking across the threshold and within pooled sizes
@@ -123,6 +144,7 @@ fn large_blocks_are_pooled_by_size_reused_and_trimmed() {
         assert!(b.iter().all(|x| *x == want));
     }
     drop(all);
-    steps_begin();
+    step_done();
+    step_done();
     assert_eq!(pooled_free(), 0);
 }
