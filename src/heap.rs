@@ -329,10 +329,14 @@ fn take(size: usize) -> (*mut u8, bool) {
 }
 
 fn give(p: *mut u8, size: usize) {
-    if let Ok(mut arena) = ARENA.lock() {
-        if arena.holds(p as usize) {
-            arena.give(p as usize, size, false);
-            return;
+    // Arena blocks exist only once pooling has begun (it never ends): before
+    // that, and in commands that do not train, no lock is taken.
+    if POOLING.load(Ordering::Relaxed) {
+        if let Ok(mut arena) = ARENA.lock() {
+            if arena.holds(p as usize) {
+                arena.give(p as usize, size, false);
+                return;
+            }
         }
     }
     unmap(p, size);
@@ -432,14 +436,12 @@ unsafe impl GlobalAlloc for Heap {
         // is a valid layout.
         let new = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
         let own_mapping = || ARENA.lock().map(|a| !a.holds(ptr as usize)).unwrap_or(true);
+        let (old, want) = (pages(layout.size()), pages(new_size));
         match (pooled(&layout), pooled(&new)) {
             // SAFETY: the caller's contract, passed on.
             (false, false) => unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) },
+            (true, true) if old == want => ptr,
             (true, true) if own_mapping() => {
-                let (old, want) = (pages(layout.size()), pages(new_size));
-                if old == want {
-                    return ptr;
-                }
                 // SAFETY: `ptr` is a whole mapping of `old` bytes; the kernel
                 // grows, shrinks or moves it without copying its pages.
                 let p = unsafe { libc::mremap(ptr.cast(), old, want, libc::MREMAP_MAYMOVE) };
@@ -450,9 +452,6 @@ unsafe impl GlobalAlloc for Heap {
                 }
             }
             _ => {
-                if pooled(&layout) && pooled(&new) && pages(layout.size()) == pages(new_size) {
-                    return ptr;
-                }
                 // SAFETY: a fresh block of the new layout; both hold at least
                 // the smaller size; the old one is freed with its own layout.
                 unsafe {
