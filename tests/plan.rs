@@ -205,7 +205,7 @@ fn a_plan_against_a_device() {
     assert!(!v.fits);
     let pp = p.pipeline.as_ref().expect("pipelined");
     let fixed = p.params + p.grads + p.optimizer_state + p.gathered_params;
-    assert_eq!(v.peaks[7], fixed + pp.activations[7]);
+    assert_eq!(v.peaks[7], fixed + pp.activations[7] + pp.cotangents[7]);
     // Compute at the f32 (tf32) peak, stretched by the bubble, plus the
     // bytes at NVLink's 450 GB/s per direction.
     let compute = p.step_flops() / 494.5e12 / (1.0 - pp.bubble);
@@ -448,5 +448,65 @@ fn declared_float_types_plan_as_the_run_holds_them() {
         assert_eq!(plan.bf16, bf16, "which peak: {precision:?}");
         assert_eq!(mem.params, plan.params, "{precision:?}");
         assert_eq!(mem.total(), plan.total_memory(), "{precision:?}");
+    }
+}
+
+/// Plan and `--mem` of `text` after one step: (planned, measured) cotangents.
+fn cotangents(name: &str, text: &str) -> (f64, f64) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
+    let c = world::compile_source(&path, text.to_string(), &Options::default());
+    assert!(!c.has_errors(), "{name} has errors");
+    let plan = c.plans.first().cloned().expect("a plan");
+    let (prog, _, cfg, src) = c.prepare(None).expect("runnable");
+    let mut cfg = cfg;
+    cfg.steps = 1;
+    let out = shardc::runtime::train::run(prog, &cfg, &src, false, &mut |_| {}).expect("runs");
+    (plan.cotangents, out.memory.expect("measured").cotangents)
+}
+
+/// Backward's cotangents, by hand: on 2 devices each holds 8 rows. From the
+/// output's [8, 3] cotangent, `h @ w2` makes relu's [8, 8] (88 floats
+/// alive); relu's transpose makes the product's [8, 8] while its own is
+/// still held (128 floats, the most); weights' cotangents are the gradients.
+/// The run measures the same bytes.
+#[test]
+fn cotangents_by_hand_and_measured() {
+    let mlp = "mesh m(dp: 2)\nmodel M {\n  w1: f32[4, 8] init normal(1.0)\n  w2: f32[8, 3] init normal(1.0)\n  fn forward(x: f32[B@dp, 4]) -> f32[B@dp, 3] {\n    let h = relu(x @ w1)\n    h @ w2\n  }\n}\ntrain M on m { data: synthetic(classes: 3), batch: 16, steps: 1, optimizer: sgd(lr: 0.1) }\n";
+    assert_eq!(cotangents("ct_mlp.shard", mlp), (128.0 * 4.0, 128.0 * 4.0));
+    // A loss function's backward runs first: its own cotangents (the
+    // logits' [4, 2] and the loss's), here fewer than the model's.
+    let cls = "mesh host(data: 2, mp: 2)\nmodel Cls {\n  w: f32[6, 4@mp] init normal(0.5)\n  fn forward(x: f32[B@data, 6]) -> f32[B@data, 4@mp] { tanh(x @ w) * 3.0 }\n  fn ce(z: f32[B@data, 4@mp], y: i32[B@data]) -> f32[] { softmax_cross_entropy(z, y) }\n}\ntrain Cls on host {\n  data: synthetic(classes: 4), batch: 8, steps: 1, seed: 3\n  loss: ce\n  optimizer: adam(lr: 0.05)\n}\n";
+    let (planned, measured) = cotangents("ct_cls.shard", cls);
+    assert!(planned > 0.0);
+    assert_eq!(planned, measured);
+}
+
+/// The plan's cotangents equal what runs measure: tensor and data
+/// parallelism, FSDP (gathered weights' gradients are `gathered grads`),
+/// a pipeline (stage 0, which device 0 runs), accumulated microbatches.
+#[test]
+fn planned_cotangents_are_measured() {
+    for (file, model) in [
+        ("models/fsdp_mlp.shard", Some("DPClassifier")),
+        ("models/fsdp_mlp.shard", Some("FSDPClassifier")),
+        ("tests/models/gptj_small.shard", None),
+        ("tests/models/t3d_small.shard", None),
+        ("models/shakespeare.shard", None),
+    ] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+        let c = world::compile(&path, &Options::default()).expect("readable");
+        let (prog, _, cfg, src) = c.prepare(model).expect("runnable");
+        let mut cfg = cfg;
+        cfg.steps = 1;
+        let out = shardc::runtime::train::run(prog, &cfg, &src, false, &mut |_| {}).expect("runs");
+        let planned = c
+            .plans
+            .iter()
+            .find(|p| p.model == prog.model)
+            .expect("plan")
+            .cotangents;
+        let measured = out.memory.expect("memory").cotangents;
+        assert!(planned > 0.0, "{file}");
+        assert_eq!(planned, measured, "{file} {model:?}");
     }
 }

@@ -37,7 +37,8 @@ class Config:
     shardc_first_loss: float | None = None
     jax_first_loss: float | None = None
     flop: float | None = None  # model FLOP per step, all devices
-    plan_bytes: float | None = None  # the plan for the process (`one process`, or total × devices)
+    devices_bytes: float | None = None  # the plan for the devices (`one process`, or total × devices)
+    plan_bytes: float | None = None  # the plan for the process (`with shardc`: the devices and shardc's code)
     shardc_rss: list = field(default_factory=list)  # peak RSS of each shardc run, bytes
     tiny_times: list = field(default_factory=list)  # the shrunk program's step times
     tiny_rss: list = field(default_factory=list)    # and its peak RSS
@@ -90,12 +91,13 @@ def say(msg: str):
 BYTES = {"B": 1.0, "KiB": 2.0**10, "MiB": 2.0**20, "GiB": 2.0**30, "TiB": 2.0**40}
 
 
-def plan_figures(shardc: str, cfg: Config) -> tuple[float, float]:
+def plan_figures(shardc: str, cfg: Config) -> tuple[float, float, float]:
     """FLOP per step of the whole model (`shardc plan`'s "compute per device per
-    step" times the number of devices in its header) and the plan's memory for
-    the process: its "one process" row (every device in one process, replicas
+    step" times the number of devices in its header), the plan's memory for
+    the devices: its "one process" row (every device in one process, replicas
     sharing parameters and optimizer state), or without one (no replicas, or
-    one device) the per-device total times the devices."""
+    one device) the per-device total times the devices; and for the process:
+    its "with shardc" row (the devices and shardc's own code)."""
     cmd = [shardc, "plan", os.path.join(HERE, cfg.shard)] + (["--mesh", cfg.mesh] if cfg.mesh else [])
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if p.returncode != 0:
@@ -109,7 +111,10 @@ def plan_figures(shardc: str, cfg: Config) -> tuple[float, float]:
     one = re.search(r"^  one process +([0-9.]+) (\w+)", p.stdout, re.M)
     memory = (float(one.group(1)) * BYTES[one.group(2)] if one and one.group(2) in BYTES
               else float(t.group(1)) * BYTES[t.group(2)] * devices)
-    return float(m.group(1)) * UNITS[m.group(2)] * devices, memory
+    w = re.search(r"^  with shardc +([0-9.]+) (\w+)", p.stdout, re.M)
+    if not w or w.group(2) not in BYTES:
+        die(f"`{' '.join(cmd)}` printed no `with shardc` row (the process's plan; Linux only):\n{p.stdout}")
+    return float(m.group(1)) * UNITS[m.group(2)] * devices, memory, float(w.group(1)) * BYTES[w.group(2)]
 
 
 def run_shardc(shardc: str, file: str, mesh: str | None, steps: int, tmp: str, seq: int):
@@ -247,7 +252,7 @@ def main():
     check_environment(shardc)
 
     for c in configs:
-        c.flop, c.plan_bytes = plan_figures(shardc, c)
+        c.flop, c.devices_bytes, c.plan_bytes = plan_figures(shardc, c)
     counts = sorted({c.devices for c in configs} | {1})
     say(f"starting JAX workers for {', '.join(map(str, counts))} device(s)")
     workers = {n: Worker(n) for n in counts}
@@ -320,14 +325,15 @@ def main():
               + "  |  " + " ".join(f"{x:.2f}" for x in c.jax_rounds))
     print("FLOP / step: `shardc plan`'s compute per device per step × devices (the same figure for both sides).")
     print()
-    print("| configuration | shardc peak RSS | the same program shrunk | plan for the process | RSS / plan | (RSS − shrunk) / plan |")
-    print("|---|---|---|---|---|---|")
+    print("| configuration | shardc peak RSS | the same program shrunk | plan for the devices | plan for the process | RSS / plan for the process | (RSS − shrunk) / plan for the devices |")
+    print("|---|---|---|---|---|---|---|")
     for c in configs:
         rss, floor = max(c.shardc_rss), max(c.tiny_rss)
-        print(f"| {c.name} | {rss / 2**20:.1f} MiB | {floor / 2**20:.1f} MiB | {c.plan_bytes / 2**20:.1f} MiB | "
-              f"{rss / c.plan_bytes:.2f}× | {(rss - floor) / c.plan_bytes:.2f}× |")
+        print(f"| {c.name} | {rss / 2**20:.1f} MiB | {floor / 2**20:.1f} MiB | {c.devices_bytes / 2**20:.1f} MiB | "
+              f"{c.plan_bytes / 2**20:.1f} MiB | {rss / c.plan_bytes:.2f}× | {(rss - floor) / c.devices_bytes:.2f}× |")
     print("Peak RSS: the largest of the runs' (the whole process: every virtual device, the binary, the data).")
-    print("Plan for the process: `shardc plan`'s `one process` row (replicas share parameters and optimizer state), else its per-device total × devices.")
+    print("Plan for the devices: `shardc plan`'s `one process` row (replicas share parameters and optimizer state), else its per-device total × devices.")
+    print("Plan for the process: its `with shardc` row, the devices and shardc's own code and read-only data (mapped from its binary and libraries: an upper bound).")
     print("Shrunk: the same file with every size a few elements (SHRINK in run.py), the process's floor.")
     print()
     print("| configuration, shardc | step, shrunk program (the runtime's fixed cost) |")
@@ -339,7 +345,7 @@ def main():
             json.dump({"peak_flops_per_s": peaks, "jax": jax_version, "configs": [
                 {"name": c.name, "flop": c.flop, "shardc_ms": c.shardc_times, "jax_ms": c.jax_times,
                  "shrunk_ms": c.tiny_times, "shardc_rss": c.shardc_rss, "shrunk_rss": c.tiny_rss,
-                 "plan_bytes": c.plan_bytes,
+                 "plan_bytes": c.plan_bytes, "devices_bytes": c.devices_bytes,
                  "shardc_first_loss": c.shardc_first_loss, "jax_first_loss": c.jax_first_loss}
                 for c in configs]}, f, indent=1)
 

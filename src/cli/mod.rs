@@ -544,9 +544,11 @@ fn plan(
         return ExitCode::from(2);
     }
     let mut plans = c.plans.clone();
-    if let Some(d) = device {
-        for p in &mut plans {
-            p.device = Some(crate::plan::device::verdict(p, d.clone()));
+    for p in &mut plans {
+        match &device {
+            Some(d) => p.device = Some(crate::plan::device::verdict(p, d.clone())),
+            // The process on this machine runs this binary.
+            None => p.shardc_code = crate::plan::host::shardc_code(),
         }
     }
     if json {

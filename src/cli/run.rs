@@ -634,6 +634,7 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
                     t += &row("gathered grads", m.gathered_grads, planned.gathered_grads);
                 }
                 t += &row("activations", m.activations, planned.activations);
+                t += &row("cotangents", m.cotangents, planned.cotangents);
                 t += &row("total", m.total(), planned.total_memory());
                 // The virtual mesh's devices share replicated state: the
                 // process holds less than devices × one device.

@@ -3,7 +3,9 @@
 //! op's cost comes from its primitive; nothing is allocated), so it works for
 //! meshes far larger than this machine.
 
+mod backward;
 pub mod device;
+pub mod host;
 
 use crate::prim::cost::CostCx;
 use crate::prim::Prim;
@@ -61,6 +63,9 @@ pub struct Plan {
     /// Mixed precision: the f32 master weights (`params` are the 16-bit
     /// working copies; gradients and optimizer state are f32).
     pub master_params: f64,
+    /// Backward's cotangents alive at once, at their most (parameters' are
+    /// `grads`, gathered parameters' `gathered_grads`): see `backward`.
+    pub cotangents: f64,
     /// Bytes of each device's parameters and optimizer state that `copies`
     /// (≥ 2) devices hold identically, as (copies, bytes per device): the
     /// replicas one process keeps once (`process_memory`).
@@ -90,6 +95,9 @@ pub struct Plan {
     pub peak_if_checkpointed: Option<f64>,
     /// Changes that would lower the peak, and the peak each gives.
     pub proposals: Vec<Proposal>,
+    /// Set by `shardc plan` for the process on this machine: the bytes of
+    /// shardc's own code and read-only data ([`host::shardc_code`]).
+    pub shardc_code: Option<f64>,
 }
 
 /// A change to the file that saves memory, and the peak per device after it.
@@ -112,6 +120,8 @@ pub struct PipelinePlan {
     pub in_flight: Vec<usize>,
     pub activations: Vec<f64>,
     pub gathered: Vec<f64>,
+    /// Per stage: the cotangents its backward holds at once, at most.
+    pub cotangents: Vec<f64>,
     /// The schedule drawn as text, one row per stage.
     pub timeline: String,
 }
@@ -142,6 +152,7 @@ impl Plan {
             + self.gathered_params
             + self.gathered_grads
             + self.master_params
+            + self.cotangents
     }
     /// Bytes one process holding `devices` devices of the mesh needs (the
     /// virtual mesh: all of them). Its devices share a replicated parameter
@@ -185,7 +196,8 @@ impl Plan {
                 .activations
                 .iter()
                 .zip(&pp.gathered)
-                .map(|(a, g)| fixed + a + g)
+                .zip(&pp.cotangents)
+                .map(|((a, g), c)| fixed + a + g + c)
                 .collect(),
             _ => vec![self.total_memory()],
         }
@@ -345,6 +357,14 @@ fn plan_of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> P
         c.count = c.count.saturating_mul(plan.microbatches as u64);
     }
     plan.activations = acts.iter().sum::<f64>() + loss_acts + recompute;
+    // The loss function's backward runs first and returns the cotangent the
+    // model's starts from: the most either holds.
+    let cts = backward::alive(prog, &cx, false);
+    let loss_cts = prog
+        .loss
+        .as_ref()
+        .map_or(0.0, |l| backward::peak(l, &cx, true));
+    plan.cotangents = cts.iter().fold(loss_cts, |a, b| a.max(*b));
     weights(
         &mut plan,
         prog,
@@ -359,7 +379,13 @@ fn plan_of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> P
         plan.grad_sum = plan.grads;
     }
     if let Some(pp) = &prog.pipeline {
-        pipeline(&mut plan, pp, &acts, (&gathered, regathered));
+        pipeline(
+            &mut plan,
+            pp,
+            &acts,
+            (&gathered, regathered),
+            (&cts, loss_cts),
+        );
     }
     tables(&mut plan, prog, train, spec);
     plan
@@ -627,6 +653,7 @@ fn pipeline(
     pp: &crate::spmd::Pipeline,
     acts: &[f64],
     (gathered, regathered): (&[f64], f64),
+    (cts, loss_cts): (&[f64], f64),
 ) {
     use crate::schedule as sch;
     let stages = pp.stages.max(1);
@@ -653,8 +680,32 @@ fn pipeline(
     };
     let activations = per_stage(acts, plan.recompute_activations);
     let gathered = per_stage(gathered, regathered);
+    // Each stage runs backward over its own blocks (the first also before
+    // the stack, the last after it, and the loss): the cotangents it holds.
+    let per = pp.blocks.len() / stages;
+    let most = |r: std::ops::Range<usize>| -> f64 {
+        cts[r.start.min(cts.len())..r.end.min(cts.len())]
+            .iter()
+            .fold(0.0, |a, b| a.max(*b))
+    };
+    let cotangents: Vec<f64> = (0..stages)
+        .map(|k| {
+            let own = match (pp.blocks.get(k * per), pp.blocks.get((k + 1) * per - 1)) {
+                (Some(a), Some(b)) if per > 0 => most(a.0 as usize..b.1 as usize),
+                _ => 0.0,
+            };
+            let first = if k == 0 { most(0..start) } else { 0.0 };
+            let last = if k + 1 == stages {
+                most(end..cts.len()).max(loss_cts)
+            } else {
+                0.0
+            };
+            own.max(first).max(last)
+        })
+        .collect();
     plan.activations = activations.first().copied().unwrap_or(plan.activations);
     plan.gathered_params = gathered.first().copied().unwrap_or(plan.gathered_params);
+    plan.cotangents = cotangents.first().copied().unwrap_or(plan.cotangents);
     plan.pipeline = Some(PipelinePlan {
         axis: pp.axis.clone(),
         stages,
@@ -664,6 +715,7 @@ fn pipeline(
         in_flight,
         activations,
         gathered,
+        cotangents,
         timeline: sch::draw(&ticks),
     });
 }
@@ -820,6 +872,11 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
                 "forward values kept for backward".into()
             },
         ),
+        (
+            "cotangents",
+            p.cotangents,
+            "backward's cotangents alive at once, at most".into(),
+        ),
     ];
     for (name, v, why) in rows {
         if matches!(
@@ -844,6 +901,15 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
             "  {:<16} {:>12}   all {devices} devices in one process (the virtual mesh), replicas sharing parameters and optimizer state\n",
             "one process",
             human_bytes(here)
+        ));
+    }
+    // The process that runs them on this machine: its own code too.
+    if let (None, Some(code)) = (&p.device, p.shardc_code) {
+        s.push_str(&format!(
+            "  {:<16} {:>12}   the process: all {devices} devices and shardc's own code and read-only data ({} mapped from its binary and libraries, at most)\n",
+            "with shardc",
+            human_bytes(here + code),
+            human_bytes(code)
         ));
     }
     s.push('\n');

@@ -59,7 +59,7 @@ fn evaluate(prog: &Program, p: &Param, k: usize) -> R<Vec<f64>> {
         dev: Device::Cpu,
         sparse: Default::default(),
         stage: None,
-        gathers: Default::default(),
+        held: Default::default(),
     };
     let tape = ex
         .forward(&[], &[], None)

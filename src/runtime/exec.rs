@@ -38,14 +38,17 @@ pub struct Exec<'a> {
     pub sparse: SparseState,
     /// A pipeline's stage axis and, per parameter, the stage holding it.
     pub stage: Option<(String, Vec<Option<usize>>)>,
-    /// What backward held of gathered parameters, measured for `--mem`.
-    pub gathers: Cell<GatherBytes>,
+    /// What backward held beyond the tape and the gradients, measured for `--mem`.
+    pub held: Cell<Held>,
 }
 
-/// The bytes of gathered parameters ([`Program::gathers_copy`]) that only
-/// backward holds, at their most: what `--mem` sets beside the plan's.
+/// The bytes that only backward holds, at their most: what `--mem` sets
+/// beside the plan's.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct GatherBytes {
+pub struct Held {
+    /// Cotangents alive at once (those of parameters are the gradients, and
+    /// those of gathered parameters `unreduced`): the plan's `cotangents`.
+    pub cotangents: f64,
     /// Full-size gradients of gathered parameters alive at once, before their
     /// reduce-scatter.
     pub unreduced: f64,
@@ -98,7 +101,7 @@ impl<'a> Exec<'a> {
             dev: self.dev.clone(),
             sparse: self.sparse.fresh(),
             stage: self.stage.clone(),
-            gathers: Cell::default(),
+            held: Cell::default(),
         }
     }
 
@@ -435,9 +438,9 @@ impl Exec<'_> {
                     }
                 }
                 peak = peak.max(acts);
-                let mut g = self.gathers.get();
+                let mut g = self.held.get();
                 g.regathered = g.regathered.max(gathered);
-                self.gathers.set(g);
+                self.held.set(g);
             }
             // Every cotangent so far goes in, also those of earlier nodes, so
             // that each one adds its terms in the order a single pass would.
@@ -497,15 +500,25 @@ impl Exec<'_> {
     ) -> R<Vec<Option<Tensor>>> {
         let n = self.prog.nodes.len();
         let mut ct: Vec<Option<Tensor>> = vec![None; n];
-        // Bytes of gathered parameters' full-size gradients alive, and the most.
+        // Bytes of gathered parameters' full-size gradients alive, and the most;
+        // bytes of the other cotangents but parameters' alive, and the most
+        // (the plan's `cotangents`, see `plan::backward`).
         let mut unreduced = 0.0;
+        let counted = |i: usize| {
+            !matches!(self.prog.nodes.get(i).map(|n| &n.op), Some(Op::Param(_)))
+                && !self.prog.gathers_copy(i)
+        };
+        let mut alive = 0.0;
         for (i, g) in seeds {
             if self.prog.gathers_copy(*i) {
                 unreduced += bytes(g);
+            } else if counted(*i) {
+                alive += bytes(g);
             }
             ct[*i] = Some(g.clone());
         }
         let mut most = unreduced;
+        let mut most_alive = alive;
         let add = |slot: &mut Option<Tensor>, g: Tensor| -> R<()> {
             *slot = Some(match slot.take() {
                 Some(s) => (s + g).map_err(ce)?,
@@ -526,10 +539,15 @@ impl Exec<'_> {
             let g = match taken {
                 Some(g) => g,
                 None if matches!(&node.op, Op::Prim(p) if !matches!(p, Prim::Arith(_))) => {
-                    tape.vals[i].zeros_like().map_err(ce)?
+                    let z = tape.vals[i].zeros_like().map_err(ce)?;
+                    if counted(i) {
+                        alive += bytes(&z);
+                    }
+                    z
                 }
                 None => continue,
             };
+            let spent = if counted(i) { bytes(&g) } else { 0.0 };
             match &node.op {
                 Op::Input(_) => {}
                 Op::Param(p) => add(&mut grads[*p], g)?,
@@ -564,18 +582,23 @@ impl Exec<'_> {
                             if ct[a].is_none() && self.prog.gathers_copy(a) {
                                 unreduced += bytes(&d);
                                 most = f64::max(most, unreduced);
+                            } else if ct[a].is_none() && counted(a) {
+                                alive += bytes(&d);
                             }
                             add(&mut ct[a], d)?;
                         }
                     }
                 }
             }
+            most_alive = f64::max(most_alive, alive);
             // This node's cotangent is spent (reduce-scattered, if gathered).
             unreduced -= held;
+            alive -= spent;
         }
-        let mut g = self.gathers.get();
+        let mut g = self.held.get();
         g.unreduced = g.unreduced.max(most);
-        self.gathers.set(g);
+        g.cotangents = g.cotangents.max(most_alive);
+        self.held.set(g);
         Ok(ct)
     }
 }

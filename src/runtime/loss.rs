@@ -124,6 +124,10 @@ fn function(
     let is_input = |n: &crate::spmd::Node| matches!(n.op, crate::spmd::Op::Input(_));
     let start = lp.nodes.iter().rposition(is_input).map_or(0, |i| i + 1);
     let cts = lex.backward_to_inputs(&tape, &[(o, seed)], start..lp.nodes.len())?;
+    // The loss's backward runs before the model's: the most either holds.
+    let mut held = ex.held.get();
+    held.cotangents = held.cotangents.max(lex.held.get().cotangents);
+    ex.held.set(held);
     let input = lp
         .nodes
         .iter()

@@ -110,7 +110,7 @@ fn device(
         dev: dev.clone(),
         sparse: SparseState::default(),
         stage: None,
-        gathers: Default::default(),
+        held: Default::default(),
     };
     let ps: Vec<Tensor> = prog
         .params

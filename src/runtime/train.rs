@@ -64,6 +64,9 @@ pub struct Memory {
     /// Mixed precision: the f32 master weights (`params` are then the 16-bit
     /// working copies the passes use).
     pub master_params: f64,
+    /// Backward's cotangents alive at once, at their most (parameters' are
+    /// the gradients; gathered parameters' are `gathered_grads`).
+    pub cotangents: f64,
 }
 
 impl Memory {
@@ -87,6 +90,7 @@ impl Memory {
             + self.gathered_params
             + self.gathered_grads
             + self.master_params
+            + self.cotangents
     }
 }
 
@@ -432,7 +436,7 @@ pub fn run_on(
                         ..Default::default()
                     },
                     stage: stages.as_ref().map(|st| (st.axis.clone(), st.param_stage.clone())),
-                    gathers: Default::default(),
+                    held: Default::default(),
                 };
                 // Parameters: each device computes only its own piece.
                 let mut params = Vec::new();
@@ -719,8 +723,9 @@ pub fn run_on(
                                 _ => m.activations += bytes(v),
                             }
                         }
-                        let backward = ex.gathers.get();
+                        let backward = ex.held.get();
                         m.gathered_grads = backward.unreduced;
+                        m.cotangents = backward.cotangents;
                         if stages.is_some() {
                             m.activations = peak_activations;
                             m.gathered_params = peak_gathered;
