@@ -684,14 +684,17 @@ fn pipeline(
     // the stack, the last after it, and the loss): the cotangents it holds.
     let per = pp.blocks.len() / stages;
     let most = |r: std::ops::Range<usize>| -> f64 {
-        cts[r.start.min(cts.len())..r.end.min(cts.len())]
-            .iter()
-            .fold(0.0, |a, b| a.max(*b))
+        cts.get(r.start..r.end.min(cts.len()))
+            .map_or(0.0, |v| v.iter().fold(0.0, |a, b| a.max(*b)))
     };
     let cotangents: Vec<f64> = (0..stages)
         .map(|k| {
-            let own = match (pp.blocks.get(k * per), pp.blocks.get((k + 1) * per - 1)) {
-                (Some(a), Some(b)) if per > 0 => most(a.0 as usize..b.1 as usize),
+            let last_block = ((k + 1) * per).checked_sub(1);
+            let own = match (
+                pp.blocks.get(k * per),
+                last_block.and_then(|b| pp.blocks.get(b)),
+            ) {
+                (Some(a), Some(b)) => most(a.0 as usize..b.1 as usize),
                 _ => 0.0,
             };
             let first = if k == 0 { most(0..start) } else { 0.0 };
@@ -905,8 +908,13 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
     }
     // The process that runs them on this machine: its own code too.
     if let (None, Some(code)) = (&p.device, p.shardc_code) {
+        let held = if devices == 1 {
+            "its device".to_string()
+        } else {
+            format!("all {devices} devices")
+        };
         s.push_str(&format!(
-            "  {:<16} {:>12}   the process: all {devices} devices and shardc's own code and read-only data ({} mapped from its binary and libraries, at most)\n",
+            "  {:<16} {:>12}   the process: {held} and shardc's own code and read-only data ({} mapped from its binary and libraries, at most)\n",
             "with shardc",
             human_bytes(here + code),
             human_bytes(code)
