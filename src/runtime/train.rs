@@ -550,6 +550,7 @@ pub fn run_on(
                         state.claim(pi, &params[pi]);
                     }
                 }
+                state.fault_in(&skip);
                 let mut memory = None;
                 let mut first = None;
                 // A pipeline's activations: the most its microbatches' tapes held at once.

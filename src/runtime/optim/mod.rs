@@ -171,6 +171,28 @@ impl OptState {
         }
     }
 
+    /// Faults in, writable, the slots this device steps (not those another
+    /// device steps for it: `skip`), before the first step reads and writes
+    /// them. Fresh slots are zero pages untouched; their first step would
+    /// read each page, then write it (a copy-on-write fault with a TLB flush
+    /// on every core: on the full GPT-J, a quarter of step 1's 17 s).
+    pub fn fault_in(&self, skip: &[bool]) {
+        let slots = self.m.iter().zip(&self.v).enumerate();
+        for (_, (m, v)) in slots.filter(|(i, _)| skip.get(*i) != Some(&true)) {
+            for t in [m, v].into_iter().flatten() {
+                let (s, _) = t.storage_and_layout();
+                if let candle_core::Storage::Cpu(c) = &*s {
+                    let (ptr, len) = match c {
+                        candle_core::CpuStorage::F32(v) => (v.as_ptr() as *const u8, v.len() * 4),
+                        candle_core::CpuStorage::F64(v) => (v.as_ptr() as *const u8, v.len() * 8),
+                        _ => continue,
+                    };
+                    crate::heap::populate_write(ptr, len);
+                }
+            }
+        }
+    }
+
     pub fn bytes(&self) -> f64 {
         self.m.iter().chain(&self.v).flatten().map(bytes).sum()
     }
