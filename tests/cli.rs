@@ -542,3 +542,40 @@ fn plan_against_a_device() {
         "{err}"
     );
 }
+
+/// `--mem` sets each measured figure beside the plan's: backward's
+/// cotangents to the byte, and, on Linux, the process's peak resident set
+/// beside the plan's `with shardc` row (the devices and shardc's own code).
+#[test]
+fn mem_measures_cotangents_and_the_resident_process() {
+    let dir = temp("mem");
+    let out = shardc()
+        .args(["run", "--mem", "--steps", "1", "--out"])
+        .arg(dir.join("run"))
+        .arg("tests/models/gptj_small.shard")
+        .output()
+        .expect("spawn");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let row = |name: &str| -> Vec<String> {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(name))
+            .map(|l| l.split_whitespace().map(String::from).collect())
+            .unwrap_or_default()
+    };
+    let ct = row("cotangents");
+    assert_eq!(ct.len(), 5, "{text}");
+    assert_eq!(ct[1..3], ct[3..5], "{text}");
+    if cfg!(target_os = "linux") {
+        let r = row("resident");
+        assert_eq!(r.len(), 5, "{text}");
+        assert!(r[2].ends_with("iB") && r[4].ends_with("iB"), "{text}");
+        let plan = std::process::Command::new(env!("CARGO_BIN_EXE_shardc"))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["plan", "tests/models/gptj_small.shard"])
+            .output()
+            .expect("spawn");
+        let plan = String::from_utf8_lossy(&plan.stdout);
+        assert!(plan.contains("  with shardc "), "{plan}");
+    }
+}

@@ -644,6 +644,16 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
                     let got = n as f64 * (m.total() - m.state()) + state;
                     t += &row("total", got, planned.process_memory(n, !watch));
                 }
+                // The whole process, as the system counts it: the plan's
+                // `with shardc` row against the peak resident set so far.
+                let peak = crate::plan::host::peak_resident();
+                if let (Some(rss), Some(code), 1) =
+                    (peak, crate::plan::host::shardc_code(), processes)
+                {
+                    t += "the process at its peak (resident set; planned: its devices and shardc's own code and read-only data)\n";
+                    let n = devices as usize;
+                    t += &row("resident", rss, planned.process_memory(n, !watch) + code);
+                }
                 out!("{t}");
             }
             let first = out.losses.first().copied().unwrap_or(f64::NAN);
