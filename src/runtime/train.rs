@@ -550,7 +550,10 @@ pub fn run_on(
                         state.claim(pi, &params[pi]);
                     }
                 }
-                state.fault_in(&skip);
+                // Tables step only the rows a batch touched: their slots stay
+                // untouched until then.
+                let leave: Vec<bool> = skip.iter().enumerate().map(|(i, s)| *s || placements.contains_key(&i)).collect();
+                state.fault_in(&leave);
                 let mut memory = None;
                 let mut first = None;
                 // A pipeline's activations: the most its microbatches' tapes held at once.

@@ -171,14 +171,15 @@ impl OptState {
         }
     }
 
-    /// Faults in, writable, the slots this device steps (not those another
-    /// device steps for it: `skip`), before the first step reads and writes
+    /// Faults in, writable, the slots this device steps whole (not those
+    /// `leave` marks: another device steps them for it, or a table steps
+    /// only the rows it looked up), before the first step reads and writes
     /// them. Fresh slots are zero pages untouched; their first step would
     /// read each page, then write it (a copy-on-write fault with a TLB flush
     /// on every core: on the full GPT-J, a quarter of step 1's 17 s).
-    pub fn fault_in(&self, skip: &[bool]) {
+    pub fn fault_in(&self, leave: &[bool]) {
         let slots = self.m.iter().zip(&self.v).enumerate();
-        for (_, (m, v)) in slots.filter(|(i, _)| skip.get(*i) != Some(&true)) {
+        for (_, (m, v)) in slots.filter(|(i, _)| leave.get(*i) != Some(&true)) {
             for t in [m, v].into_iter().flatten() {
                 let (s, _) = t.storage_and_layout();
                 if let candle_core::Storage::Cpu(c) = &*s {
