@@ -271,6 +271,13 @@ impl Program {
             })
     }
 
+    /// Whether node `i`'s cotangent counts as backward's own memory (the
+    /// plan's `cotangents`, which `--mem` measures): a parameter's is its
+    /// gradient, and a gathered parameter's is counted as `gathered grads`.
+    pub fn cotangent_counted(&self, i: usize) -> bool {
+        !matches!(self.nodes.get(i).map(|n| &n.op), Some(Op::Param(_))) && !self.gathers_copy(i)
+    }
+
     /// Per node: whether its value is dropped after the forward pass and
     /// recomputed for the backward one — computed inside a checkpointed range,
     /// and neither the output nor read after its range (a repetition's result

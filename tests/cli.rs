@@ -570,8 +570,7 @@ fn mem_measures_cotangents_and_the_resident_process() {
         let r = row("resident");
         assert_eq!(r.len(), 5, "{text}");
         assert!(r[2].ends_with("iB") && r[4].ends_with("iB"), "{text}");
-        let plan = std::process::Command::new(env!("CARGO_BIN_EXE_shardc"))
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
+        let plan = shardc()
             .args(["plan", "tests/models/gptj_small.shard"])
             .output()
             .expect("spawn");

@@ -36,9 +36,7 @@ pub fn alive(prog: &Program, cx: &CostCx, inputs: bool) -> Vec<f64> {
         let t = &prog.nodes[i].ty;
         cx.local_numel(t).unwrap_or(0.0) * t.dtype.bytes() as f64
     };
-    let counted = |i: usize| {
-        !matches!(prog.nodes.get(i).map(|n| &n.op), Some(Op::Param(_))) && !prog.gathers_copy(i)
-    };
+    let counted = |i: usize| prog.cotangent_counted(i);
     // Backward runs over the nodes after the last input (a loss function's
     // inputs come first; a model's are never on the gradient path).
     let start = if inputs {

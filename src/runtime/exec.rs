@@ -504,10 +504,7 @@ impl Exec<'_> {
         // bytes of the other cotangents but parameters' alive, and the most
         // (the plan's `cotangents`, see `plan::backward`).
         let mut unreduced = 0.0;
-        let counted = |i: usize| {
-            !matches!(self.prog.nodes.get(i).map(|n| &n.op), Some(Op::Param(_)))
-                && !self.prog.gathers_copy(i)
-        };
+        let counted = |i: usize| self.prog.cotangent_counted(i);
         let mut alive = 0.0;
         for (i, g) in seeds {
             if self.prog.gathers_copy(*i) {
