@@ -12,7 +12,7 @@
 //! 4. spec: [`spec`]
 //! 5. ir: [`prim`], [`spmd`]
 //! 6. check: [`check`]
-//! 7. lower: [`lower`]
+//! 7. lower: [`lower`], [`step`]
 //! 8. plan: [`plan`]
 //! 9. data: [`data`]
 //! 10. runtime: [`runtime`]
@@ -57,6 +57,7 @@ pub mod schedule;
 pub mod source;
 pub mod spec;
 pub mod spmd;
+pub mod step;
 pub mod types;
 pub mod units;
 pub mod watch;

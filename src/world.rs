@@ -262,10 +262,18 @@ fn compile_here(files: &dyn Files, path: &Path, text: String, opts: &Options) ->
     };
     let (diags, checked) = Checker::new(&program, &spec, flags).run();
     diagnostics.extend(diags);
+    // Each trained model's program, with its step's loss after the model.
     let lowered: Vec<crate::spmd::Program> = checked
         .models
         .iter()
-        .map(|m| crate::lower::lower(m, &checked.bodies))
+        .map(|m| {
+            let mut p = crate::lower::lower(m, &checked.bodies);
+            if let Some(t) = spec.train(Some(&p.model)) {
+                let span = t.loss_span.unwrap_or(t.span);
+                crate::step::attach(&mut p, t.loss, &t.metrics, span);
+            }
+            p
+        })
         .collect();
     let clean = !diagnostics.iter().any(|d| d.is_error());
     let plans = lowered

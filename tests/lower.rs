@@ -100,7 +100,7 @@ fn backward_visits_only_what_reaches_a_parameter() {
     for (i, n) in p.nodes.iter().enumerate() {
         let expect = match &n.op {
             Op::Param(_) => true,
-            Op::Input(_) => false,
+            Op::Input(_) | Op::Targets => false,
             Op::Prim(_) => n.args.iter().any(|a| live[*a as usize]),
         };
         assert_eq!(live[i], expect, "node {i}");
@@ -119,6 +119,6 @@ fn backward_visits_only_what_reaches_a_parameter() {
     assert!(live[first]);
     let x = p.nodes[first].args[0] as usize;
     assert!(!live[x], "the data needs no cotangent");
-    // A loss function's cotangents are of its input (the model's output):
-    // tests/loss_fn.rs trains through `Exec::backward_to_inputs`.
+    // A loss function is inlined after the model (`step::attach`), and
+    // backward starts at its result: tests/loss_fn.rs trains through it.
 }

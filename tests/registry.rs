@@ -253,6 +253,14 @@ const COVERED_ELSEWHERE: &[(&str, &str)] = &[
         "reshard",
         "inserted by the checker, never written: tests/runtime.rs finite_differences_collectives_and_reshards",
     ),
+    (
+        "loss",
+        "appended by lowering for a `train`'s built-in loss, never written: tests/losses.rs (each loss against one device and finite differences)",
+    ),
+    (
+        "metrics",
+        "appended by lowering for a `train`'s metrics, never written: tests/losses.rs (accuracy and AUC on the virtual mesh)",
+    ),
 ];
 
 /// The example's program on a 2-device mesh, in the first operand layouts

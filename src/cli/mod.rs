@@ -618,6 +618,10 @@ fn lower(grants: &[PathBuf], file: &std::path::Path, mesh: Vec<(String, i64)>) -
     let mut ok = true;
     for p in &c.programs {
         out!("{}", p.render(&c.sources));
+        if let Some(t) = c.spec.train(Some(&p.model)) {
+            let step = crate::step::Step::of_train(p, t, &c.spec);
+            out!("{}", step.render(p, &c.sources));
+        }
         let errs = p.verify();
         if errs.is_empty() {
             outln!(

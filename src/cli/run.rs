@@ -153,35 +153,58 @@ impl Procs {
     }
 }
 
+/// What the command line changes in the file's configuration (and in every
+/// reloaded one): the run directory, steps, seed and `--f64`.
+struct Overrides {
+    dir: PathBuf,
+    steps: Option<usize>,
+    seed: Option<u64>,
+    f64: bool,
+}
+
+impl Overrides {
+    fn apply(&self, cfg: &mut crate::runtime::train::Config) {
+        cfg.place(&self.dir);
+        if let Some(s) = self.steps {
+            cfg.steps = s;
+        }
+        if let Some(s) = self.seed {
+            cfg.seed = s;
+        }
+        if self.f64 {
+            cfg.dtype = candle_core::DType::F64;
+        }
+    }
+}
+
+/// One `shardc run` after the file compiled: what every stage of the command
+/// reads.
+struct Ctx<'a> {
+    args: &'a RunArgs,
+    grants: &'a [PathBuf],
+    c: &'a Compilation,
+    prog: &'a crate::spmd::Program,
+    train: &'a crate::spec::Train,
+    procs: &'a Procs,
+    /// This process's index and the number of processes; the first speaks
+    /// and writes files.
+    process: usize,
+    processes: usize,
+    lead: bool,
+    /// What this process prints.
+    quiet: bool,
+    json: bool,
+    mem: bool,
+    devices: i64,
+    over: Overrides,
+}
+
 pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
-    let RunArgs {
-        file,
-        mesh,
-        steps,
-        seed,
-        model,
-        dump_losses: dump,
-        f64,
-        mem,
-        out: out_dir,
-        quiet,
-        json,
-        resume,
-        resume_fallback,
-        overwrite,
-        dump_init,
-        init,
-        data,
-        backend,
-        watch,
-    } = args;
-    if watch && backend == Backend::Mpi {
+    if args.watch && args.backend == Backend::Mpi {
         eprintln!("error: --watch reloads edits into a run on the virtual mesh; it does not combine with --backend mpi");
         return ExitCode::from(2);
     }
-    let data_opt = data.clone();
-    let mesh_opt = mesh.as_ref().map(|m| m.0.clone()).unwrap_or_default();
-    let procs = match Procs::start(backend) {
+    let procs = match Procs::start(args.backend) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("error: {e}");
@@ -191,21 +214,18 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
     let (process, processes) = procs.process();
     // Every process compiles and trains; the first one speaks and writes files.
     let lead = process == 0;
-    let (quiet, json, mem) = (quiet || !lead, json && lead, mem && lead);
-    let file = file.as_path();
-    use crate::runtime::train;
     let opts = Options {
-        mesh: mesh.map(|m| m.0).unwrap_or_default(),
-        data,
+        mesh: args.mesh.as_ref().map(|m| m.0.clone()).unwrap_or_default(),
+        data: args.data.clone(),
         grants: grants.clone(),
-        f64,
+        f64: args.f64,
         ..Options::default()
     };
-    let c = match compile_clean(file, &opts, lead) {
+    let c = match compile_clean(&args.file, &opts, lead) {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let (prog, train, mut cfg, src) = match c.prepare(model.as_deref()) {
+    let (prog, train, mut cfg, src) = match c.prepare(args.model.as_deref()) {
         Ok(x) => x,
         Err(e) => {
             if lead {
@@ -214,154 +234,226 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let devices: i64 = prog
-        .mesh
-        .iter()
-        .fold(1i64, |acc, m| acc.saturating_mul(m.1));
-    if backend == Backend::Virtual && devices > MAX_VIRTUAL_DEVICES {
-        if lead {
-            eprintln!(
-                "error: the mesh of `{}` has {devices} devices; the virtual mesh runs at most {MAX_VIRTUAL_DEVICES} (each is a thread of this process). `shardc plan` plans it; `--mesh` runs a smaller one, and `--backend mpi` spreads devices over processes",
-                prog.model
-            );
-        }
-        return ExitCode::from(2);
-    }
-    if backend == Backend::Virtual {
-        // (Under MPI this was done before MPI started its threads.)
-        crate::runtime::mesh::share_cores(devices as usize);
-    }
-    if processes > 1 && devices as usize != processes {
-        if lead {
-            eprintln!(
-                "error: the mesh of `{}` has {devices} devices, but MPI started {processes} processes; start one process per device (`mpirun -np {devices} ...`)",
-                prog.model
-            );
-        }
-        return ExitCode::from(2);
-    }
-    // Everything the run writes goes under its directory.
-    let dir = out_dir.unwrap_or_else(|| PathBuf::from("runs").join(&prog.model));
-    // The command line's overrides, for the file's config and every reloaded one.
-    let adjust = |cfg: &mut train::Config| {
-        cfg.place(&dir);
-        if let Some(s) = steps {
-            cfg.steps = s;
-        }
-        if let Some(s) = seed {
-            cfg.seed = s;
-        }
-        if f64 {
-            cfg.dtype = candle_core::DType::F64;
-        }
+    let cx = Ctx {
+        args: &args,
+        grants: &grants,
+        c: &c,
+        prog,
+        train,
+        procs: &procs,
+        process,
+        processes,
+        lead,
+        quiet: args.quiet || !lead,
+        json: args.json && lead,
+        mem: args.mem && lead,
+        devices: prog
+            .mesh
+            .iter()
+            .fold(1i64, |acc, m| acc.saturating_mul(m.1)),
+        // Everything the run writes goes under its directory.
+        over: Overrides {
+            dir: args
+                .out
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("runs").join(&prog.model)),
+            steps: args.steps,
+            seed: args.seed,
+            f64: args.f64,
+        },
     };
-    adjust(&mut cfg);
-    let mesh_txt: Vec<String> = prog.mesh.iter().map(|(a, n)| format!("{a}={n}")).collect();
-    // Virtual devices share this machine's memory: refuse a run that cannot fit.
-    let plan = c.plans.iter().find(|p| p.model == prog.model);
-    if let (Some(p), Some(avail)) = (plan, available_memory()) {
+    let ready = cx
+        .check_devices()
+        .and_then(|_| {
+            cx.over.apply(&mut cfg);
+            cx.check_memory()
+        })
+        .and_then(|_| cx.initial_state(&mut cfg))
+        .and_then(|_| {
+            cx.banner(&cfg);
+            cx.prepare_dirs(&cfg)
+        });
+    if let Err(code) = ready {
+        return code;
+    }
+    let start = std::time::Instant::now();
+    let reloads = crate::runtime::reload::Reloads::default();
+    let compiled: std::sync::Mutex<Vec<crate::source::SourceMap>> = Default::default();
+    let (res, records) = cx.train(&cfg, &src, &reloads, &compiled);
+    cx.finish(res, &records, &cfg, start, (&reloads, &compiled))
+}
+
+impl Ctx<'_> {
+    /// The mesh fits the backend: the virtual mesh's thread count, one MPI
+    /// process per device.
+    fn check_devices(&self) -> Result<(), ExitCode> {
+        let (prog, devices) = (self.prog, self.devices);
+        if self.args.backend == Backend::Virtual && devices > MAX_VIRTUAL_DEVICES {
+            if self.lead {
+                eprintln!(
+                    "error: the mesh of `{}` has {devices} devices; the virtual mesh runs at most {MAX_VIRTUAL_DEVICES} (each is a thread of this process). `shardc plan` plans it; `--mesh` runs a smaller one, and `--backend mpi` spreads devices over processes",
+                    prog.model
+                );
+            }
+            return Err(ExitCode::from(2));
+        }
+        if self.args.backend == Backend::Virtual {
+            // (Under MPI this was done before MPI started its threads.)
+            crate::runtime::mesh::share_cores(devices as usize);
+        }
+        if self.processes > 1 && devices as usize != self.processes {
+            if self.lead {
+                eprintln!(
+                    "error: the mesh of `{}` has {devices} devices, but MPI started {} processes; start one process per device (`mpirun -np {devices} ...`)",
+                    prog.model, self.processes
+                );
+            }
+            return Err(ExitCode::from(2));
+        }
+        Ok(())
+    }
+
+    /// The plan of this run, if there is one.
+    fn plan(&self) -> Option<&crate::plan::Plan> {
+        self.c.plans.iter().find(|p| p.model == self.prog.model)
+    }
+
+    /// Virtual devices share this machine's memory: refuse a run that cannot
+    /// fit, warn about one that may not.
+    fn check_memory(&self) -> Result<(), ExitCode> {
+        let (Some(p), Some(avail)) = (self.plan(), available_memory()) else {
+            return Ok(());
+        };
+        let f64 = self.args.f64;
         // The devices on this machine: all of them, or one per local process.
-        let here = if processes > 1 {
-            procs.on_this_machine()
+        let here = if self.processes > 1 {
+            self.procs.on_this_machine()
         } else {
-            devices as usize
+            self.devices as usize
         };
         // `--f64` holds every float in f64, mixed precision or not: twice
         // the plan of the same run in f32.
         let scale = if f64 { 2.0 } else { 1.0 };
-        let in_f32 = (f64 && train.precision != crate::spec::Precision::F32).then(|| {
-            let mut t = train.clone();
+        let in_f32 = (f64 && self.train.precision != crate::spec::Precision::F32).then(|| {
+            let mut t = self.train.clone();
             t.precision = crate::spec::Precision::F32;
-            crate::plan::of(prog, &t, &c.spec, &c.sources)
+            crate::plan::of(self.prog, &t, &self.c.spec, &self.c.sources)
         });
         let sized = in_f32.as_ref().unwrap_or(p);
         // Replicas on one machine share their parameters and optimizer
         // state, unless a reload may give each its own.
-        let need = sized.process_memory(here, processes == 1 && !watch) * scale;
+        let need = sized.process_memory(here, self.processes == 1 && !self.args.watch) * scale;
         let each = sized.total_memory() * scale;
         let saved = each * here as f64 - need;
+        let hb = crate::plan::human_bytes;
         let split = if saved > 0.0 {
             format!(
                 "{here} devices × {} each, less {} of replicated parameters and optimizer state they share",
-                crate::plan::human_bytes(each),
-                crate::plan::human_bytes(saved)
+                hb(each),
+                hb(saved)
             )
         } else {
-            format!("{here} device(s) × {} each", crate::plan::human_bytes(each))
+            format!("{here} device(s) × {} each", hb(each))
         };
         if need > avail {
-            if !lead {
+            if !self.lead {
                 // Machines differ: this one may be the only one short of memory.
                 eprintln!(
-                    "error: MPI process {process} needs about {} on its machine ({split}), but only {} is available; nothing was allocated",
-                    crate::plan::human_bytes(need),
-                    crate::plan::human_bytes(avail)
+                    "error: MPI process {} needs about {} on its machine ({split}), but only {} is available; nothing was allocated",
+                    self.process,
+                    hb(need),
+                    hb(avail)
                 );
-                return ExitCode::from(1);
+                return Err(ExitCode::from(1));
             }
-            out!("{}", crate::plan::render(p, &c.sources));
+            out!("{}", crate::plan::render(p, &self.c.sources));
             eprintln!(
                 "error: this run needs about {} on this machine ({split}), but only {} is available; nothing was allocated",
-                crate::plan::human_bytes(need),
-                crate::plan::human_bytes(avail)
+                hb(need),
+                hb(avail)
             );
-            return ExitCode::from(1);
+            return Err(ExitCode::from(1));
         }
         // The plan counts what stays live; a step also holds short-lived
         // temporaries (backward products, the gradient all-reduce). Measured on
         // the full GPT-J, the process peaked about TRANSIENT above the plan.
-        if need * TRANSIENT > avail && !quiet {
+        if need * TRANSIENT > avail && !self.quiet {
             eprintln!(
                 "warning: this run needs about {} ({split}), and a step's temporaries can add about {:.0}%; only {} is available, so it may run out of memory",
-                crate::plan::human_bytes(need),
+                hb(need),
                 (TRANSIENT - 1.0) * 100.0,
-                crate::plan::human_bytes(avail)
+                hb(avail)
             );
         }
+        Ok(())
     }
-    if let Some(path) = dump_init.as_ref().filter(|_| lead) {
-        match crate::runtime::checkpoint::dump_init(prog, cfg.seed, path) {
-            Ok(n) => {
-                if !quiet {
-                    eprintln!("wrote {n} initial parameters to `{}`", path.display())
+
+    /// `--dump-init`, `--init` and `--resume`: where the parameters (and
+    /// the optimizer state) start.
+    fn initial_state(&self, cfg: &mut crate::runtime::train::Config) -> Result<(), ExitCode> {
+        let (prog, args) = (self.prog, self.args);
+        if let Some(path) = args.dump_init.as_ref().filter(|_| self.lead) {
+            match crate::runtime::checkpoint::dump_init(prog, cfg.seed, path) {
+                Ok(n) => {
+                    if !self.quiet {
+                        eprintln!("wrote {n} initial parameters to `{}`", path.display())
+                    }
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return Err(ExitCode::from(2));
                 }
             }
-            Err(e) => {
-                eprintln!("error: {e}");
-                return ExitCode::from(2);
-            }
         }
-    }
-    if let Some(path) = &init {
-        match crate::runtime::checkpoint::load_init(prog, path) {
-            Ok(m) => cfg.init = m,
-            Err(e) => {
-                eprintln!("error: --init: {e}");
-                return ExitCode::from(2);
-            }
-        }
-    }
-    if resume {
-        let fallback = if resume_fallback {
-            crate::runtime::checkpoint::Fallback::NewestValid
-        } else {
-            crate::runtime::checkpoint::Fallback::Refuse
-        };
-        match crate::runtime::checkpoint::resume_with(prog, &mut cfg, fallback) {
-            Ok(msg) => {
-                if lead {
-                    eprintln!("{msg}")
+        if let Some(path) = &args.init {
+            match crate::runtime::checkpoint::load_init(prog, path) {
+                Ok(m) => cfg.init = m,
+                Err(e) => {
+                    eprintln!("error: --init: {e}");
+                    return Err(ExitCode::from(2));
                 }
             }
-            Err(e) => {
-                eprintln!("error: cannot resume: {e}");
-                return ExitCode::from(2);
+        }
+        if args.resume {
+            let fallback = if args.resume_fallback {
+                crate::runtime::checkpoint::Fallback::NewestValid
+            } else {
+                crate::runtime::checkpoint::Fallback::Refuse
+            };
+            match crate::runtime::checkpoint::resume_with(prog, cfg, fallback) {
+                Ok(msg) => {
+                    if self.lead {
+                        eprintln!("{msg}")
+                    }
+                }
+                Err(e) => {
+                    eprintln!("error: cannot resume: {e}");
+                    return Err(ExitCode::from(2));
+                }
             }
         }
+        Ok(())
     }
-    if !quiet {
-        let over = if processes > 1 {
-            format!(", {processes} MPI processes")
+
+    /// `mesh=2, ...` of the program's mesh.
+    fn mesh_text(&self) -> String {
+        let m: Vec<String> = self
+            .prog
+            .mesh
+            .iter()
+            .map(|(a, n)| format!("{a}={n}"))
+            .collect();
+        m.join(", ")
+    }
+
+    /// What is about to train, and where its devices really are.
+    fn banner(&self, cfg: &crate::runtime::train::Config) {
+        if self.quiet {
+            return;
+        }
+        let (prog, train) = (self.prog, self.train);
+        let over = if self.processes > 1 {
+            format!(", {} MPI processes", self.processes)
         } else {
             String::new()
         };
@@ -369,181 +461,448 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
             "training {} on {} ({}{over}) for {} steps, batch {}, {} {}",
             prog.model,
             train.mesh,
-            mesh_txt.join(", "),
+            self.mesh_text(),
             cfg.steps,
             cfg.batch,
             cfg.optimizer.name(),
-            match (f64, train.precision) {
+            match (self.args.f64, train.precision) {
                 (true, _) => "f64".to_string(),
                 (false, crate::spec::Precision::F32) => "f32".to_string(),
                 (false, p) => format!("{} (f32 master weights)", p.name()),
             }
         );
         // A mesh declared for other hardware runs here as a simulation: say so.
-        match (train.mesh_kind.as_str(), backend) {
+        match (train.mesh_kind.as_str(), self.args.backend) {
             ("cuda", _) => eprintln!(
                 "note: `{}` is declared `kind: cuda`; this shardc has no CUDA backend, so its devices are simulated on the CPU",
                 train.mesh
             ),
             ("mpi", Backend::Virtual) => eprintln!(
-                "note: `{}` is declared `kind: mpi`; this run simulates its devices in one process (`mpirun -np {devices} shardc run ... --backend mpi` spreads them over processes)",
-                train.mesh
+                "note: `{}` is declared `kind: mpi`; this run simulates its devices in one process (`mpirun -np {} shardc run ... --backend mpi` spreads them over processes)",
+                train.mesh, self.devices
             ),
             _ => {}
         }
     }
-    if let Err(e) = std::fs::create_dir_all(&dir) {
-        eprintln!(
-            "error: cannot create the run directory `{}`: {e}",
-            dir.display()
-        );
-        return ExitCode::from(2);
-    }
-    // The checkpoint directory: inside the run directory (symlinks resolved),
-    // and a fresh run's own. The first process decides; the others follow.
-    if lead {
+
+    /// The run directory, and inside it the checkpoint directory (a fresh
+    /// run's own; symlinks resolved) and FDO's. The first process decides;
+    /// the others follow.
+    fn prepare_dirs(&self, cfg: &crate::runtime::train::Config) -> Result<(), ExitCode> {
+        let dir = &self.over.dir;
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            eprintln!(
+                "error: cannot create the run directory `{}`: {e}",
+                dir.display()
+            );
+            return Err(ExitCode::from(2));
+        }
+        if !self.lead {
+            return Ok(());
+        }
         if let Some(ck) = &cfg.checkpoint {
-            if let Err(e) =
-                crate::runtime::checkpoint::claim(&ck.dir, &dir, &grants, !resume, overwrite)
-            {
+            let fresh = !self.args.resume;
+            if let Err(e) = crate::runtime::checkpoint::claim(
+                &ck.dir,
+                dir,
+                self.grants,
+                fresh,
+                self.args.overwrite,
+            ) {
                 eprintln!("error: {e}");
-                procs.fail();
-                return ExitCode::from(2);
+                self.procs.fail();
+                return Err(ExitCode::from(2));
             }
         }
         if let Some(f) = &cfg.sparse.fdo {
             let made = std::fs::create_dir_all(&f.dir);
-            if made.is_err() || !crate::access::stays_inside(&f.dir, &dir, &grants) {
+            if made.is_err() || !crate::access::stays_inside(&f.dir, dir, self.grants) {
                 eprintln!(
                     "error: the FDO directory `{}` cannot be created inside the run directory `{}`",
                     f.dir.display(),
                     dir.display()
                 );
-                procs.fail();
+                self.procs.fail();
+                return Err(ExitCode::from(2));
+            }
+        }
+        Ok(())
+    }
+
+    /// Train, with live reload when asked for; returns the result and every
+    /// step's record (a resumed run's earlier ones first).
+    fn train(
+        &self,
+        cfg: &crate::runtime::train::Config,
+        src: &crate::runtime::data::Source,
+        reloads: &crate::runtime::reload::Reloads,
+        compiled: &std::sync::Mutex<Vec<crate::source::SourceMap>>,
+    ) -> (
+        Result<crate::runtime::train::RunOutput, crate::runtime::train::RunError>,
+        Vec<crate::runtime::report::Record>,
+    ) {
+        let bar = self.progress_bar(cfg);
+        let mut progress = Progress::new(self, cfg, &bar);
+        let say = |m: &str| progress_say(&bar, m);
+        let adjust = |cfg: &mut crate::runtime::train::Config| self.over.apply(cfg);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let watch_opts = Options {
+            mesh: self
+                .args
+                .mesh
+                .as_ref()
+                .map(|m| m.0.clone())
+                .unwrap_or_default(),
+            data: self.args.data.clone(),
+            grants: self.grants.to_vec(),
+            f64: self.args.f64,
+            ..Options::default()
+        };
+        let style = if std::io::stderr().is_terminal() {
+            Style::Color
+        } else {
+            Style::Plain
+        };
+        let res = std::thread::scope(|scope| {
+            if self.args.watch {
+                let live = crate::watch::Live {
+                    file: &self.args.file,
+                    opts: &watch_opts,
+                    model: self.args.model.as_deref(),
+                    adjust: &adjust,
+                    reloads,
+                    compiled,
+                    say: &say,
+                    stop: &stop,
+                    style,
+                };
+                let read = &self.c.read;
+                let prog = self.prog;
+                scope.spawn(move || crate::watch::feed_reloads(live, read, prog, cfg));
+                if !self.quiet {
+                    say(&format!("watching {} file(s): a saved edit that keeps the parameters applies from the next step", read.len()));
+                }
+            }
+            let res = crate::runtime::train::run_on(
+                self.procs.cluster(),
+                self.prog,
+                cfg,
+                src,
+                false,
+                self.args.watch.then_some(reloads),
+                &mut |r| progress.step(r),
+            );
+            stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            res
+        });
+        let records = progress.records;
+        if let Some(b) = &bar {
+            b.finish_and_clear();
+        }
+        (res, records)
+    }
+
+    /// A progress bar on a terminal (none with `--quiet` or `--json`).
+    fn progress_bar(&self, cfg: &crate::runtime::train::Config) -> Option<indicatif::ProgressBar> {
+        (!self.quiet && !self.json && std::io::stderr().is_terminal()).then(|| {
+            let b = indicatif::ProgressBar::new(cfg.steps as u64);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{bar:30} {pos}/{len} steps  {msg}  [{elapsed} < {eta}]",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            b
+        })
+    }
+
+    /// The run's outcome: its files, and what it says.
+    fn finish(
+        &self,
+        res: Result<crate::runtime::train::RunOutput, crate::runtime::train::RunError>,
+        records: &[crate::runtime::report::Record],
+        cfg: &crate::runtime::train::Config,
+        start: std::time::Instant,
+        live: (
+            &crate::runtime::reload::Reloads,
+            &std::sync::Mutex<Vec<crate::source::SourceMap>>,
+        ),
+    ) -> ExitCode {
+        if !self.lead {
+            // The first process reports; the others only say why they stopped.
+            return match res {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) if e.step.is_some() => ExitCode::from(1),
+                Err(e) => {
+                    eprintln!(
+                        "error: the run stopped on MPI process {}: {e}",
+                        self.process
+                    );
+                    self.procs.fail();
+                    ExitCode::from(1)
+                }
+            };
+        }
+        let dir = &self.over.dir;
+        let wrote = crate::runtime::report::write_metrics(dir, records)
+            .map_err(|e| e.to_string())
+            .and_then(|_| {
+                crate::runtime::report::write_loss_curve(
+                    dir,
+                    &format!("{} on {}", self.prog.model, self.mesh_text()),
+                    records,
+                )
+            });
+        if let Err(e) = &wrote {
+            eprintln!(
+                "warning: could not write the run's metrics to `{}`: {e}",
+                dir.display()
+            );
+        }
+        let out = match res {
+            Ok(out) => out,
+            Err(e) => return self.stopped(e, live),
+        };
+        if let Some(path) = &self.args.dump_losses {
+            let json = serde_json::json!({ "losses": out.losses });
+            if let Err(e) = std::fs::write(path, json.to_string()) {
+                eprintln!("error: cannot write `{}`: {e}", path.display());
                 return ExitCode::from(2);
             }
         }
-    }
-    // A resumed run continues its metrics: the records up to its checkpoint.
-    let earlier = crate::runtime::report::earlier(&dir, cfg.start_step);
-    let bar = (!quiet && !json && std::io::stderr().is_terminal()).then(|| {
-        let b = indicatif::ProgressBar::new(cfg.steps as u64);
-        b.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{bar:30} {pos}/{len} steps  {msg}  [{elapsed} < {eta}]",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        if let (true, Some(m)) = (self.mem, &out.memory) {
+            out!("{}", self.memory_table(m, out.state_here));
+        }
+        let first = out.losses.first().copied().unwrap_or(f64::NAN);
+        let lastl = out.losses.last().copied().unwrap_or(f64::NAN);
+        let secs = start.elapsed().as_secs_f64();
+        let written = if wrote.is_ok() {
+            format!("; wrote {}/{{metrics.jsonl, loss.svg}}", dir.display())
+        } else {
+            String::new()
+        };
+        eprintln!(
+            "done: {} steps in {secs:.1} s ({:.0} examples/s), loss {first:.4} → {lastl:.4}{written}",
+            out.losses.len(),
+            out.losses.len() as f64 * cfg.batch as f64 / secs.max(1e-9)
         );
-        b
-    });
-    // `log_every: N` thins the plain per-step lines (metrics.jsonl keeps every step).
-    let log_every = train.log_every.max(1);
-    let start = std::time::Instant::now();
-    let mut last = start;
-    let mut records: Vec<crate::runtime::report::Record> = earlier;
-    let reloads = crate::runtime::reload::Reloads::default();
-    let compiled: std::sync::Mutex<Vec<crate::source::SourceMap>> = Default::default();
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    let say = |m: &str| match &bar {
+        ExitCode::SUCCESS
+    }
+
+    /// `--mem`: device 0's memory, measured against the plan, and the
+    /// process's.
+    fn memory_table(&self, m: &crate::runtime::train::Memory, state_here: Option<f64>) -> String {
+        let planned = self.plan().cloned().unwrap_or_default();
+        let row = |name: &str, got: f64, want: f64| {
+            format!(
+                "  {name:<16} {:>12} {:>12}\n",
+                crate::plan::human_bytes(got),
+                crate::plan::human_bytes(want)
+            )
+        };
+        let mut t = format!(
+            "memory on device 0 (measured vs planned)\n  {:<16} {:>12} {:>12}\n",
+            "", "measured", "planned"
+        );
+        t += &row("params", m.params, planned.params);
+        if m.master_params > 0.0 || planned.master_params > 0.0 {
+            t += &row("master params", m.master_params, planned.master_params);
+        }
+        t += &row("grads", m.grads, planned.grads);
+        if m.grad_sum > 0.0 || planned.grad_sum > 0.0 {
+            t += &row("grad sum", m.grad_sum, planned.grad_sum);
+        }
+        t += &row(
+            "optimizer state",
+            m.optimizer_state,
+            planned.optimizer_state,
+        );
+        if m.gathered_params > 0.0 || planned.gathered_params > 0.0 {
+            t += &row(
+                "gathered params",
+                m.gathered_params,
+                planned.gathered_params,
+            );
+        }
+        if m.gathered_grads > 0.0 || planned.gathered_grads > 0.0 {
+            t += &row("gathered grads", m.gathered_grads, planned.gathered_grads);
+        }
+        t += &row("activations", m.activations, planned.activations);
+        t += &row("cotangents", m.cotangents, planned.cotangents);
+        t += &row("total", m.total(), planned.total_memory());
+        let (devices, watch) = (self.devices, self.args.watch);
+        // The virtual mesh's devices share replicated state: the process
+        // holds less than devices × one device.
+        if let (Some(state), true) = (state_here, self.processes == 1 && devices > 1) {
+            let n = devices as usize;
+            t += &format!(
+                "all {n} devices of this process (replicas share parameters and optimizer state)\n"
+            );
+            let got = n as f64 * (m.total() - m.state()) + state;
+            t += &row("total", got, planned.process_memory(n, !watch));
+        }
+        // The whole process, as the system counts it: the plan's `with
+        // shardc` row against the peak resident set so far.
+        let peak = crate::plan::host::peak_resident();
+        if let (Some(rss), Some(code), 1) = (peak, crate::plan::host::shardc_code(), self.processes)
+        {
+            t += "the process at its peak (resident set; planned: its devices and shardc's own code and read-only data)\n";
+            let n = devices as usize;
+            t += &row("resident", rss, planned.process_memory(n, !watch) + code);
+        }
+        t
+    }
+
+    /// Why the run stopped, pointing at the source of the op a runtime
+    /// error names, in the program in force then (the file's, or a
+    /// reload's), or at the table a SparseCore limit belongs to.
+    fn stopped(
+        &self,
+        e: crate::runtime::train::RunError,
+        (reloads, compiled): (
+            &crate::runtime::reload::Reloads,
+            &std::sync::Mutex<Vec<crate::source::SourceMap>>,
+        ),
+    ) -> ExitCode {
+        let c = self.c;
+        let kept = compiled.lock().ok();
+        let at = e.node.and_then(|(i, generation)| {
+            let n = match generation {
+                0 => self.prog.nodes.get(i)?.clone(),
+                g => reloads.get(g)?.prog.nodes.get(i)?.clone(),
+            };
+            let sources = match generation {
+                0 => &c.sources,
+                g => kept.as_ref()?.get(g - 1)?,
+            };
+            Some((sources.describe(n.span), n.ty.to_string()))
+        });
+        let table = e
+            .table
+            .as_ref()
+            .and_then(|n| c.program.tables.iter().find(|t| &t.name.name == n));
+        match (at, table) {
+            (Some((place, ty)), _) => {
+                eprintln!("error: the run stopped: {e}\n  --> {place} (a value of type {ty})")
+            }
+            (None, Some(t)) => eprintln!(
+                "error: the run stopped: {e}\n  --> {} (the table)",
+                c.sources.describe(t.name.span)
+            ),
+            (None, None) => eprintln!("error: the run stopped: {e}"),
+        }
+        if e.step.is_none() {
+            self.procs.fail();
+        }
+        ExitCode::from(1)
+    }
+}
+
+/// Print a message above the progress bar, if there is one.
+fn progress_say(bar: &Option<indicatif::ProgressBar>, m: &str) {
+    match bar {
         Some(b) => b.suspend(|| eprintln!("{m}")),
         None => eprintln!("{m}"),
-    };
-    let watch_opts = Options {
-        mesh: mesh_opt,
-        data: data_opt,
-        grants: grants.clone(),
-        f64,
-        ..Options::default()
-    };
-    let style = if std::io::stderr().is_terminal() {
-        Style::Color
-    } else {
-        Style::Plain
-    };
-    let res = std::thread::scope(|scope| {
-        if watch {
-            let live = crate::watch::Live {
-                file,
-                opts: &watch_opts,
-                model: model.as_deref(),
-                adjust: &adjust,
-                reloads: &reloads,
-                compiled: &compiled,
-                say: &say,
-                stop: &stop,
-                style,
-            };
-            let (read, cfg) = (&c.read, &cfg);
-            scope.spawn(move || crate::watch::feed_reloads(live, read, prog, cfg));
-            if !quiet {
-                say(&format!("watching {} file(s): a saved edit that keeps the parameters applies from the next step", c.read.len()));
+    }
+}
+
+/// What a run shows while it trains, and the records it keeps: a progress
+/// bar on a terminal, a line per step (thinned by `log_every`) otherwise, or
+/// one JSON record per step with `--json`.
+struct Progress<'b> {
+    bar: &'b Option<indicatif::ProgressBar>,
+    quiet: bool,
+    json: bool,
+    log_every: usize,
+    steps: usize,
+    batch: usize,
+    last: std::time::Instant,
+    records: Vec<crate::runtime::report::Record>,
+}
+
+impl<'b> Progress<'b> {
+    fn new(
+        cx: &Ctx,
+        cfg: &crate::runtime::train::Config,
+        bar: &'b Option<indicatif::ProgressBar>,
+    ) -> Progress<'b> {
+        Progress {
+            bar,
+            quiet: cx.quiet,
+            json: cx.json,
+            // `log_every: N` thins the plain per-step lines (metrics.jsonl keeps every step).
+            log_every: cx.train.log_every.max(1),
+            steps: cfg.steps,
+            batch: cfg.batch,
+            last: std::time::Instant::now(),
+            // A resumed run continues its metrics: the records up to its checkpoint.
+            records: crate::runtime::report::earlier(&cx.over.dir, cfg.start_step),
+        }
+    }
+
+    /// One step's report: its record, and what to show of it.
+    fn step(&mut self, r: &crate::runtime::train::StepReport) {
+        let secs = r.done.saturating_duration_since(self.last).as_secs_f64();
+        self.last = r.done;
+        let rec = crate::runtime::report::Record {
+            step: r.step + 1,
+            loss: r.loss,
+            lr: r.lr,
+            grad_norm: r.grad_norm,
+            step_ms: secs * 1e3,
+            examples_per_s: self.batch as f64 / secs.max(1e-9),
+            eval_loss: r.eval_loss,
+            events: r.notes.clone(),
+            metrics: r
+                .metrics
+                .iter()
+                .map(|(m, v)| (m.name().to_string(), serde_json::json!(v)))
+                .chain(r.observed.iter().map(|(n, v)| {
+                    let v = match v.as_slice() {
+                        [x] => serde_json::json!(x),
+                        xs => serde_json::json!(xs),
+                    };
+                    (n.clone(), v)
+                }))
+                .collect(),
+        };
+        self.show(&rec);
+        self.records.push(rec);
+    }
+
+    fn show(&self, rec: &crate::runtime::report::Record) {
+        // Limits and FDO changes are worth a line even when steps are thinned.
+        if !self.quiet && !self.json {
+            for n in &rec.events {
+                match &self.bar {
+                    Some(b) => b.println(format!("step {}: {n}", rec.step)),
+                    None => eprintln!("step {:>5}: {n}", rec.step),
+                }
             }
         }
-        let res = train::run_on(
-            procs.cluster(),
-            prog,
-            &cfg,
-            &src,
-            false,
-            watch.then_some(&reloads),
-            &mut |r| {
-                let now = r.done;
-                let secs = now.saturating_duration_since(last).as_secs_f64();
-                last = now;
-                let rec = crate::runtime::report::Record {
-                    step: r.step + 1,
-                    loss: r.loss,
-                    lr: r.lr,
-                    grad_norm: r.grad_norm,
-                    step_ms: secs * 1e3,
-                    examples_per_s: cfg.batch as f64 / secs.max(1e-9),
-                    eval_loss: r.eval_loss,
-                    events: r.notes.clone(),
-                    metrics: r
-                        .metrics
-                        .iter()
-                        .map(|(m, v)| (m.name().to_string(), serde_json::json!(v)))
-                        .chain(r.observed.iter().map(|(n, v)| {
-                            let v = match v.as_slice() {
-                                [x] => serde_json::json!(x),
-                                xs => serde_json::json!(xs),
-                            };
-                            (n.clone(), v)
-                        }))
-                        .collect(),
-                };
-                // Limits and FDO changes are worth a line even when steps are thinned.
-                if !quiet && !json {
-                    for n in &rec.events {
-                        match &bar {
-                            Some(b) => b.println(format!("step {}: {n}", rec.step)),
-                            None => eprintln!("step {:>5}: {n}", rec.step),
-                        }
-                    }
-                }
-                if json {
-                    outln!("{}", serde_json::to_string(&rec).unwrap_or_default());
-                } else if let Some(b) = &bar {
-                    b.set_position(rec.step as u64);
-                    b.set_message(format!(
-                        "loss {:.4}{}  {:.0} examples/s",
-                        rec.loss,
-                        rec.metrics_line(),
-                        rec.examples_per_s
-                    ));
-                } else if !quiet
-                    && (rec.step == 1
-                        || rec.step == cfg.steps
-                        || rec.step.is_multiple_of(log_every)
-                        || rec.eval_loss.is_some())
-                {
-                    let eval = rec
-                        .eval_loss
-                        .map_or(String::new(), |e| format!("  eval {e:.6}"));
-                    eprintln!(
+        if self.json {
+            outln!("{}", serde_json::to_string(rec).unwrap_or_default());
+        } else if let Some(b) = &self.bar {
+            b.set_position(rec.step as u64);
+            b.set_message(format!(
+                "loss {:.4}{}  {:.0} examples/s",
+                rec.loss,
+                rec.metrics_line(),
+                rec.examples_per_s
+            ));
+        } else if !self.quiet
+            && (rec.step == 1
+                || rec.step == self.steps
+                || rec.step.is_multiple_of(self.log_every)
+                || rec.eval_loss.is_some())
+        {
+            let eval = rec
+                .eval_loss
+                .map_or(String::new(), |e| format!("  eval {e:.6}"));
+            eprintln!(
                 "step {:>5}/{}  loss {:.6}{eval}{}  lr {:.3e}  |g| {:.4}  {:.0} ms  {:.0} examples/s",
                 rec.step,
-                cfg.steps,
+                self.steps,
                 rec.loss,
                 rec.metrics_line(),
                 rec.lr,
@@ -551,156 +910,6 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
                 rec.step_ms,
                 rec.examples_per_s
             );
-                }
-                records.push(rec);
-            },
-        );
-        stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        res
-    });
-    if let Some(b) = &bar {
-        b.finish_and_clear();
-    }
-    if !lead {
-        // The first process reports; the others only say why they stopped.
-        return match res {
-            Ok(_) => ExitCode::SUCCESS,
-            Err(e) if e.step.is_some() => ExitCode::from(1),
-            Err(e) => {
-                eprintln!("error: the run stopped on MPI process {process}: {e}");
-                procs.fail();
-                ExitCode::from(1)
-            }
-        };
-    }
-    let wrote = crate::runtime::report::write_metrics(&dir, &records)
-        .map_err(|e| e.to_string())
-        .and_then(|_| {
-            crate::runtime::report::write_loss_curve(
-                &dir,
-                &format!("{} on {}", prog.model, mesh_txt.join(", ")),
-                &records,
-            )
-        });
-    if let Err(e) = &wrote {
-        eprintln!(
-            "warning: could not write the run's metrics to `{}`: {e}",
-            dir.display()
-        );
-    }
-    match res {
-        Ok(out) => {
-            if let Some(path) = dump {
-                let json = serde_json::json!({ "losses": out.losses });
-                if let Err(e) = std::fs::write(&path, json.to_string()) {
-                    eprintln!("error: cannot write `{}`: {e}", path.display());
-                    return ExitCode::from(2);
-                }
-            }
-            if let (true, Some(m)) = (mem, &out.memory) {
-                let planned = plan.cloned().unwrap_or_default();
-                let row = |name: &str, got: f64, want: f64| {
-                    format!(
-                        "  {name:<16} {:>12} {:>12}\n",
-                        crate::plan::human_bytes(got),
-                        crate::plan::human_bytes(want)
-                    )
-                };
-                let mut t = format!(
-                    "memory on device 0 (measured vs planned)\n  {:<16} {:>12} {:>12}\n",
-                    "", "measured", "planned"
-                );
-                t += &row("params", m.params, planned.params);
-                if m.master_params > 0.0 || planned.master_params > 0.0 {
-                    t += &row("master params", m.master_params, planned.master_params);
-                }
-                t += &row("grads", m.grads, planned.grads);
-                if m.grad_sum > 0.0 || planned.grad_sum > 0.0 {
-                    t += &row("grad sum", m.grad_sum, planned.grad_sum);
-                }
-                t += &row(
-                    "optimizer state",
-                    m.optimizer_state,
-                    planned.optimizer_state,
-                );
-                if m.gathered_params > 0.0 || planned.gathered_params > 0.0 {
-                    t += &row(
-                        "gathered params",
-                        m.gathered_params,
-                        planned.gathered_params,
-                    );
-                }
-                if m.gathered_grads > 0.0 || planned.gathered_grads > 0.0 {
-                    t += &row("gathered grads", m.gathered_grads, planned.gathered_grads);
-                }
-                t += &row("activations", m.activations, planned.activations);
-                t += &row("cotangents", m.cotangents, planned.cotangents);
-                t += &row("total", m.total(), planned.total_memory());
-                // The virtual mesh's devices share replicated state: the
-                // process holds less than devices × one device.
-                if let (Some(state), true) = (out.state_here, processes == 1 && devices > 1) {
-                    let n = devices as usize;
-                    t += &format!("all {n} devices of this process (replicas share parameters and optimizer state)\n");
-                    let got = n as f64 * (m.total() - m.state()) + state;
-                    t += &row("total", got, planned.process_memory(n, !watch));
-                }
-                // The whole process, as the system counts it: the plan's
-                // `with shardc` row against the peak resident set so far.
-                let peak = crate::plan::host::peak_resident();
-                if let (Some(rss), Some(code), 1) =
-                    (peak, crate::plan::host::shardc_code(), processes)
-                {
-                    t += "the process at its peak (resident set; planned: its devices and shardc's own code and read-only data)\n";
-                    let n = devices as usize;
-                    t += &row("resident", rss, planned.process_memory(n, !watch) + code);
-                }
-                out!("{t}");
-            }
-            let first = out.losses.first().copied().unwrap_or(f64::NAN);
-            let lastl = out.losses.last().copied().unwrap_or(f64::NAN);
-            let secs = start.elapsed().as_secs_f64();
-            let written = if wrote.is_ok() {
-                format!("; wrote {}/{{metrics.jsonl, loss.svg}}", dir.display())
-            } else {
-                String::new()
-            };
-            eprintln!("done: {} steps in {secs:.1} s ({:.0} examples/s), loss {first:.4} → {lastl:.4}{written}", out.losses.len(), out.losses.len() as f64 * cfg.batch as f64 / secs.max(1e-9));
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            // Point at the source of the op a runtime error names, in the
-            // program in force then (the file's, or a reload's).
-            let kept = compiled.lock().ok();
-            let at = e.node.and_then(|(i, generation)| {
-                let n = match generation {
-                    0 => prog.nodes.get(i)?.clone(),
-                    g => reloads.get(g)?.prog.nodes.get(i)?.clone(),
-                };
-                let sources = match generation {
-                    0 => &c.sources,
-                    g => kept.as_ref()?.get(g - 1)?,
-                };
-                Some((sources.describe(n.span), n.ty.to_string()))
-            });
-            // Or at the table a SparseCore limit belongs to.
-            let table = e
-                .table
-                .as_ref()
-                .and_then(|n| c.program.tables.iter().find(|t| &t.name.name == n));
-            match (at, table) {
-                (Some((place, ty)), _) => {
-                    eprintln!("error: the run stopped: {e}\n  --> {place} (a value of type {ty})")
-                }
-                (None, Some(t)) => eprintln!(
-                    "error: the run stopped: {e}\n  --> {} (the table)",
-                    c.sources.describe(t.name.span)
-                ),
-                (None, None) => eprintln!("error: the run stopped: {e}"),
-            }
-            if e.step.is_none() {
-                procs.fail();
-            }
-            ExitCode::from(1)
         }
     }
 }

@@ -344,27 +344,15 @@ fn plan_of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> P
         }
     }
     plan.recompute_activations = recompute;
-    // A loss function's own program runs once per (micro)batch, after the model.
-    let loss_acts: f64 = match &prog.loss {
-        Some(l) => values(&mut plan, l, &cx, &|_| 1.0, &[], sources)
-            .acts
-            .iter()
-            .sum(),
-        None => 0.0,
-    };
     // The program is one microbatch: its collectives run for every one.
     for c in &mut plan.comms {
         c.count = c.count.saturating_mul(plan.microbatches as u64);
     }
-    plan.activations = acts.iter().sum::<f64>() + loss_acts + recompute;
-    // The loss function's backward runs first and returns the cotangent the
-    // model's starts from: the most either holds.
-    let cts = backward::alive(prog, &cx, false);
-    let loss_cts = prog
-        .loss
-        .as_ref()
-        .map_or(0.0, |l| backward::peak(l, &cx, true));
-    plan.cotangents = cts.iter().fold(loss_cts, |a, b| a.max(*b));
+    plan.activations = acts.iter().sum::<f64>() + recompute;
+    // One backward pass, from the loss (a loss function's nodes are the
+    // program's too).
+    let cts = backward::alive(prog, &cx).at;
+    plan.cotangents = cts.iter().fold(0.0, |a, b| a.max(*b));
     weights(
         &mut plan,
         prog,
@@ -379,13 +367,7 @@ fn plan_of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> P
         plan.grad_sum = plan.grads;
     }
     if let Some(pp) = &prog.pipeline {
-        pipeline(
-            &mut plan,
-            pp,
-            &acts,
-            (&gathered, regathered),
-            (&cts, loss_cts),
-        );
+        pipeline(&mut plan, pp, &acts, (&gathered, regathered), &cts);
     }
     tables(&mut plan, prog, train, spec);
     plan
@@ -429,7 +411,7 @@ fn values(
         let cost = p.get().cost(cx, &ts, &n.ty).unwrap_or_default();
         let again = recomputed.get(i) == Some(&true);
         let mut flops = cost.flops * m;
-        if !gathers_param && !matches!(p, Prim::Reshard(_)) {
+        if !gathers_param && !matches!(p, Prim::Reshard(_)) && !n.op.is_result() {
             if let Some(numel) = cx.local_numel(&n.ty) {
                 acts[i] = numel * n.ty.dtype.bytes() as f64 * m;
                 flops += numel * m;
@@ -478,12 +460,14 @@ fn values(
             }
             continue;
         }
+        // Forward (again when recomputed) and, for most ops, backward.
+        let passes = f64::from(u8::from(p.get().backward_comms())) + if again { 2.0 } else { 1.0 };
         for c in cost.comms {
             plan.comms.push(Comm {
                 kind: c.kind,
                 axes: c.axes,
                 bytes: c.bytes,
-                count: ((if again { 3.0 } else { 2.0 }) * m) as u64,
+                count: (passes * m) as u64,
                 span: n.span,
                 source: sources.describe(n.span),
                 explicit: c.explicit,
@@ -653,7 +637,7 @@ fn pipeline(
     pp: &crate::spmd::Pipeline,
     acts: &[f64],
     (gathered, regathered): (&[f64], f64),
-    (cts, loss_cts): (&[f64], f64),
+    cts: &[f64],
 ) {
     use crate::schedule as sch;
     let stages = pp.stages.max(1);
@@ -699,7 +683,7 @@ fn pipeline(
             };
             let first = if k == 0 { most(0..start) } else { 0.0 };
             let last = if k + 1 == stages {
-                most(end..cts.len()).max(loss_cts)
+                most(end..cts.len())
             } else {
                 0.0
             };

@@ -336,11 +336,11 @@ impl Primitive for Along {
         Ok(match self.op {
             Op::ArgMax => Forward {
                 y: as_ids(x.argmax(d).map_err(ce)?)?,
-                saved: None,
+                saved: Vec::new(),
             },
             Op::ArgMin => Forward {
                 y: as_ids(x.argmin(d).map_err(ce)?)?,
-                saved: None,
+                saved: Vec::new(),
             },
             Op::TopK(n) | Op::TopKIndices(n) => {
                 let idx = last_dim(&x, d, |x| top_k_last(x, n))?;
@@ -350,7 +350,7 @@ impl Primitive for Along {
                 let y = x.gather(&idx, d).map_err(ce)?;
                 Forward {
                     y,
-                    saved: Some(idx),
+                    saved: vec![idx],
                 }
             }
             Op::CumSum { reverse } => Forward::of(cumsum(&x, d, reverse)?)?,
@@ -373,7 +373,7 @@ impl Primitive for Along {
         let ct = match self.op {
             Op::ArgMax | Op::ArgMin | Op::TopKIndices(_) => return Ok(vec![None]),
             Op::TopK(_) => {
-                let idx = g.saved.ok_or("top_k's indices were not kept")?;
+                let idx = g.saved.first().ok_or("top_k's indices were not kept")?;
                 let x = k.reshard(g.x[0], t, &w)?;
                 x.zeros_like()
                     .and_then(|z| z.scatter_add(idx, g.g, d))

@@ -185,7 +185,7 @@ impl Primitive for Attention {
             let (y, lse) = super::ring::forward(k, a, &v[0], &v[1], &v[2])?;
             return Ok(Forward {
                 y,
-                saved: Some(lse),
+                saved: vec![lse],
             });
         }
         Forward::of(attention(&v[0], &v[1], &v[2])?.0)
@@ -195,7 +195,10 @@ impl Primitive for Attention {
         let v = self.operands(k, g.x, g.ts, g.out)?;
         let (dq, dk, dv) = match &self.ring {
             Some(a) => {
-                let lse = g.saved.ok_or("ring attention's forward saved nothing")?;
+                let lse = g
+                    .saved
+                    .first()
+                    .ok_or("ring attention's forward saved nothing")?;
                 super::ring::vjp(k, a, (&v[0], &v[1], &v[2]), g.y, lse, g.g)?
             }
             None => {

@@ -168,21 +168,36 @@ impl Rows {
         }
         let e = logits.broadcast_sub(m)?.exp()?;
         let se = e.sum_keepdim(D::Minus1)?;
-        let v = logits.dims().last().copied().unwrap_or(0);
-        let mut oh = vec![0f64; labels.len() * v];
-        for (r, l) in labels.iter().enumerate() {
-            let c = l - off;
-            if c >= 0 && (c as usize) < v {
-                oh[r * v + c as usize] = 1.0;
-            }
-        }
-        let oh = Tensor::from_vec(oh, logits.dims(), logits.device())?.to_dtype(logits.dtype())?;
+        let oh = onehot(logits, &labels, off)?;
         let tgt = logits.mul(&oh)?.sum_keepdim(D::Minus1)?;
         Ok(Rows {
             e,
             se,
             tgt,
             onehot: Some(oh),
+            labels,
+            off,
+        })
+    }
+
+    /// The rows of a first pass made before (`e`, from [`Rows::new`] on the
+    /// same logits and labels), for the derivative: the same kernels as the
+    /// pass took (the fused ones for f32), without its sums.
+    pub fn resume(e: Tensor, logits: &Tensor, labels: Vec<i64>, off: i64) -> Result<Rows> {
+        let v = logits.dims().last().copied().unwrap_or(0);
+        let fused =
+            v > 0 && logits.elem_count() == labels.len() * v && with_f32(logits, |_| ()).is_some();
+        let onehot = if fused {
+            None
+        } else {
+            Some(onehot(logits, &labels, off)?)
+        };
+        let none = Tensor::zeros(0, e.dtype(), e.device())?;
+        Ok(Rows {
+            e,
+            se: none.clone(),
+            tgt: none,
+            onehot,
             labels,
             off,
         })
@@ -218,6 +233,20 @@ impl Rows {
             }
         }
     }
+}
+
+/// The labels' one-hot in the class window starting at `off`, in the
+/// logits' dtype.
+fn onehot(logits: &Tensor, labels: &[i64], off: i64) -> Result<Tensor> {
+    let v = logits.dims().last().copied().unwrap_or(0);
+    let mut oh = vec![0f64; labels.len() * v];
+    for (r, l) in labels.iter().enumerate() {
+        let c = l - off;
+        if c >= 0 && (c as usize) < v {
+            oh[r * v + c as usize] = 1.0;
+        }
+    }
+    Tensor::from_vec(oh, logits.dims(), logits.device())?.to_dtype(logits.dtype())
 }
 
 #[cfg(test)]

@@ -109,7 +109,7 @@ impl Primitive for Dropout {
                 let y = x[0].broadcast_mul(&mask).map_err(ce)?;
                 Ok(Forward {
                     y,
-                    saved: Some(mask),
+                    saved: vec![mask],
                 })
             }
             _ => Forward::of(x[0].clone()),
@@ -117,7 +117,7 @@ impl Primitive for Dropout {
     }
 
     fn vjp(&self, _k: &Kernel, g: &Grad) -> R<Vec<Option<Tensor>>> {
-        Ok(vec![Some(match g.saved {
+        Ok(vec![Some(match g.saved.first() {
             Some(m) => g.g.broadcast_mul(m).map_err(ce)?,
             None => g.g.clone(),
         })])

@@ -46,7 +46,9 @@ pub mod index;
 pub mod lookup;
 pub mod matmul;
 pub mod matmul_split;
+pub mod metrics;
 pub mod norm;
+pub mod objective;
 pub mod one_hot;
 pub mod reduce;
 pub mod reduce_fast;
@@ -64,15 +66,19 @@ pub use rules::{Call, Rules, Typed};
 pub type R<T> = std::result::Result<T, String>;
 
 /// What a forward kernel returns: the value, and what its derivative needs
-/// that cannot be recomputed from the operands (a dropout mask).
+/// that cannot be recomputed from the operands (a dropout mask; a loss's
+/// exponentials and row sums).
 pub struct Forward {
     pub y: Tensor,
-    pub saved: Option<Tensor>,
+    pub saved: Vec<Tensor>,
 }
 
 impl Forward {
     pub fn of(y: Tensor) -> R<Forward> {
-        Ok(Forward { y, saved: None })
+        Ok(Forward {
+            y,
+            saved: Vec::new(),
+        })
     }
 }
 
@@ -83,7 +89,7 @@ pub struct Grad<'a> {
     pub ts: &'a [&'a TType],
     pub y: &'a Tensor,
     pub out: &'a TType,
-    pub saved: Option<&'a Tensor>,
+    pub saved: &'a [Tensor],
     pub g: &'a Tensor,
     /// Per operand: whether its cotangent is wanted (it depends on a
     /// parameter). A derivative may return `None` for the others and skip
@@ -121,6 +127,12 @@ pub trait Primitive {
     /// result and cotangents go back in the 16-bit type.
     fn accumulates(&self) -> bool {
         false
+    }
+    /// Whether its derivative performs the collectives its forward does
+    /// (transposed): the plan counts them twice. A loss's and the metrics'
+    /// derivatives communicate nothing.
+    fn backward_comms(&self) -> bool {
+        true
     }
     /// FLOPs beyond one per output element, and the bytes each device moves,
     /// per forward pass. The default (`None`) means the op has no cost model,
@@ -223,6 +235,8 @@ families! {
     Lookup(lookup::Lookup) => lookup,
     Attention(attention::Attention) => attention,
     CrossEntropy(cross_entropy::CrossEntropy) => cross_entropy,
+    Objective(objective::Objective) => objective,
+    Metrics(metrics::Metrics) => metrics,
     Collective(collective::Collective) => collective,
     AxisIndex(axis_index::AxisIndex) => axis_index,
     Reshard(reshard::Reshard) => reshard,

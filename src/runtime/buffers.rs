@@ -60,6 +60,7 @@ fn evaluate(prog: &Program, p: &Param, k: usize) -> R<Vec<f64>> {
         sparse: Default::default(),
         stage: None,
         held: Default::default(),
+        bwd: Default::default(),
     };
     let tape = ex
         .forward(&[], &[], None)

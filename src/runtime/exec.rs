@@ -16,7 +16,8 @@
 use super::precision::is_half;
 use crate::mesh::Collectives;
 use crate::prim::lookup::SparseState;
-use crate::prim::{Forward, Grad, Kernel, Prim, Primitive};
+use crate::prim::{Forward, Grad, Kernel, Primitive};
+use crate::spmd::backward::{self, Act, Backward};
 use crate::spmd::{Op, Program};
 use crate::types::TType;
 use candle_core::{DType, Device, Tensor};
@@ -40,7 +41,13 @@ pub struct Exec<'a> {
     pub stage: Option<(String, Vec<Option<usize>>)>,
     /// What backward held beyond the tape and the gradients, measured for `--mem`.
     pub held: Cell<Held>,
+    /// The program's backward pass, made when first needed and kept while
+    /// the program is the same.
+    pub bwd: Schedules,
 }
+
+/// See [`Exec::bwd`].
+pub type Schedules = std::rc::Rc<std::cell::OnceCell<Backward>>;
 
 /// The bytes that only backward holds, at their most: what `--mem` sets
 /// beside the plan's.
@@ -83,7 +90,7 @@ pub fn holds_at(
 pub struct Tape {
     pub vals: Vec<Tensor>,
     /// What a node's forward saved for its derivative (dropout masks), by node.
-    pub masks: Vec<Option<Tensor>>,
+    pub masks: Vec<Vec<Tensor>>,
 }
 
 impl<'a> Exec<'a> {
@@ -102,6 +109,11 @@ impl<'a> Exec<'a> {
             sparse: self.sparse.fresh(),
             stage: self.stage.clone(),
             held: Cell::default(),
+            bwd: if std::ptr::eq(prog, self.prog) {
+                self.bwd.clone()
+            } else {
+                Schedules::default()
+            },
         }
     }
 
@@ -195,13 +207,13 @@ impl Exec<'_> {
         let wide: Vec<Tensor> = g.x.iter().map(|t| widen(t)).collect::<R<_>>()?;
         let refs: Vec<&Tensor> = wide.iter().collect();
         let (y, ct) = (widen(g.y)?, widen(g.g)?);
-        let saved = g.saved.map(widen).transpose()?;
+        let saved: Vec<Tensor> = g.saved.iter().map(widen).collect::<R<_>>()?;
         let wg = Grad {
             x: &refs,
             ts: g.ts,
             y: &y,
             out: g.out,
-            saved: saved.as_ref(),
+            saved: &saved,
             g: &ct,
             want: g.want,
         };
@@ -254,17 +266,29 @@ impl Exec<'_> {
         Ok(tape)
     }
 
-    /// A tape holding only the inputs and parameters (every other value empty):
-    /// what `forward_range` starts from.
+    /// A tape holding only the inputs, the targets and the parameters
+    /// (every other value empty): what `forward_range` starts from. `inputs`
+    /// are the model's inputs, then the targets (when the program has a loss).
     pub fn empty_tape(&self, params: &[Tensor], inputs: &[Tensor]) -> R<Tape> {
         let n = self.prog.nodes.len();
         let empty = Tensor::zeros(0, self.dtype, &self.dev).map_err(ce)?;
         let mut vals = vec![empty; n];
+        let model_inputs = self
+            .prog
+            .nodes
+            .iter()
+            .filter(|n| matches!(n.op, Op::Input(_)))
+            .count();
         for (i, node) in self.prog.nodes.iter().enumerate() {
             match node.op {
                 Op::Input(k) => {
                     if let Some(x) = inputs.get(k) {
                         vals[i] = x.clone();
+                    }
+                }
+                Op::Targets => {
+                    if let Some(y) = inputs.get(model_inputs) {
+                        vals[i] = y.clone();
                     }
                 }
                 Op::Param(p) => vals[i] = params.get(p).cloned().ok_or("missing parameter")?,
@@ -273,7 +297,7 @@ impl Exec<'_> {
         }
         Ok(Tape {
             vals,
-            masks: vec![None; n],
+            masks: vec![Vec::new(); n],
         })
     }
 
@@ -323,13 +347,62 @@ impl Exec<'_> {
         Ok(())
     }
 
-    /// Reverse pass. `ct_out` is the output's cotangent; returns each parameter's
-    /// gradient in its stored layout, still partial over the axes it is replicated on.
-    pub fn backward(&self, tape: &Tape, ct_out: Tensor) -> R<Vec<Option<Tensor>>> {
-        let out = self.prog.output.ok_or("no output")? as usize;
+    /// Reverse pass from `seed` (a node and its cotangent: the loss's, see
+    /// [`Exec::seed`]); returns each parameter's gradient in its stored
+    /// layout, still partial over the axes it is replicated on.
+    pub fn backward(&self, tape: &Tape, seed: (usize, Tensor)) -> R<Vec<Option<Tensor>>> {
         let mut grads = vec![None; self.prog.params.len()];
-        self.backward_range(tape, &[(out, ct_out)], 0..self.prog.nodes.len(), &mut grads)?;
+        self.backward_range(tape, &[seed], 0..self.prog.nodes.len(), &mut grads)?;
         Ok(grads)
+    }
+
+    /// Backward's first cotangent, at the loss (see [`crate::spmd::Seed`]),
+    /// whose value `tape` holds: 1, or 1 held as addends over the devices
+    /// it is replicated on (not a pipeline's stage axis: only the last stage
+    /// computes it).
+    pub fn seed(&self, tape: &Tape) -> R<(usize, Tensor)> {
+        let o = self
+            .prog
+            .objective
+            .as_ref()
+            .ok_or("the program has no loss")?;
+        let root = o.root as usize;
+        let value = tape.vals.get(root).ok_or("the loss was not computed")?;
+        let one = value.ones_like().map_err(ce)?;
+        let g = match o.seed {
+            crate::spmd::Seed::One => one,
+            crate::spmd::Seed::Addends => {
+                let stage = self.stage.as_ref().map(|s| s.0.as_str());
+                let (_, rep) = self
+                    .comm
+                    .topo()
+                    .replication(&self.prog.nodes[root].ty, stage);
+                (one / rep as f64).map_err(ce)?
+            }
+        };
+        Ok((root, g))
+    }
+
+    /// The loss a forward pass computed (see [`Exec::seed`]).
+    pub fn loss(&self, tape: &Tape) -> R<f64> {
+        let o = self
+            .prog
+            .objective
+            .as_ref()
+            .ok_or("the program has no loss")?;
+        let v = tape.vals.get(o.root as usize).ok_or("no loss")?;
+        crate::prim::Kernel::f64s(v)?
+            .first()
+            .copied()
+            .ok_or_else(|| "the loss is empty".to_string())
+    }
+
+    /// The metrics' sums a forward pass computed (none without metrics).
+    pub fn metric_sums(&self, tape: &Tape) -> R<Vec<f64>> {
+        match self.prog.objective.as_ref().and_then(|o| o.metrics) {
+            Some(m) => crate::prim::Kernel::f64s(&tape.vals[m as usize]),
+            None => Ok(Vec::new()),
+        }
     }
 
     /// Drop the values `range` computed that checkpointing recomputes for
@@ -348,7 +421,7 @@ impl Exec<'_> {
         let empty = Tensor::zeros(0, self.dtype, &self.dev).map_err(ce)?;
         for i in range.filter(|i| dropped.get(*i) == Some(&true)) {
             tape.vals[i] = empty.clone();
-            tape.masks[i] = None;
+            tape.masks[i] = Vec::new();
         }
         Ok(())
     }
@@ -359,22 +432,13 @@ impl Exec<'_> {
     pub fn backward_checkpointed(
         &self,
         tape: &mut Tape,
-        ct_out: Tensor,
+        seed: (usize, Tensor),
         dropout_seed: Option<u64>,
     ) -> Result<(Vec<Option<Tensor>>, f64), OpError> {
         let n = self.prog.nodes.len();
-        let out = self
-            .prog
-            .output
-            .ok_or_else(|| OpError::general("no output".into()))? as usize;
         let mut grads = vec![None; self.prog.params.len()];
-        let (_, peak) = self.backward_checkpointed_range(
-            tape,
-            vec![(out, ct_out)],
-            0..n,
-            &mut grads,
-            dropout_seed,
-        )?;
+        let (_, peak) =
+            self.backward_checkpointed_range(tape, vec![seed], 0..n, &mut grads, dropout_seed)?;
         Ok((grads, peak))
     }
 
@@ -471,51 +535,33 @@ impl Exec<'_> {
         range: std::ops::Range<usize>,
         grads: &mut [Option<Tensor>],
     ) -> R<Vec<Option<Tensor>>> {
-        let live = self.prog.on_gradient_path(false);
-        self.backward_live(tape, seeds, range, grads, &live)
+        let bwd = self.backward_of();
+        self.run_backward(tape, seeds, range, grads, bwd)
     }
 
-    /// [`Exec::backward_range`] also through the values that depend on inputs
-    /// only: the cotangents of the inputs are what is wanted (a loss
-    /// function's, of the model's output).
-    pub fn backward_to_inputs(
-        &self,
-        tape: &Tape,
-        seeds: &[(usize, Tensor)],
-        range: std::ops::Range<usize>,
-    ) -> R<Vec<Option<Tensor>>> {
-        let live = self.prog.on_gradient_path(true);
-        self.backward_live(tape, seeds, range, &mut [], &live)
+    /// The program's backward pass (see [`Backward::of`]), made once.
+    fn backward_of(&self) -> &Backward {
+        self.bwd.get_or_init(|| Backward::of(self.prog))
     }
 
-    /// Reverse mode over the nodes `live` marks (see
-    /// [`Program::on_gradient_path`]); the others get no cotangent.
-    fn backward_live(
+    /// Run the actions of `bwd` at nodes in `range`; then measure the
+    /// cotangents it held by the one definition the plan counts with
+    /// ([`backward::alive`]), with the bytes of the tensors made here.
+    fn run_backward(
         &self,
         tape: &Tape,
         seeds: &[(usize, Tensor)],
         range: std::ops::Range<usize>,
         grads: &mut [Option<Tensor>],
-        live: &[bool],
+        bwd: &Backward,
     ) -> R<Vec<Option<Tensor>>> {
         let n = self.prog.nodes.len();
         let mut ct: Vec<Option<Tensor>> = vec![None; n];
-        // Bytes of gathered parameters' full-size gradients alive, and the most;
-        // bytes of the other cotangents but parameters' alive, and the most
-        // (the plan's `cotangents`, see `plan::backward`).
-        let mut unreduced = 0.0;
-        let counted = |i: usize| self.prog.cotangent_counted(i);
-        let mut alive = 0.0;
+        let mut size = vec![0.0; n];
         for (i, g) in seeds {
-            if self.prog.gathers_copy(*i) {
-                unreduced += bytes(g);
-            } else if counted(*i) {
-                alive += bytes(g);
-            }
+            size[*i] = bytes(g);
             ct[*i] = Some(g.clone());
         }
-        let mut most = unreduced;
-        let mut most_alive = alive;
         let add = |slot: &mut Option<Tensor>, g: Tensor| -> R<()> {
             *slot = Some(match slot.take() {
                 Some(s) => (s + g).map_err(ce)?,
@@ -523,32 +569,22 @@ impl Exec<'_> {
             });
             Ok(())
         };
-        for i in range.rev().filter(|i| live.get(*i) == Some(&true)) {
-            let node = &self.prog.nodes[i];
-            // Collectives must run on every device in the same order, even when a
-            // device's cotangent happens to be absent: every op but elementwise
-            // arithmetic takes zeros then.
-            let taken = ct[i].take();
-            let held = match &taken {
-                Some(g) if self.prog.gathers_copy(i) => bytes(g),
-                _ => 0.0,
-            };
-            let g = match taken {
+        for b in bwd.within(range.clone()) {
+            let i = b.node;
+            let g = match ct[i].take() {
                 Some(g) => g,
-                None if matches!(&node.op, Op::Prim(p) if !matches!(p, Prim::Arith(_))) => {
+                None if b.zero_if_absent => {
                     let z = tape.vals[i].zeros_like().map_err(ce)?;
-                    if counted(i) {
-                        alive += bytes(&z);
-                    }
+                    size[i] = bytes(&z);
                     z
                 }
                 None => continue,
             };
-            let spent = if counted(i) { bytes(&g) } else { 0.0 };
-            match &node.op {
-                Op::Input(_) => {}
-                Op::Param(p) => add(&mut grads[*p], g)?,
-                Op::Prim(p) => {
+            match &b.act {
+                Act::Grad(p) => add(&mut grads[*p], g)?,
+                Act::Vjp { wants } => {
+                    let node = &self.prog.nodes[i];
+                    let Op::Prim(p) = &node.op else { continue };
                     let x: Vec<&Tensor> =
                         node.args.iter().map(|k| &tape.vals[*k as usize]).collect();
                     let ts: Vec<&TType> = node
@@ -556,45 +592,35 @@ impl Exec<'_> {
                         .iter()
                         .map(|k| &self.prog.nodes[*k as usize].ty)
                         .collect();
-                    let want: Vec<bool> = node
-                        .args
-                        .iter()
-                        .map(|k| live.get(*k as usize) == Some(&true))
-                        .collect();
                     let grad = Grad {
                         x: &x,
                         ts: &ts,
                         y: &tape.vals[i],
                         out: &node.ty,
-                        saved: tape.masks[i].as_ref(),
+                        saved: &tape.masks[i],
                         g: &g,
-                        want: &want,
+                        want: wants,
                     };
                     let ds = self.run_vjp(p.get(), self.kernel(i, None), &grad)?;
                     for (k, d) in ds.into_iter().enumerate() {
                         if let (Some(d), Some(a), true) =
-                            (d, node.args.get(k), want.get(k) == Some(&true))
+                            (d, node.args.get(k), wants.get(k) == Some(&true))
                         {
                             let a = *a as usize;
-                            if ct[a].is_none() && self.prog.gathers_copy(a) {
-                                unreduced += bytes(&d);
-                                most = f64::max(most, unreduced);
-                            } else if ct[a].is_none() && counted(a) {
-                                alive += bytes(&d);
+                            if ct[a].is_none() {
+                                size[a] = bytes(&d);
                             }
                             add(&mut ct[a], d)?;
                         }
                     }
                 }
             }
-            most_alive = f64::max(most_alive, alive);
-            // This node's cotangent is spent (reduce-scattered, if gathered).
-            unreduced -= held;
-            alive -= spent;
         }
+        let from: Vec<usize> = seeds.iter().map(|s| s.0).collect();
+        let a = backward::alive(self.prog, bwd, range, &from, &|i| size[i]);
         let mut g = self.held.get();
-        g.unreduced = g.unreduced.max(most);
-        g.cotangents = g.cotangents.max(most_alive);
+        g.unreduced = g.unreduced.max(a.unreduced);
+        g.cotangents = g.cotangents.max(a.peak);
         self.held.set(g);
         Ok(ct)
     }

@@ -43,7 +43,7 @@ fn reads(prog: &Program, range: &Range<usize>) -> R<Option<usize>> {
         for a in &prog.nodes[i].args {
             let a = *a as usize;
             if !range.contains(&a)
-                && !matches!(prog.nodes[a].op, Op::Input(_) | Op::Param(_))
+                && !matches!(prog.nodes[a].op, Op::Input(_) | Op::Param(_) | Op::Targets)
                 && !outside.contains(&a)
             {
                 outside.push(a);
@@ -67,8 +67,8 @@ impl Stages {
             return Ok(None);
         };
         let s = p.stages.max(1);
-        let per = p.blocks.len() / s;
-        if per == 0 || p.blocks.len() % s != 0 {
+        let ranges = prog.stage_ranges();
+        if ranges.is_empty() {
             return Err(format!(
                 "{} layers cannot be split into {s} stages",
                 p.blocks.len()
@@ -76,9 +76,6 @@ impl Stages {
         }
         let first = p.blocks.first().map_or(0, |b| b.0 as usize);
         let last = p.blocks.last().map_or(0, |b| b.1 as usize);
-        let ranges: Vec<Range<usize>> = (0..s)
-            .map(|k| p.blocks[k * per].0 as usize..p.blocks[(k + 1) * per - 1].1 as usize)
-            .collect();
         let mut inputs = Vec::new();
         for r in &ranges {
             inputs.push(reads(prog, r)?.unwrap_or(p.input as usize));
@@ -90,12 +87,7 @@ impl Stages {
         if inputs.first() != Some(&(p.input as usize)) {
             return Err("the first stage does not read the stack's input".into());
         }
-        let mut param_stage = vec![None; prog.params.len()];
-        for (i, n) in prog.nodes.iter().enumerate() {
-            if let Op::Param(k) = n.op {
-                param_stage[k] = ranges.iter().position(|r| r.contains(&i));
-            }
-        }
+        let param_stage = prog.param_stages();
         Ok(Some(Stages {
             param_stage,
             axis: p.axis.clone(),
@@ -111,10 +103,10 @@ impl Stages {
     }
 }
 
-/// What a microbatch brings: inputs, labels, dropout seed, lookup drop masks.
+/// What a microbatch brings: inputs (the model's, then the targets), dropout
+/// seed, lookup drop masks.
 pub struct Micro {
     pub inputs: Vec<Tensor>,
-    pub labels: Tensor,
     /// Dropout seed (`None`: evaluation, no dropout).
     pub seed: Option<u64>,
     pub keep: HashMap<usize, Vec<f64>>,
@@ -126,7 +118,7 @@ pub struct Chunk {
     pub grads: Vec<Option<Tensor>>,
     /// Summed microbatch losses, on every device.
     pub loss: f64,
-    /// The metrics' sums (see [`super::loss::score`]) and the `add_loss` /
+    /// The metrics' sums (see [`crate::prim::metrics`]) and the `add_loss` /
     /// `observe` values (see [`aux_flat`]), summed over the microbatches, on
     /// every device.
     pub sums: Vec<f64>,
@@ -144,7 +136,9 @@ pub struct Chunk {
 /// counted; parameters gathered for use are [`gathered_bytes`]).
 fn tape_bytes(prog: &Program, t: &Tape) -> f64 {
     tape_where(prog, t, &|i| {
-        !matches!(prog.nodes[i].op, Op::Input(_) | Op::Param(_)) && !prog.gathers_param(i)
+        !matches!(prog.nodes[i].op, Op::Input(_) | Op::Param(_) | Op::Targets)
+            && !prog.nodes[i].op.is_result()
+            && !prog.gathers_param(i)
     })
 }
 
@@ -210,40 +204,23 @@ pub fn add_into(acc: &mut Vec<f64>, v: &[f64]) {
     }
 }
 
-/// Run microbatches `0..M` of one chunk through the stages. `loss` turns the
-/// program's output and labels into the loss, its cotangent and the metrics'
-/// sums (`n_sums` of them).
-#[allow(clippy::too_many_arguments)]
+/// Run microbatches `0..M` of one chunk through the stages; the last stage
+/// computes the loss and the metrics' sums (`n_sums` of them).
 pub fn run_chunk(
     ex: &Exec,
     st: &Stages,
     params: &[Tensor],
     micro: &dyn Fn(usize) -> R<Micro>,
-    loss: &dyn Fn(&Tensor, &Tensor) -> R<super::loss::Scored>,
     n_sums: usize,
     microbatches: usize,
     train: bool,
 ) -> R<Chunk> {
     let topo = ex.comm.topo();
-    let me = topo.coord(ex.rank, &st.axis);
-    let s_last = st.stages - 1;
     let schedule = if train {
         st.schedule.as_str()
     } else {
         "forward"
     };
-    let ticks = timeline(schedule, st.stages, microbatches);
-    let mut tapes: HashMap<usize, Tape> = HashMap::new();
-    let mut out_ct: HashMap<usize, Tensor> = HashMap::new();
-    let mut recv_f: HashMap<usize, Tensor> = HashMap::new();
-    let mut recv_b: HashMap<usize, Tensor> = HashMap::new();
-    let mut grads: Vec<Option<Tensor>> = vec![None; params.len()];
-    let mut loss_sum = 0.0;
-    let mut sums = vec![0.0; n_sums];
-    let mut aux = aux_flat(ex.prog, &ex.empty_tape(params, &[])?, &|_| false)?;
-    let mut peak = 0.0f64;
-    let mut peak_gathered = 0.0f64;
-    let mut last_tape = None;
     // The shape every boundary value has (the repeated layer keeps its type).
     let act_shape: Vec<usize> = ex
         .prog
@@ -251,110 +228,202 @@ pub fn run_chunk(
         .iter()
         .map(|x| *x as usize)
         .collect();
-    let zeros = Tensor::zeros(act_shape.as_slice(), ex.dtype, &ex.dev).map_err(ce)?;
-    let id = |k: i64| Tensor::new(&[k as f64], &ex.dev).map_err(ce);
-    for row in &ticks {
-        let mut send_f = (zeros.clone(), -1i64);
-        let mut send_b = (zeros.clone(), -1i64);
-        match row[me] {
+    let mut c = Ticks {
+        ex,
+        st,
+        params,
+        micro,
+        train,
+        me: topo.coord(ex.rank, &st.axis),
+        zeros: Tensor::zeros(act_shape.as_slice(), ex.dtype, &ex.dev).map_err(ce)?,
+        tapes: HashMap::new(),
+        out_ct: HashMap::new(),
+        recv_f: HashMap::new(),
+        recv_b: HashMap::new(),
+        grads: vec![None; params.len()],
+        loss_sum: 0.0,
+        sums: vec![0.0; n_sums],
+        aux: aux_flat(ex.prog, &ex.empty_tape(params, &[])?, &|_| false)?,
+        peak: 0.0,
+        peak_gathered: 0.0,
+        last_tape: None,
+    };
+    for row in &timeline(schedule, st.stages, microbatches) {
+        let mut send_f = (c.zeros.clone(), -1i64);
+        let mut send_b = (c.zeros.clone(), -1i64);
+        match row[c.me] {
             Some(Act::F(m)) => {
-                let mb = micro(m)?;
-                *ex.sparse.keep.borrow_mut() = mb.keep;
-                let mut tape = ex.empty_tape(params, &mb.inputs)?;
-                if me == 0 {
-                    ex.forward_range(&mut tape, st.pre.clone(), mb.seed)?;
-                } else {
-                    tape.vals[st.inputs[me]] = recv_f
-                        .remove(&m)
-                        .ok_or_else(|| format!("stage {me}: microbatch {m} never arrived"))?;
-                }
-                ex.forward_range(&mut tape, st.ranges[me].clone(), mb.seed)?;
-                if me == s_last {
-                    ex.forward_range(&mut tape, st.post.clone(), mb.seed)?;
-                    let out = ex.prog.output.ok_or("no output")? as usize;
-                    let super::loss::Scored {
-                        loss: l,
-                        ct,
-                        sums: s,
-                    } = loss(&tape.vals[out], &mb.labels)?;
-                    loss_sum += l;
-                    sums.iter_mut().zip(&s).for_each(|(a, b)| *a += b);
-                    if train {
-                        let cts =
-                            ex.backward_range(&tape, &[(out, ct)], st.post.clone(), &mut grads)?;
-                        let g = cts[st.output].clone().unwrap_or_else(|| zeros.clone());
-                        out_ct.insert(m, g);
-                    }
-                } else {
-                    let next_in = st.inputs[me + 1];
-                    send_f = (tape.vals[next_in].clone(), m as i64);
-                }
-                // The added losses and observed values this stage computed.
-                let mine = |i: usize| {
-                    (me == 0 && st.pre.contains(&i))
-                        || st.ranges[me].contains(&i)
-                        || (me == s_last && st.post.contains(&i))
-                };
-                add_into(&mut aux, &aux_flat(ex.prog, &tape, &mine)?);
-                if train {
-                    // Checkpointed blocks keep only their results in flight.
-                    if !ex.prog.checkpoints.is_empty() {
-                        ex.drop_checkpointed(&mut tape, st.ranges[me].clone())?;
-                    }
-                    tapes.insert(m, tape);
-                    peak = peak.max(tapes.values().map(|t| tape_bytes(ex.prog, t)).sum());
-                    peak_gathered =
-                        peak_gathered.max(tapes.values().map(|t| gathered_bytes(ex.prog, t)).sum());
+                if let Some(v) = c.forward(m)? {
+                    send_f = (v, m as i64);
                 }
             }
             Some(Act::B(m)) => {
-                let mb = micro(m)?;
-                *ex.sparse.keep.borrow_mut() = mb.keep;
-                let mut tape = tapes
-                    .remove(&m)
-                    .ok_or_else(|| format!("stage {me}: no forward of microbatch {m}"))?;
-
-                let (seed_node, g) = if me == s_last {
-                    (
-                        st.output,
-                        out_ct.remove(&m).ok_or("missing loss cotangent")?,
-                    )
-                } else {
-                    let g = recv_b.remove(&m).ok_or_else(|| {
-                        format!("stage {me}: gradient of microbatch {m} never arrived")
-                    })?;
-                    (st.inputs[me + 1], g)
-                };
-                let cts = if ex.prog.checkpoints.is_empty() {
-                    ex.backward_range(&tape, &[(seed_node, g)], st.ranges[me].clone(), &mut grads)?
-                } else {
-                    // The stage's blocks recomputed one at a time.
-                    let (cts, block) = ex.backward_checkpointed_range(
-                        &mut tape,
-                        vec![(seed_node, g)],
-                        st.ranges[me].clone(),
-                        &mut grads,
-                        mb.seed,
-                    )?;
-                    let held: f64 = tapes.values().map(|t| tape_bytes(ex.prog, t)).sum();
-                    peak = peak.max(held + tape_bytes(ex.prog, &tape) + block);
-                    cts
-                };
-                let g_in = cts[st.inputs[me]].clone().unwrap_or_else(|| zeros.clone());
-                if me == 0 {
-                    ex.backward_range(&tape, &[(st.inputs[0], g_in)], st.pre.clone(), &mut grads)?;
-                } else {
-                    send_b = (g_in, m as i64);
-                }
-                if me == s_last {
-                    last_tape = Some(tape);
+                if let Some(g) = c.backward(m)? {
+                    send_b = (g, m as i64);
                 }
             }
             None => {}
         }
-        // Activations one stage on, gradients one stage back (with their
-        // microbatch, -1 for nothing).
-        let ax = st.axis.as_str();
+        c.exchange(send_f, send_b)?;
+    }
+    c.finish(n_sums)
+}
+
+/// One device's stage running a chunk's microbatches tick by tick.
+struct Ticks<'x, 'e> {
+    ex: &'x Exec<'e>,
+    st: &'x Stages,
+    params: &'x [Tensor],
+    micro: &'x dyn Fn(usize) -> R<Micro>,
+    train: bool,
+    /// This device's stage.
+    me: usize,
+    /// A boundary value's zeros (what a stage sends when it sends nothing).
+    zeros: Tensor,
+    tapes: HashMap<usize, Tape>,
+    out_ct: HashMap<usize, Tensor>,
+    recv_f: HashMap<usize, Tensor>,
+    recv_b: HashMap<usize, Tensor>,
+    grads: Vec<Option<Tensor>>,
+    loss_sum: f64,
+    sums: Vec<f64>,
+    aux: Vec<f64>,
+    peak: f64,
+    peak_gathered: f64,
+    last_tape: Option<Tape>,
+}
+
+impl Ticks<'_, '_> {
+    /// Microbatch `m` forward through this stage (the first also before
+    /// the stack; the last after it, with the loss and, training, the
+    /// backward of what follows the stack). Returns what goes to the next
+    /// stage.
+    fn forward(&mut self, m: usize) -> R<Option<Tensor>> {
+        let (ex, st, me) = (self.ex, self.st, self.me);
+        let s_last = st.stages - 1;
+        let mb = (self.micro)(m)?;
+        *ex.sparse.keep.borrow_mut() = mb.keep;
+        let mut tape = ex.empty_tape(self.params, &mb.inputs)?;
+        if me == 0 {
+            ex.forward_range(&mut tape, st.pre.clone(), mb.seed)?;
+        } else {
+            tape.vals[st.inputs[me]] = self
+                .recv_f
+                .remove(&m)
+                .ok_or_else(|| format!("stage {me}: microbatch {m} never arrived"))?;
+        }
+        ex.forward_range(&mut tape, st.ranges[me].clone(), mb.seed)?;
+        let mut send = None;
+        if me == s_last {
+            ex.forward_range(&mut tape, st.post.clone(), mb.seed)?;
+            self.loss_sum += ex.loss(&tape)?;
+            let s = ex.metric_sums(&tape)?;
+            self.sums.iter_mut().zip(&s).for_each(|(a, b)| *a += b);
+            if self.train {
+                let seed = ex.seed(&tape)?;
+                let cts = ex.backward_range(&tape, &[seed], st.post.clone(), &mut self.grads)?;
+                let g = cts[st.output].clone().unwrap_or_else(|| self.zeros.clone());
+                self.out_ct.insert(m, g);
+            }
+        } else {
+            send = Some(tape.vals[st.inputs[me + 1]].clone());
+        }
+        // The added losses and observed values this stage computed.
+        let mine = |i: usize| {
+            (me == 0 && st.pre.contains(&i))
+                || st.ranges[me].contains(&i)
+                || (me == s_last && st.post.contains(&i))
+        };
+        add_into(&mut self.aux, &aux_flat(ex.prog, &tape, &mine)?);
+        if self.train {
+            // Checkpointed blocks keep only their results in flight.
+            if !ex.prog.checkpoints.is_empty() {
+                ex.drop_checkpointed(&mut tape, st.ranges[me].clone())?;
+            }
+            self.tapes.insert(m, tape);
+            self.peak = self
+                .peak
+                .max(self.tapes.values().map(|t| tape_bytes(ex.prog, t)).sum());
+            self.peak_gathered = self.peak_gathered.max(
+                self.tapes
+                    .values()
+                    .map(|t| gathered_bytes(ex.prog, t))
+                    .sum(),
+            );
+        }
+        Ok(send)
+    }
+
+    /// Microbatch `m` backward through this stage (the first also before
+    /// the stack). Returns the gradient that goes to the previous stage.
+    fn backward(&mut self, m: usize) -> R<Option<Tensor>> {
+        let (ex, st, me) = (self.ex, self.st, self.me);
+        let s_last = st.stages - 1;
+        let mb = (self.micro)(m)?;
+        *ex.sparse.keep.borrow_mut() = mb.keep;
+        let mut tape = self
+            .tapes
+            .remove(&m)
+            .ok_or_else(|| format!("stage {me}: no forward of microbatch {m}"))?;
+        let (seed_node, g) = if me == s_last {
+            (
+                st.output,
+                self.out_ct.remove(&m).ok_or("missing loss cotangent")?,
+            )
+        } else {
+            let g = self
+                .recv_b
+                .remove(&m)
+                .ok_or_else(|| format!("stage {me}: gradient of microbatch {m} never arrived"))?;
+            (st.inputs[me + 1], g)
+        };
+        let cts = if ex.prog.checkpoints.is_empty() {
+            ex.backward_range(
+                &tape,
+                &[(seed_node, g)],
+                st.ranges[me].clone(),
+                &mut self.grads,
+            )?
+        } else {
+            // The stage's blocks recomputed one at a time.
+            let (cts, block) = ex.backward_checkpointed_range(
+                &mut tape,
+                vec![(seed_node, g)],
+                st.ranges[me].clone(),
+                &mut self.grads,
+                mb.seed,
+            )?;
+            let held: f64 = self.tapes.values().map(|t| tape_bytes(ex.prog, t)).sum();
+            self.peak = self.peak.max(held + tape_bytes(ex.prog, &tape) + block);
+            cts
+        };
+        let g_in = cts[st.inputs[me]]
+            .clone()
+            .unwrap_or_else(|| self.zeros.clone());
+        let mut send = None;
+        if me == 0 {
+            ex.backward_range(
+                &tape,
+                &[(st.inputs[0], g_in)],
+                st.pre.clone(),
+                &mut self.grads,
+            )?;
+        } else {
+            send = Some(g_in);
+        }
+        if me == s_last {
+            self.last_tape = Some(tape);
+        }
+        Ok(send)
+    }
+
+    /// Activations one stage on, gradients one stage back (with their
+    /// microbatch, -1 for nothing).
+    fn exchange(&mut self, send_f: (Tensor, i64), send_b: (Tensor, i64)) -> R<()> {
+        let (ex, me) = (self.ex, self.me);
+        let s_last = self.st.stages - 1;
+        let ax = self.st.axis.as_str();
+        let id = |k: i64| Tensor::new(&[k as f64], &ex.dev).map_err(ce);
         let (fv, fi) = (
             ex.comm.ppermute(ex.rank, &send_f.0, ax, 1).map_err(ce)?,
             ex.comm
@@ -376,31 +445,36 @@ pub fn run_chunk(
         };
         let (fk, bk) = (num(&fi)?, num(&bi)?);
         if fk >= 0 && me > 0 {
-            recv_f.insert(fk as usize, fv);
+            self.recv_f.insert(fk as usize, fv);
         }
         if bk >= 0 && me < s_last {
-            recv_b.insert(bk as usize, bv);
+            self.recv_b.insert(bk as usize, bv);
         }
+        Ok(())
     }
-    // Every device reports the losses and metrics the last stage computed, and
-    // the values each stage added or observed.
-    let mut all = vec![loss_sum];
-    all.extend(&sums);
-    all.extend(&aux);
-    let n = all.len();
-    let total = Tensor::from_vec(all, n, &ex.dev).map_err(ce)?;
-    let total = ex
-        .comm
-        .psum(ex.rank, &total, std::slice::from_ref(&st.axis))
-        .and_then(|t| t.to_vec1::<f64>())
-        .map_err(ce)?;
-    Ok(Chunk {
-        grads,
-        loss: total.first().copied().unwrap_or(f64::NAN),
-        sums: total.get(1..1 + n_sums).unwrap_or_default().to_vec(),
-        aux: total.get(1 + n_sums..).unwrap_or_default().to_vec(),
-        peak_activations: peak,
-        peak_gathered,
-        tape: last_tape,
-    })
+
+    /// Every device reports the losses and metrics the last stage computed,
+    /// and the values each stage added or observed.
+    fn finish(self, n_sums: usize) -> R<Chunk> {
+        let ex = self.ex;
+        let mut all = vec![self.loss_sum];
+        all.extend(&self.sums);
+        all.extend(&self.aux);
+        let n = all.len();
+        let total = Tensor::from_vec(all, n, &ex.dev).map_err(ce)?;
+        let total = ex
+            .comm
+            .psum(ex.rank, &total, std::slice::from_ref(&self.st.axis))
+            .and_then(|t| t.to_vec1::<f64>())
+            .map_err(ce)?;
+        Ok(Chunk {
+            grads: self.grads,
+            loss: total.first().copied().unwrap_or(f64::NAN),
+            sums: total.get(1..1 + n_sums).unwrap_or_default().to_vec(),
+            aux: total.get(1 + n_sums..).unwrap_or_default().to_vec(),
+            peak_activations: self.peak,
+            peak_gathered: self.peak_gathered,
+            tape: self.last_tape,
+        })
+    }
 }

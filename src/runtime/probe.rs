@@ -111,6 +111,7 @@ fn device(
         sparse: SparseState::default(),
         stage: None,
         held: Default::default(),
+        bwd: Default::default(),
     };
     let ps: Vec<Tensor> = prog
         .params
@@ -127,20 +128,35 @@ fn device(
         .zip(inputs)
         .map(|(t, v)| local_piece(topo, rank, t, prog, v, dtype, &dev))
         .collect::<R<_>>()?;
-    let tape = ex.forward(&ps, &xs, dropout_seed)?;
+    // The model alone (not the loss lowering appended after it).
+    let model = 0..prog.model_nodes();
+    let mut tape = ex.empty_tape(&ps, &xs)?;
+    ex.forward_range(&mut tape, model.clone(), dropout_seed)?;
     let out_id = prog.output.ok_or("no output")? as usize;
     let out = &tape.vals[out_id];
     // The cotangent of a replicated value is held as addends.
     let (_, rep) = topo.replication(out_t, None);
     let g = local_piece(topo, rank, out_t, prog, ct, dtype, &dev)?;
     let g = (g / rep as f64).map_err(|e| e.to_string())?;
-    let grads = ex.backward(&tape, g)?;
+    let mut grads = vec![None; prog.params.len()];
+    ex.backward_range(&tape, &[(out_id, g)], model, &mut grads)?;
     let grads: Vec<Tensor> = grads
         .into_iter()
         .zip(&ps)
         .map(|(g, p)| g.map_or_else(|| p.zeros_like().map_err(|e| e.to_string()), Ok))
         .collect::<R<_>>()?;
-    let grads = sync_grads(&ex, grads)?;
+    // Every parameter trains (a frozen one gets no gradient).
+    let step = crate::step::Step::of(
+        prog,
+        &crate::step::Training {
+            loss: crate::spec::Loss::Function,
+            metrics: &[],
+            accumulate: 1,
+            clip: None,
+            optimizer: &|_| crate::spec::Optimizer::default(),
+        },
+    );
+    let grads = sync_grads(&ex, &step, grads)?;
     let mut named = Vec::new();
     for (i, g) in grads.iter().enumerate() {
         if let Some(v) = gather_one(&ex, i, g)? {

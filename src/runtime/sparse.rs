@@ -118,34 +118,90 @@ pub fn plan_steps(
         return Ok(Planned::default());
     }
     let mut out = vec![StepSparse::default(); steps];
-    // Stacks in table order, each with its tables.
-    let mut stacks: Vec<(String, Vec<usize>)> = Vec::new();
-    for (i, t) in cfg.tables.iter().enumerate() {
-        match stacks.iter_mut().find(|s| s.0 == t.stack) {
-            Some(s) => s.1.push(i),
-            None => stacks.push((t.stack.clone(), vec![i])),
+    let mut p = Planner::new(cfg, host);
+    'steps: for (s, slot) in out.iter_mut().enumerate() {
+        for k in 0..p.stacks.len() {
+            if let Err(e) = p.stack_step(s, k, slot, start, inputs) {
+                p.stop = Some(*e);
+                break 'steps;
+            }
+        }
+        p.fdo_step(s, slot, start)?;
+    }
+    if let Some(e) = &p.stop {
+        out.truncate(e.step.unwrap_or(1).saturating_sub(1));
+    }
+    Ok(Planned {
+        steps: out,
+        stop: p.stop,
+    })
+}
+
+/// The state [`plan_steps`] carries from step to step.
+struct Planner<'a> {
+    cfg: &'a SparseConfig,
+    host: &'a Host<'a>,
+    /// Stacks in table order, each with its tables.
+    stacks: Vec<(String, Vec<usize>)>,
+    limits: Vec<Limits>,
+    /// The strictest policy of a stack's tables applies to it.
+    policy: Vec<Overflow>,
+    /// Where each stack's current limits come from, for the diagnostic.
+    origin: Vec<String>,
+    client: Option<FdoClient>,
+    /// What was recorded so far, for replayed steps (no files then).
+    recorded: BTreeMap<String, embed::Stats>,
+    /// What statistics files can hold, per stack (their sanity checks).
+    expect: BTreeMap<String, embed::Expected>,
+    stop: Option<super::train::RunError>,
+}
+
+impl<'a> Planner<'a> {
+    fn new(cfg: &'a SparseConfig, host: &'a Host<'a>) -> Planner<'a> {
+        let mut stacks: Vec<(String, Vec<usize>)> = Vec::new();
+        for (i, t) in cfg.tables.iter().enumerate() {
+            match stacks.iter_mut().find(|s| s.0 == t.stack) {
+                Some(s) => s.1.push(i),
+                None => stacks.push((t.stack.clone(), vec![i])),
+            }
+        }
+        let limits = stacks
+            .iter()
+            .map(|(_, ts)| stack_limits(&ts.iter().map(|&i| &cfg.tables[i]).collect::<Vec<_>>()))
+            .collect();
+        let policy = stacks
+            .iter()
+            .map(|(_, ts)| {
+                let ps: Vec<Overflow> = ts.iter().map(|&i| cfg.tables[i].policy).collect();
+                if ps.contains(&Overflow::Error) {
+                    Overflow::Error
+                } else if ps.contains(&Overflow::Drop) {
+                    Overflow::Drop
+                } else {
+                    Overflow::Grow
+                }
+            })
+            .collect();
+        Planner {
+            cfg,
+            host,
+            origin: vec!["as declared".to_string(); stacks.len()],
+            stacks,
+            limits,
+            policy,
+            client: cfg
+                .fdo
+                .as_ref()
+                .map(|f| FdoClient::new(&f.dir, host.process)),
+            recorded: BTreeMap::new(),
+            expect: BTreeMap::new(),
+            stop: None,
         }
     }
-    let mut limits: Vec<Limits> = stacks
-        .iter()
-        .map(|(_, ts)| stack_limits(&ts.iter().map(|&i| &cfg.tables[i]).collect::<Vec<_>>()))
-        .collect();
-    // The strictest policy of a stack's tables applies to it.
-    let policy: Vec<Overflow> = stacks
-        .iter()
-        .map(|(_, ts)| {
-            let ps: Vec<Overflow> = ts.iter().map(|&i| cfg.tables[i].policy).collect();
-            if ps.contains(&Overflow::Error) {
-                Overflow::Error
-            } else if ps.contains(&Overflow::Drop) {
-                Overflow::Drop
-            } else {
-                Overflow::Grow
-            }
-        })
-        .collect();
-    let label = |k: usize| -> String {
-        let (name, ts) = &stacks[k];
+
+    /// `table `a`` or `table `a` (stack `s` of 2 tables)`.
+    fn label(&self, k: usize) -> String {
+        let (cfg, (name, ts)) = (self.cfg, &self.stacks[k]);
         match ts.as_slice() {
             [one] => format!("table `{}`", cfg.tables[*one].name),
             _ => format!(
@@ -154,154 +210,173 @@ pub fn plan_steps(
                 ts.len()
             ),
         }
-    };
-    // Where each stack's current limits come from, for the diagnostic.
-    let mut origin: Vec<String> = vec!["as declared".to_string(); stacks.len()];
-    let mut client = cfg
-        .fdo
-        .as_ref()
-        .map(|f| FdoClient::new(&f.dir, host.process));
-    // What was recorded so far, for replayed steps (no files then).
-    let mut recorded: BTreeMap<String, embed::Stats> = BTreeMap::new();
-    // What statistics files can hold, per stack (their sanity checks).
-    let mut expect: BTreeMap<String, embed::Expected> = BTreeMap::new();
-    let mut stop = None;
-    'steps: for (s, slot) in out.iter_mut().enumerate() {
-        for (k, (stack, ts)) in stacks.iter().enumerate() {
-            let ls: Vec<&LookupRun> = cfg
-                .lookups
-                .iter()
-                .filter(|l| ts.contains(&l.table))
-                .collect();
-            if ls.is_empty() {
-                continue;
+    }
+
+    /// Stack `k`'s lookups at step `s`: their statistics against the
+    /// limits, what the policy does with the excess, and the step's notes
+    /// and drop masks. A step over a limit under `overflow: error` is the
+    /// run's stop.
+    fn stack_step(
+        &mut self,
+        s: usize,
+        k: usize,
+        slot: &mut StepSparse,
+        start: usize,
+        inputs: &dyn Fn(usize, usize) -> Vec<f64>,
+    ) -> Result<(), Box<super::train::RunError>> {
+        let cfg = self.cfg;
+        let (stack, ts) = (&self.stacks[k].0, &self.stacks[k].1);
+        let ls: Vec<&LookupRun> = cfg
+            .lookups
+            .iter()
+            .filter(|l| ts.contains(&l.table))
+            .collect();
+        if ls.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<Vec<i64>> = ls
+            .iter()
+            .map(|l| inputs(s, l.input).iter().map(|x| *x as i64).collect())
+            .collect();
+        let features: Vec<embed::Feature> = ls
+            .iter()
+            .zip(&ids)
+            .map(|(l, ids)| embed::Feature {
+                ids,
+                valency: l.valency,
+                part: cfg.tables[l.table].part,
+                table: l.table,
+            })
+            .collect();
+        let layout = cfg.tables[ts[0]].layout;
+        let most: usize = features
+            .iter()
+            .map(|f| (f.ids.len() / f.valency.max(1)).div_ceil(layout.sources()) * f.valency.max(1))
+            .sum();
+        let e = self.expect.entry(stack.clone()).or_insert(embed::Expected {
+            partitions: features[0].part.n.max(1),
+            devices: layout.devices.max(1),
+            max_ids: Some(0),
+        });
+        e.max_ids = e.max_ids.max(Some(most as i64));
+        let (stats, keep, exceeded) = match embed::preprocess_stack(
+            &features,
+            layout,
+            &mut self.limits[k],
+            self.policy[k],
+        ) {
+            Ok(x) => x,
+            Err(e) => {
+                let what = if e.limit_name == "max_ids_per_partition" {
+                    "ids"
+                } else {
+                    "distinct ids"
+                };
+                return Err(Box::new(super::train::RunError {
+                    step: Some(s + 1),
+                    table: Some(cfg.tables[ts[0]].name.clone()),
+                    node: None,
+                    message: format!(
+                        "step {}: {}: SparseCore {} of device {} sends {} {what} to partition {}, over `{}: {}` ({})",
+                        s + 1, self.label(k), e.sparsecore, e.device, e.observed, e.partition, e.limit_name, e.limit, self.origin[k]
+                    ) + &format!(
+                        "\n  help: `overflow: grow` in the table raises the limit when a step needs it (logged) and `overflow: drop` drops the excess ids (counted); `fdo` raises limits from observed statistics; or set `{}: {}`",
+                        e.limit_name, e.observed
+                    ),
+                }));
             }
-            let ids: Vec<Vec<i64>> = ls
+        };
+        if self.policy[k] == Overflow::Grow && !exceeded.is_empty() {
+            self.origin[k] = format!("grown at step {}", s + 1);
+        }
+        if s >= start {
+            slot.notes.extend(self.exceeded_notes(k, &exceeded));
+        }
+        if self.policy[k] == Overflow::Drop {
+            for (l, m) in ls.iter().zip(keep) {
+                slot.keep
+                    .insert(l.node, m.iter().map(|k| f64::from(u8::from(*k))).collect());
+            }
+        }
+        self.recorded
+            .entry(stack.clone())
+            .or_default()
+            .merge_max(&stats);
+        if let Some(c) = self.client.as_mut() {
+            c.record(stack, &stats);
+        }
+        Ok(())
+    }
+
+    /// One line per SparseCore and partition, however many limits it
+    /// exceeded (a drop is counted once).
+    fn exceeded_notes(&self, k: usize, exceeded: &[embed::Exceeded]) -> Vec<String> {
+        let mut notes = Vec::new();
+        let mut i = 0;
+        while i < exceeded.len() {
+            let e = &exceeded[i];
+            let same: Vec<&embed::Exceeded> = exceeded[i..]
                 .iter()
-                .map(|l| inputs(s, l.input).iter().map(|x| *x as i64).collect())
-                .collect();
-            let features: Vec<embed::Feature> = ls
-                .iter()
-                .zip(&ids)
-                .map(|(l, ids)| embed::Feature {
-                    ids,
-                    valency: l.valency,
-                    part: cfg.tables[l.table].part,
-                    table: l.table,
+                .take_while(|x| {
+                    (x.device, x.sparsecore, x.partition) == (e.device, e.sparsecore, e.partition)
                 })
                 .collect();
-            let layout = cfg.tables[ts[0]].layout;
-            let most: usize = features
+            i += same.len();
+            let over: Vec<String> = same
                 .iter()
-                .map(|f| {
-                    (f.ids.len() / f.valency.max(1)).div_ceil(layout.sources()) * f.valency.max(1)
-                })
-                .sum();
-            let e = expect.entry(stack.clone()).or_insert(embed::Expected {
-                partitions: features[0].part.n.max(1),
-                devices: layout.devices.max(1),
-                max_ids: Some(0),
-            });
-            e.max_ids = e.max_ids.max(Some(most as i64));
-            let (stats, keep, exceeded) = match embed::preprocess_stack(
-                &features,
-                layout,
-                &mut limits[k],
-                policy[k],
-            ) {
-                Ok(x) => x,
-                Err(e) => {
-                    let what = if e.limit_name == "max_ids_per_partition" {
+                .map(|x| {
+                    let what = if x.limit_name == "max_ids_per_partition" {
                         "ids"
                     } else {
                         "distinct ids"
                     };
-                    let stopped = super::train::RunError {
-                            step: Some(s + 1),
-                            table: Some(cfg.tables[ts[0]].name.clone()),
-                            node: None,
-                            message: format!(
-                                "step {}: {}: SparseCore {} of device {} sends {} {what} to partition {}, over `{}: {}` ({})",
-                                s + 1, label(k), e.sparsecore, e.device, e.observed, e.partition, e.limit_name, e.limit, origin[k]
-                            ) + &format!(
-                                "\n  help: `overflow: grow` in the table raises the limit when a step needs it (logged) and `overflow: drop` drops the excess ids (counted); `fdo` raises limits from observed statistics; or set `{}: {}`",
-                                e.limit_name, e.observed
-                            ),
-                        };
-                    stop = Some(stopped);
-                    break 'steps;
-                }
+                    format!("{} {what} (`{}: {}`)", x.observed, x.limit_name, x.limit)
+                })
+                .collect();
+            let what = match self.policy[k] {
+                Overflow::Grow => same
+                    .iter()
+                    .map(|x| format!("raised `{}` to {}", x.limit_name, x.observed))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                _ => format!(
+                    "dropped {} ids",
+                    same.iter().map(|x| x.dropped).sum::<i64>()
+                ),
             };
-            if policy[k] == Overflow::Grow && !exceeded.is_empty() {
-                origin[k] = format!("grown at step {}", s + 1);
-            }
-            if s >= start {
-                // One line per SparseCore and partition, however many limits it
-                // exceeded (a drop is counted once).
-                let mut i = 0;
-                while i < exceeded.len() {
-                    let e = &exceeded[i];
-                    let same: Vec<&embed::Exceeded> = exceeded[i..]
-                        .iter()
-                        .take_while(|x| {
-                            (x.device, x.sparsecore, x.partition)
-                                == (e.device, e.sparsecore, e.partition)
-                        })
-                        .collect();
-                    i += same.len();
-                    let over: Vec<String> = same
-                        .iter()
-                        .map(|x| {
-                            let what = if x.limit_name == "max_ids_per_partition" {
-                                "ids"
-                            } else {
-                                "distinct ids"
-                            };
-                            format!("{} {what} (`{}: {}`)", x.observed, x.limit_name, x.limit)
-                        })
-                        .collect();
-                    let what = match policy[k] {
-                        Overflow::Grow => same
-                            .iter()
-                            .map(|x| format!("raised `{}` to {}", x.limit_name, x.observed))
-                            .collect::<Vec<_>>()
-                            .join(", "),
-                        _ => format!(
-                            "dropped {} ids",
-                            same.iter().map(|x| x.dropped).sum::<i64>()
-                        ),
-                    };
-                    slot.notes.push(format!(
-                        "{}: SparseCore {} of device {} needs {} in partition {}: {what}",
-                        label(k),
-                        e.sparsecore,
-                        e.device,
-                        over.join(" and "),
-                        e.partition
-                    ));
-                }
-            }
-            if policy[k] == Overflow::Drop {
-                for (l, m) in ls.iter().zip(keep) {
-                    slot.keep
-                        .insert(l.node, m.iter().map(|k| f64::from(u8::from(*k))).collect());
-                }
-            }
-            recorded.entry(stack.clone()).or_default().merge_max(&stats);
-            if let Some(c) = client.as_mut() {
-                c.record(stack, &stats);
-            }
+            notes.push(format!(
+                "{}: SparseCore {} of device {} needs {} in partition {}: {what}",
+                self.label(k),
+                e.sparsecore,
+                e.device,
+                over.join(" and "),
+                e.partition
+            ));
         }
-        let Some(f) = &cfg.fdo else { continue };
-        if (s + 1) % f.every.max(1) != 0 {
-            continue;
+        notes
+    }
+
+    /// FDO after step `s` when its cadence asks: publish this process's
+    /// statistics, load every process's, and set the limits from them (a
+    /// replayed step uses what was recorded, without files).
+    fn fdo_step(
+        &mut self,
+        s: usize,
+        slot: &mut StepSparse,
+        start: usize,
+    ) -> Result<(), super::train::RunError> {
+        let Some(f) = &self.cfg.fdo else {
+            return Ok(());
+        };
+        if !(s + 1).is_multiple_of(f.every.max(1)) {
+            return Ok(());
         }
-        let (merged, published) = match (s >= start, client.as_mut()) {
+        let (merged, published) = match (s >= start, self.client.as_mut()) {
             (true, Some(c)) => {
                 let path = c.publish()?;
-                (host.barrier)()?;
-                let loaded = embed::load_expecting(&f.dir, &expect);
-                (host.barrier)()?;
+                (self.host.barrier)()?;
+                let loaded = embed::load_expecting(&f.dir, &self.expect);
+                (self.host.barrier)()?;
                 let l = loaded?;
                 let mut note = format!(
                     "FDO: published {} ({} file(s) loaded)",
@@ -321,22 +396,22 @@ pub fn plan_steps(
                     note,
                 )
             }
-            _ => (recorded.clone(), String::new()),
+            _ => (self.recorded.clone(), String::new()),
         };
         let mut changes = Vec::new();
-        for (k, (stack, _)) in stacks.iter().enumerate() {
-            let Some(st) = merged.get(stack) else {
+        for k in 0..self.stacks.len() {
+            let Some(st) = merged.get(&self.stacks[k].0) else {
                 continue;
             };
-            let (new, buffer) = embed::limits_from(st, f.headroom, cfg.sparsecores);
-            if new != limits[k] {
+            let (new, buffer) = embed::limits_from(st, f.headroom, self.cfg.sparsecores);
+            if new != self.limits[k] {
                 changes.push(format!(
                     "{}: max_ids_per_partition {} → {}, max_unique_ids_per_partition {} → {}, buffer {buffer} per device",
-                    label(k), limits[k].max_ids, new.max_ids, limits[k].max_unique_ids, new.max_unique_ids
+                    self.label(k), self.limits[k].max_ids, new.max_ids, self.limits[k].max_unique_ids, new.max_unique_ids
                 ));
             }
-            limits[k] = new;
-            origin[k] = format!("set by FDO after step {}", s + 1);
+            self.limits[k] = new;
+            self.origin[k] = format!("set by FDO after step {}", s + 1);
         }
         if s >= start {
             slot.notes.push(if changes.is_empty() {
@@ -345,11 +420,8 @@ pub fn plan_steps(
                 format!("{published}; {}", changes.join("; "))
             });
         }
+        Ok(())
     }
-    if let Some(e) = &stop {
-        out.truncate(e.step.unwrap_or(1).saturating_sub(1));
-    }
-    Ok(Planned { steps: out, stop })
 }
 
 /// Each table parameter's placement (`tables.NAME`), by parameter index.

@@ -8,6 +8,8 @@
 //! the global shape, and the collective sequence (identical on every device, since
 //! the program has no device-dependent control flow).
 
+pub mod backward;
+
 use crate::prim::Prim;
 use crate::source::{SourceMap, Span};
 use crate::types::{Poly, TType};
@@ -22,6 +24,9 @@ pub enum Op {
     Input(usize),
     /// A parameter, by index into `Program::params` (its stored layout).
     Param(usize),
+    /// The step's targets (the batch's labels or target values), fed like
+    /// an input; what the loss compares the output with ([`LossNodes`]).
+    Targets,
     /// Everything else: a typed primitive ([`crate::prim`]), the collectives
     /// written in the source and the reshards the checker inserted included.
     Prim(Prim),
@@ -45,6 +50,12 @@ impl Op {
     /// An op that reads integer ids as rows of its first operand (`embed`, `lookup`).
     pub fn reads_ids(&self) -> bool {
         matches!(self, Op::Prim(Prim::Embed(_) | Prim::Lookup(_)))
+    }
+    /// A step's result rather than a value of the model: the loss and the
+    /// metrics' sums. Neither is kept for backward nor has a cotangent that
+    /// counts as backward's memory.
+    pub fn is_result(&self) -> bool {
+        matches!(self, Op::Prim(Prim::Objective(_) | Prim::Metrics(_)))
     }
     /// A layout change the checker inserted.
     pub fn is_reshard(&self) -> bool {
@@ -118,6 +129,37 @@ pub struct Program {
     /// Every repetition of every `repeat` stack, checkpointed or not: what
     /// the plan may propose to checkpoint.
     pub repeats: Vec<(Nid, Nid)>,
+    /// The step's loss, appended after the model by lowering
+    /// ([`crate::step::attach`]); `None` for a program of the model alone.
+    pub objective: Option<LossNodes>,
+}
+
+/// Where a program's loss is: the nodes lowering appended after the model's
+/// (the targets, a built-in loss or the model's loss function inlined, the
+/// metrics).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LossNodes {
+    /// Nodes before this are the model's.
+    pub start: Nid,
+    /// The [`Op::Targets`] node.
+    pub targets: Nid,
+    /// The loss, a reduced scalar: backward's root.
+    pub root: Nid,
+    /// The metrics' sums, when the `train` logs any.
+    pub metrics: Option<Nid>,
+    /// How backward starts from the root.
+    pub seed: Seed,
+}
+
+/// The cotangent backward starts from at the loss.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seed {
+    /// Exactly 1 on every device: a built-in loss, whose derivative spreads
+    /// it over the output's replicas itself.
+    One,
+    /// 1 held as addends over the devices the value is replicated on (a
+    /// loss function's result, like any replicated value).
+    Addends,
 }
 
 /// What a program's output is trained against: the targets' type (global,
@@ -208,12 +250,15 @@ impl Program {
                 classes: false,
             },
             Loss::Function => {
-                let l = self.loss.as_deref()?;
-                let ty = l
-                    .nodes
-                    .iter()
-                    .find(|n| n.op == Op::Input(1))
-                    .map(|n| n.ty.clone())?;
+                let ty = match (&self.objective, self.loss.as_deref()) {
+                    (Some(o), _) => self.nodes.get(o.targets as usize)?.ty.clone(),
+                    (None, Some(l)) => l
+                        .nodes
+                        .iter()
+                        .find(|n| n.op == Op::Input(1))
+                        .map(|n| n.ty.clone())?,
+                    (None, None) => return None,
+                };
                 Targets {
                     classes: !ty.dtype.is_float(),
                     ty,
@@ -233,6 +278,7 @@ impl Program {
             out[i] = match node.op {
                 Op::Param(_) => true,
                 Op::Input(_) => inputs,
+                Op::Targets => false,
                 // Operands come before their node (forward runs in order).
                 Op::Prim(_) => node
                     .args
@@ -275,7 +321,54 @@ impl Program {
     /// plan's `cotangents`, which `--mem` measures): a parameter's is its
     /// gradient, and a gathered parameter's is counted as `gathered grads`.
     pub fn cotangent_counted(&self, i: usize) -> bool {
-        !matches!(self.nodes.get(i).map(|n| &n.op), Some(Op::Param(_))) && !self.gathers_copy(i)
+        !matches!(self.nodes.get(i).map(|n| &n.op), Some(Op::Param(_)))
+            && !self.nodes.get(i).is_some_and(|n| n.op.is_result())
+            && !self.gathers_copy(i)
+    }
+
+    /// The node backward starts from: the loss, or (a program of the model
+    /// alone) the output.
+    pub fn root(&self) -> Option<Nid> {
+        self.objective.as_ref().map(|o| o.root).or(self.output)
+    }
+
+    /// The nodes of the model (before the loss lowering appended).
+    pub fn model_nodes(&self) -> usize {
+        self.objective
+            .as_ref()
+            .map_or(self.nodes.len(), |o| o.start as usize)
+    }
+
+    /// The node range of each pipeline stage: its share of the stack's
+    /// repetitions, in order (none without a pipeline, or when the
+    /// repetitions do not split evenly into the stages).
+    pub fn stage_ranges(&self) -> Vec<std::ops::Range<usize>> {
+        let Some(p) = &self.pipeline else {
+            return Vec::new();
+        };
+        let s = p.stages.max(1);
+        let per = p.blocks.len() / s;
+        if per == 0 || p.blocks.len() % s != 0 {
+            return Vec::new();
+        }
+        (0..s)
+            .map(|k| p.blocks[k * per].0 as usize..p.blocks[(k + 1) * per - 1].1 as usize)
+            .collect()
+    }
+
+    /// Per parameter: the pipeline stage holding it (`None`: outside the
+    /// pipelined stack, held by every device).
+    pub fn param_stages(&self) -> Vec<Option<usize>> {
+        let ranges = self.stage_ranges();
+        let mut out = vec![None; self.params.len()];
+        for (i, n) in self.nodes.iter().enumerate() {
+            if let Op::Param(k) = n.op {
+                if let Some(o) = out.get_mut(k) {
+                    *o = ranges.iter().position(|r| r.contains(&i));
+                }
+            }
+        }
+        out
     }
 
     /// Per node: whether its value is dropped after the forward pass and
@@ -466,6 +559,7 @@ impl Program {
             let args: Vec<String> = n.args.iter().map(|a| format!("%{a}")).collect();
             let op = match &n.op {
                 Op::Input(k) => format!("input {k}"),
+                Op::Targets => "targets".to_string(),
                 Op::Param(p) => format!("param {}", self.params.get(*p).map_or("?", |p| &p.name)),
                 Op::Prim(p) => p.get().render(&args),
             };

@@ -1,0 +1,143 @@
+//! The metrics a `train` logs beside its loss (`metrics: [accuracy, auc]`),
+//! as an op lowering appends after the loss ([`crate::step::attach`]): the
+//! sums accuracy and AUC are computed from, summed over the devices (f64).
+//! Nothing flows back through it; the runtime turns the sums into the
+//! metrics' values ([`Metric::value`]).
+
+use super::cost::{Cost, CostCx};
+use super::kernel::{ce, Kernel};
+use super::objective::{classes, psum_vec, row_axes, split_axes};
+use super::{Def, Forward, Kind, Primitive, R};
+use crate::spec::{Loss, Metric, AUC_BINS};
+use crate::types::TType;
+use candle_core::Tensor;
+
+pub const DEFS: &[Def] = &[
+    Def {
+        name: "metrics",
+        kind: Kind::Operator,
+        signature: "train M on mesh { metrics: [accuracy, auc] }",
+        rule: "appended after the loss by lowering: the sums each metric is computed from (right and all for accuracy, positives and negatives per probability bin for AUC), summed over the devices; no gradient",
+        check: None,
+        examples: &[],
+        differentiable: false,
+        same_on_one_device: true,
+    },
+];
+
+/// The metrics' sums of the output (operand 0) against the targets (operand
+/// 1), in order, [`Metric::sums`] each.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Metrics {
+    pub loss: Loss,
+    pub metrics: Vec<Metric>,
+}
+
+impl Metrics {
+    /// Accuracy of logits: a row is right when its target's logit is the
+    /// largest (ties count).
+    fn class_accuracy(
+        &self,
+        k: &Kernel,
+        logits: &Tensor,
+        lt: &TType,
+        labels: &Tensor,
+    ) -> R<Vec<f64>> {
+        let (vaxes, off) = classes(k, logits, lt)?;
+        let m = super::reduce_fast::max_last_keepdim(logits).map_err(ce)?;
+        let m = k.comm.pmax(k.rank, &m, &vaxes).map_err(ce)?;
+        let lab: Vec<i64> = labels
+            .flatten_all()
+            .and_then(|t| t.to_vec1::<i64>())
+            .map_err(ce)?;
+        let v = logits.dims().last().copied().unwrap_or(0);
+        let xs = Kernel::f64s(logits)?;
+        // Each row's logit at its label, 0 outside this device's classes.
+        let local: Vec<f64> = lab
+            .iter()
+            .enumerate()
+            .map(|(r, l)| {
+                let c = l - off;
+                if c >= 0 && (c as usize) < v {
+                    xs.get(r * v + c as usize).copied().unwrap_or(0.0)
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let tgt = psum_vec(k, local, &vaxes)?;
+        let mx = Kernel::f64s(&m)?;
+        let right = tgt.iter().zip(&mx).filter(|(t, m)| *t >= *m).count();
+        Ok(vec![right as f64, tgt.len() as f64])
+    }
+
+    /// Accuracy (the logit's sign is the target's) and AUC (σ(z) binned by
+    /// target) of a binary output.
+    fn binary(&self, z: &Tensor, y: &Tensor) -> R<Vec<f64>> {
+        let zs = Kernel::f64s(z)?;
+        let ys = Kernel::f64s(y)?;
+        let mut sums = Vec::new();
+        for m in &self.metrics {
+            match m {
+                Metric::Accuracy => {
+                    let right = zs
+                        .iter()
+                        .zip(&ys)
+                        .filter(|(z, y)| (**z > 0.0) == (**y > 0.5))
+                        .count();
+                    sums.extend([right as f64, zs.len() as f64]);
+                }
+                Metric::Auc => {
+                    let mut h = vec![0.0; 2 * AUC_BINS];
+                    for (z, y) in zs.iter().zip(&ys) {
+                        let p = 1.0 / (1.0 + (-z).exp());
+                        let bin = ((p * AUC_BINS as f64) as usize).min(AUC_BINS - 1);
+                        h[if *y > 0.5 { bin } else { AUC_BINS + bin }] += 1.0;
+                    }
+                    sums.extend(h);
+                }
+            }
+        }
+        Ok(sums)
+    }
+}
+
+impl Primitive for Metrics {
+    fn name(&self) -> &'static str {
+        "metrics"
+    }
+    fn attrs(&self) -> Vec<String> {
+        self.metrics.iter().map(|m| m.name().to_string()).collect()
+    }
+    fn accumulates(&self) -> bool {
+        true
+    }
+    fn backward_comms(&self) -> bool {
+        false
+    }
+
+    fn forward(&self, k: &Kernel, x: &[&Tensor], ts: &[&TType], _out: &TType) -> R<Forward> {
+        let (out, ot, y) = (x[0], ts[0], x[1]);
+        let sums = match self.loss {
+            Loss::SoftmaxCrossEntropy => {
+                if self.metrics.contains(&Metric::Accuracy) {
+                    let s = self.class_accuracy(k, out, ot, y)?;
+                    psum_vec(k, s, &row_axes(ot))?
+                } else {
+                    Vec::new()
+                }
+            }
+            Loss::SigmoidBinaryCrossEntropy => {
+                let s = self.binary(out, y)?;
+                psum_vec(k, s, &split_axes(ot))?
+            }
+            Loss::Mse | Loss::Function => Vec::new(),
+        };
+        let n = sums.len();
+        Forward::of(Tensor::from_vec(sums, n, k.dev).map_err(ce)?)
+    }
+
+    fn cost(&self, c: &CostCx, ts: &[&TType], _out: &TType) -> Option<Cost> {
+        Cost::flops(c.local_numel(ts[0])?)
+    }
+}

@@ -1,0 +1,348 @@
+//! Stage 7 (lower): the whole training step as one program. The SPMD program
+//! ([`crate::spmd`]) holds the forward pass and, derived from its primitives'
+//! derivatives, the backward one ([`crate::spmd::backward`]); a [`Step`] adds
+//! what happens after them, per parameter, as data: gradients summed over the
+//! step's microbatches, reduced over the axes the parameter is replicated on,
+//! clipped by the global norm, and updated by the parameter's optimizer with
+//! its slots. The runtime executes this description, the plan counts it, and
+//! `shardc lower` prints it: none of them restates which axes a gradient is
+//! summed over, which parameters step, or which slots they keep.
+
+use crate::mesh::Topology;
+use crate::prim::Prim;
+use crate::source::{SourceMap, Span};
+use crate::spec::{Loss, Metric, OptKind, Optimizer};
+use crate::spmd::backward::{Act, Backward};
+use crate::spmd::{LossNodes, Nid, Op, Param, Program, Seed};
+use crate::types::{Poly, TType};
+use std::fmt::Write as _;
+
+/// What a step does after the forward and backward passes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Step {
+    /// The loss the output is trained with, and the metrics logged beside it.
+    pub loss: Loss,
+    pub metrics: Vec<Metric>,
+    /// Chunks of microbatches whose gradients add up before the update
+    /// (`accumulate`), and microbatches per pipeline pass (1 without one).
+    pub accumulate: usize,
+    pub microbatches: usize,
+    /// Gradients scaled to this global L2 norm when above it.
+    pub clip: Option<f64>,
+    /// Per parameter of the program, in order.
+    pub params: Vec<ParamStep>,
+}
+
+/// One parameter's part of the step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParamStep {
+    /// The pipeline stage holding it (`None`: every device holds it).
+    pub stage: Option<usize>,
+    /// The mesh axes its gradient is summed over: those it is replicated on
+    /// among the devices holding it (empty: nothing to reduce, or frozen).
+    pub reduce: Vec<String>,
+    /// How many devices hold each piece (the product of `reduce`'s sizes).
+    pub copies: usize,
+    /// Its optimizer (frozen parameters: [`OptKind::Frozen`], no step).
+    pub optimizer: Optimizer,
+}
+
+impl ParamStep {
+    pub fn frozen(&self) -> bool {
+        self.optimizer.kind == OptKind::Frozen
+    }
+}
+
+/// How a `train` trains its program: what [`Step::of`] reads.
+pub struct Training<'a> {
+    pub loss: Loss,
+    pub metrics: &'a [Metric],
+    pub accumulate: usize,
+    pub clip: Option<f64>,
+    /// The optimizer stepping a parameter (a table may have its own; a
+    /// frozen parameter's is [`Optimizer::frozen`]).
+    pub optimizer: &'a dyn Fn(&Param) -> Optimizer,
+}
+
+impl Step {
+    /// The step of `prog` trained as `how` says.
+    pub fn of(prog: &Program, how: &Training) -> Step {
+        let topo = Topology::of(&prog.mesh);
+        let stages = prog.param_stages();
+        let params = prog
+            .params
+            .iter()
+            .zip(&stages)
+            .map(|(p, stage)| {
+                let optimizer = if p.frozen {
+                    Optimizer::frozen()
+                } else {
+                    (how.optimizer)(p)
+                };
+                let staged = stage.and(prog.pipeline.as_ref()).map(|pp| pp.axis.as_str());
+                let (reduce, copies) = topo.replication(&p.stored, staged);
+                let reduce = if optimizer.kind == OptKind::Frozen {
+                    Vec::new()
+                } else {
+                    reduce
+                };
+                ParamStep {
+                    stage: *stage,
+                    reduce,
+                    copies,
+                    optimizer,
+                }
+            })
+            .collect();
+        Step {
+            loss: how.loss,
+            metrics: how.metrics.to_vec(),
+            accumulate: how.accumulate.max(1),
+            microbatches: prog.pipeline.as_ref().map_or(1, |p| p.microbatches.max(1)),
+            clip: how.clip,
+            params,
+        }
+    }
+
+    /// The step a `train` declaration specifies for its program (an
+    /// embedding table steps with its own optimizer when it names one).
+    pub fn of_train(prog: &Program, t: &crate::spec::Train, spec: &crate::spec::Spec) -> Step {
+        let optimizer = |p: &Param| {
+            spec.tables
+                .iter()
+                .find(|tb| p.name.strip_prefix("tables.") == Some(tb.name.as_str()))
+                .and_then(|tb| tb.optimizer.clone())
+                .unwrap_or_else(|| t.optimizer.clone())
+        };
+        Step::of(
+            prog,
+            &Training {
+                loss: t.loss,
+                metrics: &t.metrics,
+                accumulate: t.accumulate,
+                clip: t.clip,
+                optimizer: &optimizer,
+            },
+        )
+    }
+
+    /// Microbatches a step sums gradients over.
+    pub fn passes(&self) -> usize {
+        self.accumulate * self.microbatches
+    }
+
+    /// The step as `shardc lower` prints it after the forward program: the
+    /// backward pass, the gradients' reductions, clipping and the updates.
+    pub fn render(&self, prog: &Program, sources: &SourceMap) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "  loss {} of %{} ({} microbatch(es) a step)",
+            self.loss.name(),
+            prog.output.map_or("?".into(), |o| o.to_string()),
+            self.passes()
+        );
+        render_backward(&mut s, prog, sources);
+        let _ = writeln!(
+            s,
+            "gradients (summed over the microbatches, then over each parameter's replicas):"
+        );
+        for (p, st) in prog.params.iter().zip(&self.params) {
+            let how = if st.frozen() {
+                "frozen: no gradient".to_string()
+            } else if st.reduce.is_empty() {
+                "one copy: no reduction".to_string()
+            } else {
+                format!(
+                    "all-reduce (psum) over ({}), {} copies",
+                    st.reduce.join(", "),
+                    st.copies
+                )
+            };
+            let _ = writeln!(
+                s,
+                "  grad {:<28} {:<32} {how}",
+                p.name,
+                p.stored.to_string()
+            );
+        }
+        match self.clip {
+            Some(c) => {
+                let _ = writeln!(s, "clip: every gradient × min(1, {c} / global L2 norm)");
+            }
+            None => {
+                let _ = writeln!(s, "clip: none");
+            }
+        }
+        let _ = writeln!(s, "update:");
+        for (p, st) in prog.params.iter().zip(&self.params) {
+            if st.frozen() {
+                continue;
+            }
+            let o = &st.optimizer;
+            let hyper: Vec<String> = o
+                .hyperparameters()
+                .into_iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            let (m, v) = o.slots();
+            let slots: Vec<&str> = [(m, "m"), (v, "v")]
+                .iter()
+                .filter(|x| x.0)
+                .map(|x| x.1)
+                .collect();
+            let _ = writeln!(
+                s,
+                "  {:<33} {}({}), lr {}; slots [{}] {}",
+                p.name,
+                o.name(),
+                hyper.join(", "),
+                o.lr,
+                slots.join(", "),
+                slot_type(&p.stored)
+            );
+        }
+        s
+    }
+}
+
+/// A slot's type: the parameter's stored layout.
+fn slot_type(t: &TType) -> String {
+    t.to_string()
+}
+
+/// The backward actions, one line each.
+fn render_backward(s: &mut String, prog: &Program, sources: &SourceMap) {
+    let bwd = Backward::of(prog);
+    let _ = writeln!(
+        s,
+        "backward ({} actions, reverse mode from the loss's cotangent):",
+        bwd.acts.len()
+    );
+    for b in &bwd.acts {
+        let node = &prog.nodes[b.node];
+        let line = match &b.act {
+            Act::Grad(p) => format!(
+                "grad {} += ∂%{}",
+                prog.params.get(*p).map_or("?", |p| p.name.as_str()),
+                b.node
+            ),
+            Act::Vjp { wants } => {
+                let to: Vec<String> = node
+                    .args
+                    .iter()
+                    .zip(wants)
+                    .filter(|(_, w)| **w)
+                    .map(|(a, _)| format!("∂%{a}"))
+                    .collect();
+                let name = match &node.op {
+                    Op::Prim(p) => p.get().name(),
+                    _ => "?",
+                };
+                let zero = if b.zero_if_absent {
+                    ""
+                } else {
+                    " (skipped without one)"
+                };
+                format!("∂%{} → {} by vjp {name}{zero}", b.node, to.join(", "))
+            }
+        };
+        let at = if node.span == crate::source::Span::default() {
+            String::new()
+        } else {
+            sources.describe(node.span)
+        };
+        let _ = writeln!(s, "  {line:<60} {at}");
+    }
+}
+
+/// Append the step's loss to `prog`, lowered for a `train` with `loss` and
+/// `metrics`: the targets, the built-in loss (or the model's loss function,
+/// inlined with the output and the targets as its inputs) and the metrics'
+/// sums. Backward then starts at the loss ([`LossNodes::root`]).
+pub fn attach(prog: &mut Program, loss: Loss, metrics: &[Metric], span: Span) {
+    if prog.objective.is_some() {
+        return;
+    }
+    let (Some(out), Some(targets_t)) = (prog.output, prog.targets(loss)) else {
+        return;
+    };
+    let start = prog.nodes.len() as Nid;
+    let targets = prog.add(Op::Targets, vec![], targets_t.ty.clone(), span);
+    let rows: usize = targets_t
+        .ty
+        .dims
+        .iter()
+        .map(|d| {
+            d.size
+                .substitute(&prog.bound)
+                .and_then(|p| p.as_const())
+                .unwrap_or(1)
+                .max(0) as usize
+        })
+        .product();
+    let (root, seed) = match (loss, prog.loss.take()) {
+        (Loss::Function, Some(f)) => match inline(prog, &f, out, targets) {
+            Some(root) => (root, Seed::Addends),
+            None => {
+                prog.loss = Some(f);
+                return;
+            }
+        },
+        (Loss::Function, None) => return,
+        (builtin, f) => {
+            prog.loss = f;
+            let op = Prim::Objective(crate::prim::objective::Objective {
+                loss: builtin,
+                rows,
+            });
+            let ty = TType::scalar(crate::ast::DType::F64);
+            (
+                prog.add(Op::Prim(op), vec![out, targets], ty, span),
+                Seed::One,
+            )
+        }
+    };
+    let sums: usize = metrics.iter().map(|m| m.sums()).sum();
+    let metrics = (!metrics.is_empty()).then(|| {
+        let op = Prim::Metrics(crate::prim::metrics::Metrics {
+            loss,
+            metrics: metrics.to_vec(),
+        });
+        let mut ty = TType::scalar(crate::ast::DType::F64);
+        ty.dims
+            .push(crate::types::Dim::replicated(Poly::constant(sums as i64)));
+        prog.add(Op::Prim(op), vec![out, targets], ty, span)
+    });
+    prog.objective = Some(LossNodes {
+        start,
+        targets,
+        root,
+        metrics,
+        seed,
+    });
+}
+
+/// The loss function's program `f` appended to `prog`, its input 0 the
+/// output `out` and its input 1 the targets; returns its result's node.
+fn inline(prog: &mut Program, f: &Program, out: Nid, targets: Nid) -> Option<Nid> {
+    let mut map: Vec<Nid> = Vec::with_capacity(f.nodes.len());
+    for n in &f.nodes {
+        let id = match &n.op {
+            Op::Input(0) => out,
+            Op::Input(1) => targets,
+            Op::Prim(_) => {
+                let args = n
+                    .args
+                    .iter()
+                    .map(|a| map.get(*a as usize).copied())
+                    .collect::<Option<Vec<Nid>>>()?;
+                prog.add(n.op.clone(), args, n.ty.clone(), n.span)
+            }
+            // A loss function reads no parameters and has two inputs.
+            Op::Input(_) | Op::Param(_) | Op::Targets => return None,
+        };
+        map.push(id);
+    }
+    map.get(f.output? as usize).copied()
+}
