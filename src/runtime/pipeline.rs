@@ -21,7 +21,7 @@ pub struct Stages {
     pub axis: String,
     pub stages: usize,
     pub microbatches: usize,
-    pub schedule: String,
+    pub schedule: crate::vocab::Pipe,
     /// Everything before the stack (stage 0 runs it), each stage's layers, and
     /// everything after (the last stage runs it, with the loss).
     pub pre: Range<usize>,
@@ -101,7 +101,7 @@ impl Stages {
             axis: p.axis.clone(),
             stages: s,
             microbatches: p.microbatches.max(1),
-            schedule: p.schedule.clone(),
+            schedule: p.schedule,
             pre: 0..first,
             ranges,
             post,
@@ -227,12 +227,7 @@ pub fn run_chunk(
     let topo = ex.comm.topo();
     let me = topo.coord(ex.rank, &st.axis);
     let s_last = st.stages - 1;
-    let schedule = if train {
-        st.schedule.as_str()
-    } else {
-        "forward"
-    };
-    let ticks = timeline(schedule, st.stages, microbatches);
+    let ticks = timeline(train.then_some(st.schedule), st.stages, microbatches);
     let mut tapes: HashMap<usize, Tape> = HashMap::new();
     let mut out_ct: HashMap<usize, Tensor> = HashMap::new();
     let mut recv_f: HashMap<usize, Tensor> = HashMap::new();
