@@ -567,7 +567,8 @@ pub fn signature_help(st: &State, p: SignatureHelpParams) -> Option<SignatureHel
     let (label, doc) = if let Some(op) = crate::prim::find(callee) {
         (op.signature.to_string(), Some(op.rule.to_string()))
     } else if let Some((n, args)) = nav::library_args(callee) {
-        (format!("{n}({})", args.join(", ")), None)
+        let doc = crate::vocab::call(callee).map(|(_, e)| e.doc().to_string());
+        (format!("{n}({})", args.join(", ")), doc)
     } else {
         let d = at
             .ix

@@ -5,9 +5,10 @@
 //! its documentation and its arguments (with their defaults); everything else
 //! is derived from these tables or checked against them:
 //!
-//! - the spec reads names through them (`from_name`, did-you-mean from
-//!   [`Vocab::names`]) and turns each tag into its typed value with an
-//!   exhaustive `match`, so a tag nobody wired does not compile;
+//! - the spec reads names through them (`from_name`; did-you-mean from
+//!   [`Vocab::names`], `crate::diag::did_you_mean`) and turns each tag into
+//!   its typed value with an exhaustive `match`, so a tag nobody wired does
+//!   not compile;
 //! - `shardc explain E0301`, the reference tables of `docs/language.md`, LSP
 //!   completion and hover, and the three editor grammars are generated from
 //!   them ([`docs`]; `tests/registry.rs` keeps the generated text in step and
@@ -15,10 +16,9 @@
 //! - live reload reads each option's [`Reload`] declaration.
 //!
 //! Ops have their own registry, `crate::prim`. Adding a word is one entry in
-//! one of the `vocabulary!` lists below (and, for a word with behaviour, the
-//! `match` arms the compiler then asks for).
-
-use crate::diag::did_you_mean;
+//! one of the `vocabulary!` lists of `optim.rs`, `words.rs` or `options.rs`
+//! (and, for a word with behaviour, the `match` arms the compiler then asks
+//! for).
 
 pub mod docs;
 mod optim;
@@ -93,7 +93,9 @@ impl Omitted {
     pub fn describe(self) -> Option<String> {
         match self {
             Omitted::Required => None,
-            Omitted::Is(v) => Some(format!("`{v:?}`").replace(".0`", "`")),
+            // Whole numbers as integers, others as written in a source.
+            Omitted::Is(v) if v == v.trunc() => Some(format!("`{v}`")),
+            Omitted::Is(v) => Some(format!("`{v:?}`")),
             Omitted::Flag(b) => Some(format!("`{b}`")),
             Omitted::From(s) => Some(s.to_string()),
         }
@@ -244,10 +246,6 @@ impl<D: Entry> Vocab<D> {
     /// Every name, in registry order.
     pub fn names(&self) -> Vec<&'static str> {
         self.defs.iter().map(|d| d.name()).collect()
-    }
-    /// The registered name closest to `name`, for did-you-mean.
-    pub fn suggest(&self, name: &str) -> Option<String> {
-        did_you_mean(name, self.defs.iter().map(|d| d.name()))
     }
 }
 
