@@ -7,7 +7,7 @@
 //!
 //! 0. foundation: [`source`], [`diag`], [`units`], [`files`], [`access`], [`arrays`], [`heap`]
 //! 1. syntax: [`ast`], [`parse`], [`fmt`]
-//! 2. core: [`types`], [`mesh`], [`init`], [`embed`], [`schedule`]
+//! 2. core: [`types`], [`mesh`], [`init`], [`embed`], [`vocab`], [`schedule`]
 //! 3. resolve: [`resolve`]
 //! 4. spec: [`spec`]
 //! 5. ir: [`prim`], [`spmd`]
@@ -24,7 +24,9 @@
 //!
 //! Source text is parsed (pest) into a syntax tree, resolved into one namespace
 //! of layers, constants and meshes, and its `train` and table declarations read
-//! into a typed specification. The checker types every value (dtype, global
+//! into a typed specification (their words — optimizers, schedules, data
+//! sources, losses, metrics, precisions, options — from one registry,
+//! [`vocab`]). The checker types every value (dtype, global
 //! shape, sharding, pending reductions) with the rules of the primitives
 //! ([`prim`]: one module per op holds its type rule, kernel, derivative and
 //! cost) and records typed function bodies with the reshards it inserts; the
@@ -60,5 +62,6 @@ pub mod spmd;
 pub mod step;
 pub mod types;
 pub mod units;
+pub mod vocab;
 pub mod watch;
 pub mod world;

@@ -31,7 +31,7 @@ pub fn lower(model: &Model, bodies: &Bodies) -> Program {
         },
         params: HashMap::new(),
         path: Vec::new(),
-        pipeline: model.pipeline.clone(),
+        pipeline: model.pipeline,
         in_checkpoint: false,
     };
     l.prog.output = l.inline(model.body, &[]);
@@ -52,7 +52,7 @@ struct Lowering<'a> {
     /// The layer path of the body being inlined (`blocks.3.attn`).
     path: Vec<String>,
     /// Microbatches and schedule of the model's pipelined stack.
-    pipeline: Option<(usize, String)>,
+    pipeline: Option<(usize, crate::vocab::Pipe)>,
     /// Inside a checkpointed block: the calls within it are not checkpointed
     /// again.
     in_checkpoint: bool,
@@ -296,7 +296,7 @@ impl Lowering<'_> {
                     axis: axis.clone(),
                     stages,
                     microbatches: *microbatches,
-                    schedule: schedule.clone(),
+                    schedule: *schedule,
                     blocks: ranges,
                     input,
                 });

@@ -1,7 +1,10 @@
 //! Pipeline schedules (GPipe, 1F1B) as lockstep timelines: what each stage
 //! does at each tick, how many microbatches' activations a stage holds at once,
 //! and the idle share. The plan counts memory and the bubble from them, and
-//! the runtime runs them.
+//! the runtime runs them. The schedules' names and docs are the registry's
+//! ([`crate::vocab::PIPELINE_SCHEDULES`]).
+
+use crate::vocab::Pipe;
 
 /// One unit of work: the forward or the backward of microbatch `m` on a stage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -10,32 +13,32 @@ pub enum Act {
     B(usize),
 }
 
-/// Each stage's order of work under a schedule.
-pub fn order(schedule: &str, stages: usize, stage: usize, m: usize) -> Vec<Act> {
-    if schedule == "forward" {
-        // Evaluation: forwards only.
-        return (0..m).map(Act::F).collect();
-    }
-    if schedule == "one_f_one_b" {
-        // Warm up with as many forwards as stages after this one, then alternate
-        // one forward and one backward, then drain the backwards.
-        let w = (stages - stage - 1).min(m);
-        let mut v: Vec<Act> = (0..w).map(Act::F).collect();
-        for i in 0..m - w {
-            v.push(Act::F(w + i));
-            v.push(Act::B(i));
+/// Each stage's order of work under a schedule (`None`: evaluation, forwards
+/// only).
+pub fn order(schedule: Option<Pipe>, stages: usize, stage: usize, m: usize) -> Vec<Act> {
+    match schedule {
+        None => (0..m).map(Act::F).collect(),
+        Some(Pipe::OneFOneB) => {
+            // Warm up with as many forwards as stages after this one, then
+            // alternate one forward and one backward, then drain the backwards.
+            let w = stages.saturating_sub(stage + 1).min(m);
+            let mut v: Vec<Act> = (0..w).map(Act::F).collect();
+            for i in 0..m - w {
+                v.push(Act::F(w + i));
+                v.push(Act::B(i));
+            }
+            v.extend((m - w..m).map(Act::B));
+            v
         }
-        v.extend((m - w..m).map(Act::B));
-        v
-    } else {
-        // GPipe: every forward, then every backward.
-        (0..m).map(Act::F).chain((0..m).map(Act::B)).collect()
+        // Every forward, then every backward.
+        Some(Pipe::GPipe) => (0..m).map(Act::F).chain((0..m).map(Act::B)).collect(),
     }
 }
 
 /// The lockstep timeline: per tick, what each stage does (`None`: idle). A stage
 /// starts its next unit as soon as what it needs arrived in an earlier tick.
-pub fn timeline(schedule: &str, stages: usize, m: usize) -> Vec<Vec<Option<Act>>> {
+/// `schedule` `None` is evaluation: forwards only.
+pub fn timeline(schedule: Option<Pipe>, stages: usize, m: usize) -> Vec<Vec<Option<Act>>> {
     let orders: Vec<Vec<Act>> = (0..stages).map(|s| order(schedule, stages, s, m)).collect();
     let mut next = vec![0usize; stages];
     let mut f_done = vec![vec![usize::MAX; m]; stages];

@@ -75,15 +75,8 @@ impl Compilation {
     ) -> Result<(&Program_, &crate::spec::Train, Config, Source), String> {
         let (prog, t, cfg) = self.settings(model)?;
         let loaded = self.data.iter().find(|d| d.model == t.model);
-        if loaded.is_none() {
-            // A file source that did not load has a diagnostic; never fall back silently.
-            if let Some(d @ (crate::spec::Data::Arrays { .. } | crate::spec::Data::Text { .. })) =
-                &t.data
-            {
-                return Err(format!("the `{}` data could not be loaded", d.name()));
-            }
-        }
-        let src = crate::runtime::config::source(t, prog, loaded.map(|d| &d.data));
+        // A file source that did not load has a diagnostic: an error, never a fallback.
+        let src = crate::runtime::config::source(t, prog, loaded.map(|d| &d.data))?;
         let like_output = prog.targets(cfg.loss).is_some_and(|x| !x.classes);
         if like_output && matches!(src, Source::Tokens { .. }) {
             // The data stage reports this (E0305); never train on ids as targets.

@@ -498,7 +498,8 @@ fn warmup_cosine_matches_optax() {
 }
 
 fn schedule(name: &str, args: &[(&str, f64)]) -> shardc::spec::Schedule {
-    shardc::spec::Schedule::build(name, &|k: &str| args.iter().find(|a| a.0 == k).map(|a| a.1))
+    let kind = shardc::vocab::Lr::from_name(name).expect("a registered schedule");
+    shardc::spec::Schedule::build(kind, &|k: &str| args.iter().find(|a| a.0 == k).map(|a| a.1))
 }
 
 fn close(a: f64, b: f64) -> bool {

@@ -10,7 +10,7 @@ use crate::source::Span;
 /// A `repeat(n, Layer, stages: axis, microbatches: m, schedule: s)` member.
 pub(super) struct Staged {
     pub axis: String,
-    pub schedule: String,
+    pub schedule: crate::vocab::Pipe,
     pub microbatches: Option<i64>,
     pub microbatches_span: Option<Span>,
     pub span: Span,
@@ -40,9 +40,10 @@ pub(super) fn staged_repeat(decl: &ast::LayerDecl) -> Option<Staged> {
         let mb = named("microbatches");
         Some(Staged {
             axis,
+            // The default when left out; an unknown name is E0301 (`layers.rs`).
             schedule: match named("schedule").map(|e| &e.kind) {
-                Some(ExprKind::Name(s)) => s.clone(),
-                _ => "gpipe".into(),
+                Some(ExprKind::Name(s)) => crate::vocab::Pipe::from_name(s).unwrap_or_default(),
+                _ => crate::vocab::Pipe::default(),
             },
             microbatches: mb.and_then(|e| match e.kind {
                 ExprKind::Int(v) => Some(v),
@@ -132,7 +133,7 @@ impl<'p> Checker<'p> {
                 batch = None;
             } else {
                 batch = Some(b / m);
-                pipeline = Some((m as usize, st.schedule.clone()));
+                pipeline = Some((m as usize, st.schedule));
                 if m < stages {
                     self.report(Problem::FewMicrobatches {
                         span,

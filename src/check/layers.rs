@@ -741,12 +741,13 @@ impl<'p> Checker<'p> {
                             span,
                         }),
                     ) => {
-                        if !["gpipe", "one_f_one_b"].contains(&s.as_str()) {
+                        let known = &crate::vocab::PIPELINE_SCHEDULES;
+                        if known.find(s).is_none() {
                             self.report(Problem::UnknownChoice {
                                 span: *span,
-                                kind: "pipeline schedule",
+                                kind: known.what,
                                 name: s.clone(),
-                                known: vec!["gpipe", "one_f_one_b"],
+                                known: known.names(),
                             });
                         }
                     }

@@ -63,7 +63,7 @@ pub struct Model {
     /// forward's output and the targets.
     pub loss: Option<BodyId>,
     /// `repeat(..., stages: axis)`: microbatches and schedule.
-    pub pipeline: Option<(usize, String)>,
+    pub pipeline: Option<(usize, crate::vocab::Pipe)>,
 }
 
 /// What the checker learned, for tools and later stages.

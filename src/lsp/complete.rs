@@ -24,9 +24,12 @@ pub const KEYWORDS: &[&str] = &[
     "let", "init", "local", "on",
 ];
 
-// The option and source lists are the spec's own, so completion cannot drift
-// from what `check` accepts.
-pub use crate::spec::{DATA, TABLE_FIELDS, TRAIN_FIELDS};
+// The options and the words they take are the registry's (`crate::vocab`),
+// so completion cannot drift from what `check` accepts.
+use crate::vocab::{
+    docs::option_detail, Entry, Field, Vocab, DATA_SOURCES, LOSSES, LR_SCHEDULES, METRICS,
+    OPTIMIZERS, PIPELINE_SCHEDULES, PRECISIONS, TABLE_OPTIONS, TRAIN_OPTIONS,
+};
 
 /// The text before the cursor with comments and strings blanked (same
 /// length), so brackets in them do not count.
@@ -143,6 +146,9 @@ fn context(before: &str) -> Context {
                 let head = pre[..i].trim_end();
                 let what = if c == '{' {
                     head.rsplit('\n').next().unwrap_or("").trim().to_string()
+                } else if c == '[' {
+                    // `metrics: [`: the option's key.
+                    ident_end(head.strip_suffix(':').unwrap_or(head).trim_end()).to_string()
                 } else {
                     ident_end(head).to_string()
                 };
@@ -238,10 +244,48 @@ fn keys(names: &[&str]) -> Vec<CompletionItem> {
         .collect()
 }
 
-fn named(list: &[(&str, &[&str])], kind: CompletionItemKind) -> Vec<CompletionItem> {
-    list.iter()
-        .map(|(n, args)| item(n, kind, Some(format!("{n}({})", args.join(", ")))))
+/// A declaration's options, each with its meaning.
+fn option_keys<T>(v: &Vocab<Field<T>>) -> Vec<CompletionItem> {
+    v.defs
+        .iter()
+        .map(|f| CompletionItem {
+            insert_text: Some(format!("{}: ", f.name)),
+            ..item(f.name, CompletionItemKind::PROPERTY, Some(option_detail(f)))
+        })
         .collect()
+}
+
+/// The words of a vocabulary: call-shaped ones with their signature, the
+/// others named by what they are; each with its row of the reference.
+fn words<D: Entry>(v: &Vocab<D>) -> Vec<CompletionItem> {
+    v.defs
+        .iter()
+        .map(|d| {
+            let (kind, detail) = if d.args().is_empty() {
+                (CompletionItemKind::ENUM_MEMBER, v.what.to_string())
+            } else {
+                (CompletionItemKind::FUNCTION, d.signature())
+            };
+            CompletionItem {
+                documentation: Some(Documentation::MarkupContent(MarkupContent {
+                    kind: MarkupKind::Markdown,
+                    value: d.doc().to_string(),
+                })),
+                ..item(d.name(), kind, Some(detail))
+            }
+        })
+        .collect()
+}
+
+/// The words a `train` or `table` option takes (`None`: an expression).
+fn option_values(key: &str) -> Option<Vec<CompletionItem>> {
+    Some(match key {
+        "optimizer" => words(&OPTIMIZERS),
+        "lr" => words(&LR_SCHEDULES),
+        "precision" => words(&PRECISIONS),
+        "data" => words(&DATA_SOURCES),
+        _ => return None,
+    })
 }
 
 fn op_items(kind: Option<crate::prim::Kind>) -> Vec<CompletionItem> {
@@ -301,6 +345,44 @@ fn scope(ix: &Index, file: usize, at: usize, only_sizes: bool) -> Vec<Completion
     out
 }
 
+/// In a `train` or `table` block (`head` is `train MODEL on MESH` or
+/// `table NAME`): its options, or the words the option being written takes.
+fn in_options(at: &At, cx: &Context, head: &str) -> Vec<CompletionItem> {
+    match cx.key.as_deref() {
+        None if cx.at_key && head.starts_with("train") => option_keys(&TRAIN_OPTIONS),
+        None if cx.at_key => option_keys(&TABLE_OPTIONS),
+        Some("loss") => losses(at, head),
+        Some(k) => option_values(k).unwrap_or_else(|| scope(at.ix, at.file, at.offset, true)),
+        None => scope(at.ix, at.file, at.offset, true),
+    }
+}
+
+/// The built-in losses, and the functions of the trained model (`head` is
+/// `train MODEL on MESH`), which `loss:` may name.
+fn losses(at: &At, head: &str) -> Vec<CompletionItem> {
+    let mut v: Vec<CompletionItem> = words(&LOSSES);
+    let model = head.split_whitespace().nth(1).unwrap_or_default();
+    let ds = &at.ix.defs;
+    let of_model = |d: &super::index::Def| {
+        d.container
+            .and_then(|c| ds.get(c))
+            .is_some_and(|m| m.kind == Kind::Model && m.name == model)
+    };
+    for d in ds
+        .iter()
+        .filter(|d| d.kind == Kind::Fn && d.name != "forward")
+    {
+        if of_model(d) && !v.iter().any(|i| i.label == d.name) {
+            v.push(item(
+                &d.name,
+                CompletionItemKind::FUNCTION,
+                Some(format!("loss function of `{model}`")),
+            ));
+        }
+    }
+    v
+}
+
 pub fn completion(st: &State, p: CompletionParams) -> Option<CompletionResponse> {
     let at = nav::at(
         st,
@@ -328,36 +410,6 @@ pub fn completion(st: &State, p: CompletionParams) -> Option<CompletionResponse>
     if cx.axes {
         return list(axes(&cx));
     }
-    let schedules = || named(crate::spec::Schedule::NAMES, CompletionItemKind::FUNCTION);
-    let optimizers = || named(crate::spec::Optimizer::NAMES, CompletionItemKind::FUNCTION);
-    // The built-in losses, and the functions of the trained model (`head` is
-    // `train MODEL on MESH`), which `loss:` may name.
-    let losses = |head: &str| {
-        let mut v: Vec<CompletionItem> = super::index::LOSSES
-            .iter()
-            .map(|n| item(n, CompletionItemKind::ENUM_MEMBER, Some("loss".into())))
-            .collect();
-        let model = head.split_whitespace().nth(1).unwrap_or_default();
-        let ds = &at.ix.defs;
-        let of_model = |d: &super::index::Def| {
-            d.container
-                .and_then(|c| ds.get(c))
-                .is_some_and(|m| m.kind == Kind::Model && m.name == model)
-        };
-        for d in ds
-            .iter()
-            .filter(|d| d.kind == Kind::Fn && d.name != "forward")
-        {
-            if of_model(d) && !v.iter().any(|i| i.label == d.name) {
-                v.push(item(
-                    &d.name,
-                    CompletionItemKind::FUNCTION,
-                    Some(format!("loss function of `{model}`")),
-                ));
-            }
-        }
-        v
-    };
     match &cx.open {
         Some(('(', callee)) => {
             if let Some(op) = crate::prim::find(callee) {
@@ -368,37 +420,31 @@ pub fn completion(st: &State, p: CompletionParams) -> Option<CompletionResponse>
             if callee == "repeat" && cx.key.as_deref() == Some("stages") {
                 return list(axes(&cx));
             }
+            if callee == "repeat" && cx.key.as_deref() == Some("schedule") {
+                return list(words(&PIPELINE_SCHEDULES));
+            }
             if let Some((_, args)) = nav::library_args(callee) {
                 if cx.key.as_deref() == Some("lr") {
-                    return list(schedules());
+                    return list(words(&LR_SCHEDULES));
                 }
                 if cx.key.is_none() {
-                    return list(keys(args));
+                    return list(keys(&args));
                 }
                 return list(scope(at.ix, at.file, at.offset, true));
             }
         }
+        Some(('[', key)) if key == "metrics" => return list(words(&METRICS)),
         Some(('[', _)) => return list(scope(at.ix, at.file, at.offset, true)),
         Some(('{', head)) if head.starts_with("train") || head.starts_with("table") => {
-            let fields = if head.starts_with("train") {
-                TRAIN_FIELDS
-            } else {
-                TABLE_FIELDS
-            };
-            return match cx.key.as_deref() {
-                None if cx.at_key => list(keys(fields)),
-                Some("optimizer") => list(optimizers()),
-                Some("lr") => list(schedules()),
-                Some("loss") => list(losses(head)),
-                Some("precision") => list(
-                    crate::spec::Precision::NAMES
-                        .iter()
-                        .map(|n| item(n, CompletionItemKind::ENUM_MEMBER, Some("precision".into())))
-                        .collect(),
-                ),
-                Some("data") => list(named(DATA, CompletionItemKind::FUNCTION)),
-                _ => list(scope(at.ix, at.file, at.offset, true)),
-            };
+            return list(in_options(&at, &cx, head));
+        }
+        Some(('{', head)) if cx.at_key => {
+            // An options-block option of a `train` (`eval: {`): its fields.
+            let key = head.trim_end_matches(':').trim();
+            if let Some(f) = TRAIN_OPTIONS.find(key).filter(|f| !f.args.is_empty()) {
+                let names: Vec<&str> = f.args.iter().map(|a| a.name).collect();
+                return list(keys(&names));
+            }
         }
         None => {
             // Top level.
@@ -521,7 +567,8 @@ pub fn signature_help(st: &State, p: SignatureHelpParams) -> Option<SignatureHel
     let (label, doc) = if let Some(op) = crate::prim::find(callee) {
         (op.signature.to_string(), Some(op.rule.to_string()))
     } else if let Some((n, args)) = nav::library_args(callee) {
-        (format!("{n}({})", args.join(", ")), None)
+        let doc = crate::vocab::call(callee).map(|(_, e)| e.doc().to_string());
+        (format!("{n}({})", args.join(", ")), doc)
     } else {
         let d = at
             .ix

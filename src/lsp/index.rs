@@ -80,7 +80,7 @@ pub enum Target {
     /// A built-in op (a row of the op registry).
     Op(&'static str),
     /// A name that is not an op but is known (initializers, optimizers,
-    /// schedules, data sources, `repeat`).
+    /// schedules, data sources, losses, metrics, `repeat`).
     Library(&'static str),
     /// An imported file, by index.
     File(usize),
@@ -525,9 +525,9 @@ impl Builder {
         }
         crate::prim::docs::LIBRARY
             .iter()
-            .chain(LOSSES)
-            .find(|n| **n == name)
             .copied()
+            .find(|n| *n == name)
+            .or_else(|| crate::vocab::word(name).map(|(_, e)| e.name()))
             .map(Target::Library)
     }
 
@@ -701,6 +701,3 @@ impl Builder {
         }
     }
 }
-
-/// Loss names (`train`'s `loss:`).
-pub const LOSSES: &[&str] = crate::spec::Loss::NAMES;

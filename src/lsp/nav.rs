@@ -426,34 +426,16 @@ pub fn op_doc(name: &str) -> Option<String> {
     ))
 }
 
-/// Optimizers', schedules' and data sources' arguments.
-pub fn library_args(name: &str) -> Option<(&'static str, &'static [&'static str])> {
-    crate::spec::Optimizer::NAMES
-        .iter()
-        .chain(crate::spec::Schedule::NAMES)
-        .chain(super::complete::DATA)
-        .find(|(n, _)| *n == name)
-        .copied()
+/// An optimizer's, schedule's or data source's name and arguments (the
+/// registry's, `crate::vocab`).
+pub fn library_args(name: &str) -> Option<(&'static str, Vec<&'static str>)> {
+    crate::vocab::call(name).map(|(_, e)| (e.name(), e.args().iter().map(|a| a.name).collect()))
 }
 
 fn library_doc(name: &str) -> String {
-    let what = if crate::spec::Optimizer::NAMES
-        .iter()
-        .any(|(n, _)| *n == name)
-    {
-        "optimizer"
-    } else if crate::spec::Schedule::NAMES.iter().any(|(n, _)| *n == name) {
-        "learning-rate schedule"
-    } else if super::complete::DATA.iter().any(|(n, _)| *n == name) {
-        "data source"
-    } else if super::index::LOSSES.contains(&name) {
-        "loss"
-    } else {
-        "built-in"
-    };
-    match library_args(name) {
-        Some((n, args)) => format!("```shard\n{n}({})\n```\n{what}", args.join(", ")),
-        None => format!("```shard\n{name}\n```\n{what}"),
+    match crate::vocab::word(name) {
+        Some((what, e)) => crate::vocab::docs::hover(what, e),
+        None => format!("```shard\n{name}\n```\nbuilt-in"),
     }
 }
 

@@ -112,7 +112,7 @@ pub struct PipelinePlan {
     pub axis: String,
     pub stages: usize,
     pub microbatches: usize,
-    pub schedule: String,
+    pub schedule: crate::vocab::Pipe,
     /// Idle share of each device's step.
     pub bubble: f64,
     /// Per stage: the most microbatches in flight, and their activation bytes
@@ -642,7 +642,7 @@ fn pipeline(
     use crate::schedule as sch;
     let stages = pp.stages.max(1);
     let m = pp.microbatches.max(1);
-    let ticks = sch::timeline(&pp.schedule, stages, m);
+    let ticks = sch::timeline(Some(pp.schedule), stages, m);
     let in_flight: Vec<usize> = (0..stages).map(|k| sch::in_flight(&ticks, k)).collect();
     let start = pp.blocks.first().map_or(0, |b| b.0 as usize);
     let end = pp.blocks.last().map_or(0, |b| b.1 as usize);
@@ -697,7 +697,7 @@ fn pipeline(
         axis: pp.axis.clone(),
         stages,
         microbatches: m,
-        schedule: pp.schedule.clone(),
+        schedule: pp.schedule,
         bubble: sch::bubble(&ticks),
         in_flight,
         activations,
@@ -969,7 +969,7 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
             pp.stages,
             pp.axis,
             pp.microbatches,
-            if pp.schedule == "one_f_one_b" { "1F1B" } else { "GPipe" },
+            pp.schedule.label(),
             pp.bubble * 100.0
         ));
         s.push_str(&format!(

@@ -27,9 +27,10 @@ pub fn names(kind: Kind) -> Vec<&'static str> {
         .collect()
 }
 
-/// Names written like calls that are not ops (layer constructs, initializers,
-/// optimizers, schedules, data sources, table placement): editors highlight
-/// them as library functions.
+/// Names written like calls that are neither ops nor words of a vocabulary
+/// (layer constructs, initializers, table placement): editors highlight them
+/// as library functions, with the call-shaped words of `crate::vocab`
+/// (optimizers, schedules, data sources).
 pub const LIBRARY: &[&str] = &[
     "repeat",
     "shard_params",
@@ -37,20 +38,5 @@ pub const LIBRARY: &[&str] = &[
     "truncated_normal",
     "uniform",
     "constant",
-    "sgd",
-    "adam",
-    "adamw",
-    "adagrad",
-    "ftrl",
-    "warmup_cosine",
-    "warmup_linear",
-    "warmup_constant",
-    "inverse_sqrt",
-    "wsd",
-    "shakespeare_words",
-    "shakespeare_chars",
-    "text",
-    "arrays",
-    "synthetic",
     "rows",
 ];

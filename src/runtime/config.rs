@@ -2,13 +2,16 @@
 //! `train`, with what the command line and a resumed checkpoint add (steps,
 //! seed, dtype, initial values), the embedding tables' SparseCore settings, and
 //! the data source. Built from the lowered program and the spec alone: the
-//! runtime never reads the syntax tree.
+//! runtime never reads the syntax tree. Where a run keeps each `train` and
+//! `table` option ([`change`], [`table_change`]) is what live reload compares,
+//! by each option's registry declaration (`crate::vocab`).
 
 use super::data::{Source, Targets};
 use super::sparse::{Fdo, LookupRun, SparseConfig, TableRun};
 use crate::embed::{Layout, Partitioner, TableInfo};
-use crate::spec::{self, Loss, Optimizer, Spec};
+use crate::spec::{self, Loss, Optimizer, Precision, Spec};
 use crate::spmd::{Op, Program};
+use crate::vocab::{TableOption, TrainOption};
 use candle_core::DType;
 use std::collections::HashMap;
 
@@ -44,6 +47,13 @@ pub struct Config {
     pub init_opt: HashMap<String, Vec<f64>>,
     /// Embedding tables' SparseCore input processing and FDO.
     pub sparse: SparseConfig,
+    /// The source the `train` names (`None`: synthetic data); what a run
+    /// reads is its [`source`].
+    pub data: Option<spec::Data>,
+    /// Steps between logged lines.
+    pub log_every: usize,
+    /// The embedding tables as declared.
+    pub tables: Vec<spec::Table>,
 }
 
 impl Config {
@@ -59,10 +69,11 @@ impl Config {
             accumulate: t.accumulate.max(1),
             clip: t.clip,
             dtype: DType::F32,
-            compute: t.precision.compute().map(|d| match d {
-                crate::ast::DType::F16 => DType::F16,
-                _ => DType::BF16,
-            }),
+            compute: match t.precision {
+                Precision::F32 => None,
+                Precision::BF16 => Some(DType::BF16),
+                Precision::F16 => Some(DType::F16),
+            },
             init: Default::default(),
             per_param: spec
                 .tables
@@ -79,6 +90,9 @@ impl Config {
             init_opt: Default::default(),
             sparse: sparse_config(spec, prog, t),
             eval: t.eval,
+            data: t.data.clone(),
+            log_every: t.log_every,
+            tables: spec.tables.clone(),
         }
     }
 
@@ -125,19 +139,21 @@ impl Config {
 
 /// The data source a `train` names (or what the data stage loaded for it from a
 /// file, or `--data`), or synthetic data for the targets `prog`'s loss trains
-/// against (classes: the output's last dimension).
+/// against (classes: the output's last dimension) when it names none. A file
+/// source the data stage did not load is an error (it has a diagnostic):
+/// never a silent fallback.
 pub fn source(
     t: &spec::Train,
     prog: &crate::spmd::Program,
     loaded: Option<&crate::data::Loaded>,
-) -> Source {
+) -> Result<Source, String> {
     match loaded {
-        Some(crate::data::Loaded::Arrays(a)) => return Source::Arrays(a.clone()),
+        Some(crate::data::Loaded::Arrays(a)) => return Ok(Source::Arrays(a.clone())),
         Some(crate::data::Loaded::Text { ids, seq }) => {
-            return Source::Tokens {
+            return Ok(Source::Tokens {
                 ids: ids.clone(),
                 seq: *seq,
-            }
+            })
         }
         None => {}
     }
@@ -160,7 +176,7 @@ pub fn source(
             _ => Targets::Normal,
         },
     };
-    match &t.data {
+    Ok(match &t.data {
         Some(spec::Data::ShakespeareWords { vocab, seq, .. }) => Source::Tokens {
             ids: crate::data::shakespeare_words(vocab.unwrap_or(classes)),
             seq: *seq,
@@ -177,11 +193,133 @@ pub fn source(
             targets,
         },
         Some(spec::Data::Clicks { vocab, .. }) => Source::Clicks { vocab: *vocab },
-        _ => Source::Synthetic {
+        Some(d @ (spec::Data::Text { .. } | spec::Data::Arrays { .. })) => {
+            return Err(format!("the `{}` data could not be loaded", d.name()))
+        }
+        None => Source::Synthetic {
             classes,
             vocab: None,
             targets,
         },
+    })
+}
+
+/// How an option differs between two runs' settings: the old and new value
+/// as the reload log shows them, and for an optimizer the hyperparameters
+/// that changed (`lr 1e-2 → 1e-3`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Change {
+    pub was: String,
+    pub now: String,
+    pub more: Vec<String>,
+}
+
+/// `Some` when `a` and `b` differ, each shown by `show`.
+fn moved<T: PartialEq>(a: &T, b: &T, show: impl Fn(&T) -> String) -> Option<Change> {
+    (a != b).then(|| Change {
+        was: show(a),
+        now: show(b),
+        more: Vec::new(),
+    })
+}
+
+fn optional<T: ToString>(v: &Option<T>) -> String {
+    v.as_ref().map_or("none".to_string(), T::to_string)
+}
+
+/// How the `train` option `o` differs between the settings `a` and `b`
+/// (`None`: it does not).
+pub fn change(o: TrainOption, a: &Config, b: &Config) -> Option<Change> {
+    let shown = |x: &dyn std::fmt::Display| x.to_string();
+    match o {
+        TrainOption::Data => {
+            let same = match (&a.data, &b.data) {
+                (Some(x), Some(y)) => x.same_source(y),
+                (x, y) => x.is_none() && y.is_none(),
+            };
+            let name = |d: &Option<spec::Data>| d.as_ref().map_or("synthetic", |d| d.name());
+            (!same).then(|| Change {
+                was: name(&a.data).into(),
+                now: name(&b.data).into(),
+                more: Vec::new(),
+            })
+        }
+        TrainOption::Batch => moved(&a.batch, &b.batch, |x| shown(x)),
+        TrainOption::Steps => moved(&a.steps, &b.steps, |x| shown(x)),
+        TrainOption::Loss => moved(&a.loss, &b.loss, |x| x.name().into()),
+        TrainOption::Metrics => moved(&a.metrics, &b.metrics, |m| {
+            let names: Vec<&str> = m.iter().map(|m| m.name()).collect();
+            format!("[{}]", names.join(", "))
+        }),
+        TrainOption::Optimizer => optimizer_change(&a.optimizer, &b.optimizer),
+        TrainOption::LogEvery => moved(&a.log_every, &b.log_every, |x| shown(x)),
+        TrainOption::Seed => moved(&a.seed, &b.seed, |x| shown(x)),
+        TrainOption::ClipGradNorm => moved(&a.clip, &b.clip, optional),
+        TrainOption::Accumulate => moved(&a.accumulate, &b.accumulate, |x| shown(x)),
+        TrainOption::Eval => moved(&a.eval, &b.eval, |e| {
+            e.map_or("none".into(), |e| {
+                format!("every {} for {}", e.every, e.steps)
+            })
+        }),
+        TrainOption::Checkpoint => moved(&a.checkpoint, &b.checkpoint, |c| {
+            c.as_ref().map_or("none".into(), |c| {
+                format!("every {} in {}", c.every, c.dir.display())
+            })
+        }),
+        TrainOption::Fdo => moved(&a.sparse.fdo, &b.sparse.fdo, |f| {
+            f.as_ref().map_or("none".into(), |f| {
+                format!("every {} in {}", f.every, f.dir.display())
+            })
+        }),
+        TrainOption::Precision => moved(&a.compute, &b.compute, |c| {
+            c.map_or("f32".into(), |d| format!("{d:?}").to_lowercase())
+        }),
+    }
+}
+
+fn optimizer_change(a: &Optimizer, b: &Optimizer) -> Option<Change> {
+    (a != b).then(|| Change {
+        was: a.name().into(),
+        now: b.name().into(),
+        more: b.changes_from(a),
+    })
+}
+
+/// How the `table` option `o` of a table differs between two declarations
+/// of it (`None`: it does not).
+pub fn table_change(o: TableOption, a: &spec::Table, b: &spec::Table) -> Option<Change> {
+    let limit = |x: &Option<i64>| optional(x);
+    match o {
+        TableOption::Vocab => moved(&a.vocab, &b.vocab, limit),
+        TableOption::Dim => moved(&a.dim, &b.dim, limit),
+        TableOption::Init => moved(&a.init, &b.init, |i| format!("{i:?}")),
+        TableOption::Combiner => moved(&a.combiner, &b.combiner, |c| c.name().into()),
+        TableOption::Optimizer => {
+            let run = Optimizer::default();
+            let (x, y) = (
+                a.optimizer.as_ref().unwrap_or(&run),
+                b.optimizer.as_ref().unwrap_or(&run),
+            );
+            match (&a.optimizer, &b.optimizer) {
+                (Some(_), Some(_)) => optimizer_change(x, y),
+                // Its own optimizer given or taken away: the run's steps it.
+                _ => moved(&a.optimizer, &b.optimizer, |o| {
+                    o.as_ref().map_or("the run's".into(), |o| o.name().into())
+                }),
+            }
+        }
+        TableOption::Frozen => moved(&a.frozen, &b.frozen, |x| x.to_string()),
+        TableOption::MaxIds => moved(&a.max_ids, &b.max_ids, limit),
+        TableOption::MaxUniqueIds => moved(&a.max_unique_ids, &b.max_unique_ids, limit),
+        TableOption::StackMaxIds => moved(&a.stack_max_ids, &b.stack_max_ids, limit),
+        TableOption::StackMaxUniqueIds => {
+            moved(&a.stack_max_unique_ids, &b.stack_max_unique_ids, limit)
+        }
+        TableOption::SuggestedBufferSize => moved(&a.suggested_buffer, &b.suggested_buffer, limit),
+        TableOption::Overflow => moved(&a.overflow, &b.overflow, |x| format!("{x:?}")),
+        TableOption::Shard => moved(&a.axis, &b.axis, |x| {
+            x.as_ref().map_or("none".into(), |a| format!("rows({a})"))
+        }),
     }
 }
 

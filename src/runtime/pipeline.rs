@@ -21,7 +21,7 @@ pub struct Stages {
     pub axis: String,
     pub stages: usize,
     pub microbatches: usize,
-    pub schedule: String,
+    pub schedule: crate::vocab::Pipe,
     /// Everything before the stack (stage 0 runs it), each stage's layers, and
     /// everything after (the last stage runs it, with the loss).
     pub pre: Range<usize>,
@@ -93,7 +93,7 @@ impl Stages {
             axis: p.axis.clone(),
             stages: s,
             microbatches: p.microbatches.max(1),
-            schedule: p.schedule.clone(),
+            schedule: p.schedule,
             pre: 0..first,
             ranges,
             post,
@@ -216,11 +216,7 @@ pub fn run_chunk(
     train: bool,
 ) -> R<Chunk> {
     let topo = ex.comm.topo();
-    let schedule = if train {
-        st.schedule.as_str()
-    } else {
-        "forward"
-    };
+    let schedule = train.then_some(st.schedule);
     // The shape every boundary value has (the repeated layer keeps its type).
     let act_shape: Vec<usize> = ex
         .prog

@@ -6,13 +6,20 @@
 //! weight decay, betas) or a new clipping norm. Anything else is refused with the
 //! reason, and the training goes on unchanged.
 //!
+//! What an edit of each `train` and `table` option does is that option's
+//! declaration in the registry ([`crate::vocab::Reload`]): applied live, kept
+//! until the run restarts (and named), or refused. [`compare`] reads those
+//! declarations; it compares by hand only what no option holds: the program
+//! (parameters, inputs, output, pipeline) and each parameter's optimizer
+//! state.
+//!
 //! A reload at step k trains exactly as stopping after step k and resuming from
 //! that checkpoint with the edited file would (`tests/runtime.rs` checks this).
 
-use super::config::Config;
+use super::config::{self, Change, Config};
 use super::pipeline::Stages;
-use crate::spec::Optimizer;
 use crate::spmd::{Op, Program};
+use crate::vocab::{Reload, TABLE_OPTIONS, TRAIN_OPTIONS};
 use std::sync::{Arc, Mutex};
 
 /// One accepted edit.
@@ -85,11 +92,6 @@ fn output(p: &Program) -> Option<String> {
         .map(|n| n.ty.to_string())
 }
 
-/// The hyperparameters that differ, as `name old → new`.
-fn optimizer_changes(a: &Optimizer, b: &Optimizer) -> Vec<String> {
-    b.changes_from(a)
-}
-
 /// Whether `new` (with `new_cfg`) can replace `old` in a running training. On
 /// success, what changes (for the log); otherwise every reason it cannot.
 pub fn compare(
@@ -98,6 +100,105 @@ pub fn compare(
     new: &Program,
     new_cfg: &Config,
 ) -> Result<String, Vec<String>> {
+    let mut why = program_changes(old, new);
+    why.extend(state_changes(old, old_cfg, new, new_cfg));
+    let mut edits = Edits::default();
+    for o in TRAIN_OPTIONS.defs {
+        if let Some(c) = config::change(o.tag, old_cfg, new_cfg) {
+            edits.record(o.name, o.reload, c);
+        }
+    }
+    for a in &old_cfg.tables {
+        let Some(b) = new_cfg.tables.iter().find(|b| b.name == a.name) else {
+            continue;
+        };
+        for o in TABLE_OPTIONS.defs {
+            if let Some(c) = config::table_change(o.tag, a, b) {
+                edits.record_table(&a.name, o.name, o.reload, c);
+            }
+        }
+    }
+    // What the run derived from the tables and the program (stacks, the
+    // lookups' places in the program) must stay too.
+    let (a, b) = (&old_cfg.sparse, &new_cfg.sparse);
+    let derived = (&a.tables, &a.lookups, a.sparsecores) != (&b.tables, &b.lookups, b.sparsecores);
+    if derived && edits.refused.is_empty() {
+        why.push("the tables' settings changed".into());
+    }
+    why.append(&mut edits.refused);
+    if !why.is_empty() {
+        return Err(why);
+    }
+    let (ops_old, ops_new) = (old.nodes.len(), new.nodes.len());
+    let forward_same = ops_old == ops_new
+        && old
+            .nodes
+            .iter()
+            .zip(&new.nodes)
+            .all(|(a, b)| a.op == b.op && a.args == b.args);
+    if !forward_same {
+        edits
+            .live
+            .insert(0, format!("a changed forward ({ops_old} → {ops_new} ops)"));
+    }
+    let mut s = if edits.live.is_empty() {
+        "nothing that changes the training".to_string()
+    } else {
+        edits.live.join("; ")
+    };
+    if !edits.later.is_empty() {
+        s += &format!(" ({} apply when the run restarts)", edits.later.join(", "));
+    }
+    Ok(s)
+}
+
+/// The options an edit changes, sorted by their reload declarations.
+#[derive(Default)]
+struct Edits {
+    /// Applied from the next step: `name old → new` lines.
+    live: Vec<String>,
+    /// Applied when the run restarts: their names.
+    later: Vec<String>,
+    /// Reasons the edit is refused.
+    refused: Vec<String>,
+}
+
+impl Edits {
+    fn record(&mut self, name: &str, reload: Reload, c: Change) {
+        match reload {
+            Reload::Live => {
+                if c.was != c.now {
+                    self.live.push(format!("{name} {} → {}", c.was, c.now));
+                }
+                self.live.extend(c.more);
+            }
+            Reload::Restart => self.later.push(name.to_string()),
+            Reload::Refused => self
+                .refused
+                .push(format!("the {name} changed from {} to {}", c.was, c.now)),
+        }
+    }
+
+    fn record_table(&mut self, table: &str, name: &str, reload: Reload, c: Change) {
+        match reload {
+            Reload::Live => {
+                let of = format!("`tables.{table}`: ");
+                if c.was != c.now {
+                    self.live.push(format!("{of}{name} {} → {}", c.was, c.now));
+                }
+                self.live.extend(c.more.iter().map(|m| format!("{of}{m}")));
+            }
+            Reload::Restart => self.later.push(format!("table `{table}`'s {name}")),
+            Reload::Refused => self.refused.push(format!(
+                "the {name} of table `{table}` changed from {} to {}",
+                c.was, c.now
+            )),
+        }
+    }
+}
+
+/// What makes the programs' parameters, inputs, output or pipeline differ.
+fn program_changes(old: &Program, new: &Program) -> Vec<String> {
     let mut why = Vec::new();
     if old.model != new.model {
         why.push(format!("it trains `{}`, not `{}`", new.model, old.model));
@@ -120,13 +221,8 @@ pub fn compare(
             why.push(format!("parameter `{}` is new", q.name));
         }
     }
-    if why.is_empty()
-        && old
-            .params
-            .iter()
-            .map(|p| &p.name)
-            .ne(new.params.iter().map(|p| &p.name))
-    {
+    let names = |p: &Program| p.params.iter().map(|p| p.name.clone()).collect::<Vec<_>>();
+    if why.is_empty() && names(old) != names(new) {
         why.push("the parameters are in another order".into());
     }
     if inputs(old) != inputs(new) {
@@ -143,23 +239,18 @@ pub fn compare(
             output(new).unwrap_or_default()
         ));
     }
+    let shape = |p: &crate::spmd::Pipeline| {
+        (
+            p.axis.clone(),
+            p.stages,
+            p.microbatches,
+            p.schedule,
+            p.blocks.len(),
+        )
+    };
     match (&old.pipeline, &new.pipeline) {
         (None, None) => {}
-        (Some(a), Some(b))
-            if (
-                &a.axis,
-                a.stages,
-                a.microbatches,
-                &a.schedule,
-                a.blocks.len(),
-            ) == (
-                &b.axis,
-                b.stages,
-                b.microbatches,
-                &b.schedule,
-                b.blocks.len(),
-            ) =>
-        {
+        (Some(a), Some(b)) if shape(a) == shape(b) => {
             // A stage holds only its own layers' parameters: they must stay put.
             let held = |p: &Program| Stages::of(p).ok().flatten().map(|s| s.param_stage);
             if held(old).is_none() || held(old) != held(new) {
@@ -168,12 +259,13 @@ pub fn compare(
         }
         _ => why.push("the pipeline (axis, stages, microbatches or schedule) changed".into()),
     }
-    if old_cfg.batch != new_cfg.batch || old_cfg.accumulate != new_cfg.accumulate {
-        why.push("the batch or its accumulation changed".into());
-    }
-    if format!("{:?}", old_cfg.sparse) != format!("{:?}", new_cfg.sparse) {
-        why.push("the tables' settings changed".into());
-    }
+    why
+}
+
+/// Parameters whose optimizer state an edit would change: frozen or
+/// unfrozen, or stepped by an optimizer that keeps other slots.
+fn state_changes(old: &Program, old_cfg: &Config, new: &Program, new_cfg: &Config) -> Vec<String> {
+    let mut why = Vec::new();
     for p in &old.params {
         let Some(q) = new.params.iter().find(|q| q.name == p.name) else {
             continue;
@@ -196,75 +288,5 @@ pub fn compare(
             ));
         }
     }
-    if !why.is_empty() {
-        return Err(why);
-    }
-    let mut changes = Vec::new();
-    let (ops_old, ops_new) = (old.nodes.len(), new.nodes.len());
-    let forward_same = ops_old == ops_new
-        && old
-            .nodes
-            .iter()
-            .zip(&new.nodes)
-            .all(|(a, b)| a.op == b.op && a.args == b.args);
-    if !forward_same {
-        changes.push(format!("a changed forward ({ops_old} → {ops_new} ops)"));
-    }
-    if old_cfg.optimizer.name() != new_cfg.optimizer.name() {
-        changes.push(format!(
-            "optimizer {} → {}",
-            old_cfg.optimizer.name(),
-            new_cfg.optimizer.name()
-        ));
-    }
-    changes.extend(optimizer_changes(&old_cfg.optimizer, &new_cfg.optimizer));
-    for p in &old.params {
-        if let (Some(a), Some(b)) = (
-            old_cfg.per_param.get(&p.name),
-            new_cfg.per_param.get(&p.name),
-        ) {
-            changes.extend(
-                optimizer_changes(a, b)
-                    .into_iter()
-                    .map(|c| format!("`{}`: {c}", p.name)),
-            );
-        }
-    }
-    if old_cfg.clip != new_cfg.clip {
-        let t = |c: Option<f64>| c.map_or("none".to_string(), |v| v.to_string());
-        changes.push(format!(
-            "clip_grad_norm {} → {}",
-            t(old_cfg.clip),
-            t(new_cfg.clip)
-        ));
-    }
-    // Settings a reload does not apply: say so rather than ignore them.
-    let mut later = Vec::new();
-    if old_cfg.steps != new_cfg.steps {
-        later.push("steps");
-    }
-    if old_cfg.seed != new_cfg.seed {
-        later.push("seed");
-    }
-    if old_cfg.eval != new_cfg.eval {
-        later.push("eval");
-    }
-    if old_cfg.checkpoint != new_cfg.checkpoint {
-        later.push("checkpoint");
-    }
-    if old_cfg.dtype != new_cfg.dtype {
-        later.push("dtype");
-    }
-    if old_cfg.compute != new_cfg.compute {
-        later.push("precision");
-    }
-    let mut s = if changes.is_empty() {
-        "nothing that changes the training".to_string()
-    } else {
-        changes.join("; ")
-    };
-    if !later.is_empty() {
-        s += &format!(" ({} apply when the run restarts)", later.join(", "));
-    }
-    Ok(s)
+    why
 }

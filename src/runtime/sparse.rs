@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
 /// One table as a run uses it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct TableRun {
     pub name: String,
     /// The stack it belongs to (the name its FDO statistics are filed under).
@@ -36,7 +36,7 @@ pub fn stack_limits(tables: &[&TableRun]) -> Limits {
 }
 
 /// One `lookup` whose ids are a model input.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct LookupRun {
     pub node: usize,
     pub input: usize,
@@ -44,14 +44,14 @@ pub struct LookupRun {
     pub table: usize,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Fdo {
     pub every: usize,
     pub dir: PathBuf,
     pub headroom: f64,
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct SparseConfig {
     pub tables: Vec<TableRun>,
     pub lookups: Vec<LookupRun>,

@@ -1,4 +1,4 @@
-//! Stage 3: the typed training specification. Every `train` declaration and
+//! The typed training specification. Every `train` declaration and
 //! every embedding table becomes, once, a typed value with each setting read,
 //! checked (with diagnostics) and its constants evaluated: the batch, steps,
 //! accumulation, loss, optimizer and learning-rate schedule, clipping, eval,
@@ -6,50 +6,25 @@
 //! initializer, combiner, optimizer, limits and placement. The checker, the
 //! data stage, the plan, the runtime and the command line all read these
 //! values; none of them reads `train` or `table` options from the syntax tree.
+//! The words these values are named by (options, optimizers, schedules, data
+//! sources, losses, metrics, precisions) are the registry's, [`crate::vocab`].
 
 mod build;
 mod optimizer;
+mod table;
+mod train;
 
-pub use build::{build, DATA, TABLE_FIELDS, TRAIN_FIELDS};
-pub use optimizer::{OptKind, Optimizer, Schedule};
+pub use crate::vocab::{Loss, Metric, Precision};
+pub use build::build;
+pub use optimizer::{default_lr, OptKind, Optimizer, Schedule};
 
 use crate::embed::{Combiner, Overflow};
 use crate::init::Init;
 use crate::source::Span;
+use crate::vocab::DataSource;
 use std::path::PathBuf;
 
-/// The float precision a `train` computes in (`precision: bf16`): mixed
-/// precision keeps f32 master weights, gradients and optimizer state, and
-/// computes the forward and backward passes (parameters' working copies,
-/// activations, their collectives) in the 16-bit type, with softmax, norms,
-/// reductions and losses accumulated in f32.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Precision {
-    #[default]
-    F32,
-    BF16,
-    F16,
-}
-
 impl Precision {
-    const ALL: &'static [(&'static str, Precision)] = &[
-        ("f32", Precision::F32),
-        ("bf16", Precision::BF16),
-        ("f16", Precision::F16),
-    ];
-    pub const NAMES: &'static [&'static str] = &["f32", "bf16", "f16"];
-    pub fn from_name(name: &str) -> Option<Precision> {
-        Precision::ALL
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, p)| *p)
-    }
-    pub fn name(self) -> &'static str {
-        Precision::ALL
-            .iter()
-            .find(|(_, p)| *p == self)
-            .map_or("f32", |(n, _)| n)
-    }
     /// The 16-bit compute type of mixed precision (`None`: all f32).
     pub fn compute(self) -> Option<crate::ast::DType> {
         match self {
@@ -60,92 +35,10 @@ impl Precision {
     }
 }
 
-/// What the model's output is trained against.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Loss {
-    /// Class ids against logits (the last dimension, possibly split over devices).
-    #[default]
-    SoftmaxCrossEntropy,
-    /// Targets shaped like the output: the mean over every element of (out − y)².
-    Mse,
-    /// 0/1 targets shaped like the output, the output a logit: the mean over
-    /// every element of softplus(z) − y·z (numerically stable).
-    SigmoidBinaryCrossEntropy,
-    /// A `fn` of the model (named by [`Train::loss_fn`]) of the output and the
-    /// targets, returning a float scalar: the targets are its second
-    /// parameter's type (class ids when integer, values when float).
-    Function,
-}
-
-impl Loss {
-    const ALL: &'static [(&'static str, Loss)] = &[
-        ("softmax_cross_entropy", Loss::SoftmaxCrossEntropy),
-        ("mse", Loss::Mse),
-        (
-            "sigmoid_binary_cross_entropy",
-            Loss::SigmoidBinaryCrossEntropy,
-        ),
-    ];
-    pub const NAMES: &'static [&'static str] = &[
-        "softmax_cross_entropy",
-        "mse",
-        "sigmoid_binary_cross_entropy",
-    ];
-    pub fn from_name(name: &str) -> Option<Loss> {
-        Loss::ALL.iter().find(|(n, _)| *n == name).map(|(_, l)| *l)
-    }
-    /// The built-in loss's name (`fn` for a loss function of the model: see
-    /// [`Train::loss_name`]).
-    pub fn name(self) -> &'static str {
-        Loss::ALL
-            .iter()
-            .find(|(_, l)| *l == self)
-            .map_or("fn", |(n, _)| n)
-    }
-}
-
-/// A figure computed from each step's outputs and targets, logged beside the
-/// loss (progress line and `metrics.jsonl`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Metric {
-    /// The share of predictions that are right: the target class has the
-    /// largest logit (softmax cross-entropy), or the logit's sign is the 0/1
-    /// target's (sigmoid binary cross-entropy).
-    Accuracy,
-    /// Area under the ROC curve of a binary output (sigmoid binary
-    /// cross-entropy), from the step's scores binned into [`AUC_BINS`] bins
-    /// of the predicted probability.
-    Auc,
-}
-
 /// Bins of the predicted probability that AUC is computed from.
 pub const AUC_BINS: usize = 1000;
 
 impl Metric {
-    pub const NAMES: &'static [&'static str] = &["accuracy", "auc"];
-    pub fn from_name(name: &str) -> Option<Metric> {
-        match name {
-            "accuracy" => Some(Metric::Accuracy),
-            "auc" => Some(Metric::Auc),
-            _ => None,
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            Metric::Accuracy => "accuracy",
-            Metric::Auc => "auc",
-        }
-    }
-    /// Whether the metric is defined for `loss`.
-    pub fn fits(self, loss: Loss) -> bool {
-        match self {
-            Metric::Accuracy => matches!(
-                loss,
-                Loss::SoftmaxCrossEntropy | Loss::SigmoidBinaryCrossEntropy
-            ),
-            Metric::Auc => loss == Loss::SigmoidBinaryCrossEntropy,
-        }
-    }
     /// How many sums one step contributes (summed over devices and
     /// microbatches before [`Metric::value`]).
     pub fn sums(self) -> usize {
@@ -226,23 +119,45 @@ pub enum Data {
 }
 
 impl Data {
+    /// Which source it is.
+    pub fn kind(&self) -> DataSource {
+        match self {
+            Data::ShakespeareWords { .. } => DataSource::ShakespeareWords,
+            Data::ShakespeareChars { .. } => DataSource::ShakespeareChars,
+            Data::Text { .. } => DataSource::Text,
+            Data::Arrays { .. } => DataSource::Arrays,
+            Data::Synthetic { .. } => DataSource::Synthetic,
+            Data::Clicks { .. } => DataSource::Clicks,
+        }
+    }
     /// The source's name, as written.
     pub fn name(&self) -> &'static str {
-        match self {
-            Data::ShakespeareWords { .. } => "shakespeare_words",
-            Data::ShakespeareChars { .. } => "shakespeare_chars",
-            Data::Text { .. } => "text",
-            Data::Arrays { .. } => "arrays",
-            Data::Synthetic { .. } => "synthetic",
-            Data::Clicks { .. } => "clicks",
-        }
+        self.kind().name()
     }
     /// Token ids as labels (not usable with `loss: mse`).
     pub fn is_tokens(&self) -> bool {
-        matches!(
-            self,
-            Data::ShakespeareWords { .. } | Data::ShakespeareChars { .. } | Data::Text { .. }
-        )
+        self.kind().is_tokens()
+    }
+    /// Whether `other` reads the same examples (where the arguments are
+    /// written is not compared).
+    pub fn same_source(&self, other: &Data) -> bool {
+        match self {
+            Data::ShakespeareWords { vocab, seq, .. } => matches!(other,
+                Data::ShakespeareWords { vocab: v, seq: s, .. } if (vocab, seq) == (v, s)),
+            Data::ShakespeareChars { seq } => {
+                matches!(other, Data::ShakespeareChars { seq: s } if seq == s)
+            }
+            Data::Text {
+                path, seq, vocab, ..
+            } => matches!(other,
+                Data::Text { path: p, seq: s, vocab: v, .. } if (path, seq, vocab) == (p, s, v)),
+            Data::Arrays { path, .. } => matches!(other, Data::Arrays { path: p, .. } if path == p),
+            Data::Clicks { vocab, .. } => {
+                matches!(other, Data::Clicks { vocab: v, .. } if vocab == v)
+            }
+            Data::Synthetic { classes, vocab, .. } => matches!(other,
+                Data::Synthetic { classes: c, vocab: v, .. } if (classes, vocab) == (c, v)),
+        }
     }
 }
 

@@ -1,6 +1,21 @@
 //! Optimizers and learning-rate schedules as typed values: which optimizer,
-//! its hyperparameters, and the state it keeps per parameter. The steps
-//! themselves live in `runtime::optim`, one implementation per kind.
+//! its hyperparameters, and the state it keeps per parameter. Their names,
+//! arguments and defaults are the registry's ([`crate::vocab::OPTIMIZERS`],
+//! [`crate::vocab::LR_SCHEDULES`]); the steps themselves live in
+//! `runtime::optim`, one implementation per kind.
+
+use crate::vocab::{Entry, Lr, Opt};
+
+/// An argument of the word `def` as `get` gives it, or the registry's
+/// default (NaN for one the registry does not list, which
+/// `tests/registry.rs` catches; 0 for a required one left out, which the
+/// spec reported).
+fn arg_or_default(def: &dyn Entry, get: &dyn Fn(&str) -> Option<f64>, name: &str) -> f64 {
+    get(name).unwrap_or_else(|| match def.arg(name) {
+        Some(a) => a.omitted.number().unwrap_or(0.0),
+        None => f64::NAN,
+    })
+}
 
 /// How a warmed-up schedule decays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,30 +82,18 @@ impl std::fmt::Display for Schedule {
 }
 
 impl Schedule {
-    pub const NAMES: &'static [(&'static str, &'static [&'static str])] = &[
-        ("constant", &["value"]),
-        ("warmup_cosine", &["init", "peak", "warmup", "decay", "end"]),
-        ("warmup_linear", &["init", "peak", "warmup", "decay", "end"]),
-        ("warmup_constant", &["init", "peak", "warmup"]),
-        ("inverse_sqrt", &["peak", "warmup"]),
-        ("wsd", &["init", "peak", "warmup", "stable", "decay", "end"]),
-    ];
-
-    /// The arguments a schedule cannot do without.
-    pub fn required(name: &str) -> &'static [&'static str] {
-        match name {
-            "constant" => &["value"],
-            "inverse_sqrt" => &["peak", "warmup"],
-            "warmup_constant" => &["peak", "warmup"],
-            "wsd" => &["peak", "warmup", "stable", "decay"],
-            _ => &["peak", "warmup", "decay"],
-        }
-    }
-
-    /// The schedule `name` from its arguments (`get`: a named argument's value).
-    pub fn build(name: &str, get: &dyn Fn(&str) -> Option<f64>) -> Schedule {
-        let n = |k: &str| get(k).unwrap_or(0.0);
-        let steps = |k: &str| get(k).map_or(0, |v| v.max(0.0) as usize);
+    /// The schedule `kind` from its arguments (`get`: a named argument's
+    /// value; the registry's defaults for those left out).
+    pub fn build(kind: Lr, get: &dyn Fn(&str) -> Option<f64>) -> Schedule {
+        let n = |k: &str| arg_or_default(kind.def(), get, k);
+        let steps = |k: &str| {
+            let v = n(k);
+            if v.is_nan() {
+                0
+            } else {
+                v.max(0.0) as usize
+            }
+        };
         let warmup = steps("warmup");
         let (init, peak, end) = (n("init"), n("peak"), n("end"));
         let warm = |stable: usize, end_step: usize, shape: Decay| Schedule::Warmup {
@@ -102,16 +105,36 @@ impl Schedule {
             end,
             shape,
         };
-        match name {
-            "constant" => Schedule::Constant(get("value").unwrap_or(1e-3)),
-            "warmup_linear" => warm(warmup, steps("decay"), Decay::Linear),
-            "warmup_constant" => warm(usize::MAX, usize::MAX, Decay::Constant),
-            "inverse_sqrt" => Schedule::InverseSqrt { peak, warmup },
-            "wsd" => {
+        match kind {
+            Lr::Constant => Schedule::Constant(n("value")),
+            Lr::WarmupCosine => warm(warmup, steps("decay"), Decay::Cosine),
+            Lr::WarmupLinear => warm(warmup, steps("decay"), Decay::Linear),
+            Lr::WarmupConstant => warm(usize::MAX, usize::MAX, Decay::Constant),
+            Lr::InverseSqrt => Schedule::InverseSqrt { peak, warmup },
+            Lr::Wsd => {
                 let stable = warmup.saturating_add(steps("stable"));
                 warm(stable, stable.saturating_add(steps("decay")), Decay::Linear)
             }
-            _ => warm(warmup, steps("decay"), Decay::Cosine),
+        }
+    }
+
+    /// Which schedule it is (a `wsd` without its stable phase is a
+    /// `warmup_linear`: the two are the same schedule).
+    pub fn kind(&self) -> Lr {
+        match self {
+            Schedule::Constant(_) => Lr::Constant,
+            Schedule::InverseSqrt { .. } => Lr::InverseSqrt,
+            Schedule::Warmup {
+                shape,
+                warmup,
+                stable,
+                ..
+            } => match shape {
+                Decay::Cosine => Lr::WarmupCosine,
+                Decay::Constant => Lr::WarmupConstant,
+                Decay::Linear if stable > warmup => Lr::Wsd,
+                Decay::Linear => Lr::WarmupLinear,
+            },
         }
     }
 
@@ -138,7 +161,9 @@ impl Schedule {
                 let t = ((step - from) as f64 / span).min(1.0);
                 match shape {
                     Decay::Linear => peak + (end - peak) * t,
-                    _ => end + (peak - end) * 0.5 * (1.0 + (std::f64::consts::PI * t).cos()),
+                    Decay::Cosine | Decay::Constant => {
+                        end + (peak - end) * 0.5 * (1.0 + (std::f64::consts::PI * t).cos())
+                    }
                 }
             }
             Schedule::InverseSqrt { peak, warmup } => {
@@ -194,42 +219,73 @@ pub struct Optimizer {
     pub lr: Schedule,
 }
 
+impl OptKind {
+    /// The optimizer `tag` with the hyperparameters `get` gives (a flag as 1
+    /// or 0), the registry's defaults for those left out.
+    pub fn build(tag: Opt, get: &dyn Fn(&str) -> Option<f64>) -> OptKind {
+        let v = |k: &str| arg_or_default(tag.def(), get, k);
+        match tag {
+            Opt::Sgd => OptKind::Sgd {
+                momentum: v("momentum"),
+                nesterov: v("nesterov") == 1.0,
+            },
+            Opt::Adam => OptKind::Adam {
+                b1: v("b1"),
+                b2: v("b2"),
+                eps: v("eps"),
+            },
+            Opt::AdamW => OptKind::AdamW {
+                b1: v("b1"),
+                b2: v("b2"),
+                eps: v("eps"),
+                weight_decay: v("weight_decay"),
+            },
+            Opt::Adagrad => OptKind::Adagrad {
+                initial_accumulator: v("initial_accumulator"),
+                eps: v("eps"),
+            },
+            Opt::Ftrl => OptKind::Ftrl {
+                lr_power: v("lr_power"),
+                l1: v("l1"),
+                l2: v("l2"),
+                initial_accumulator: v("initial_accumulator"),
+            },
+        }
+    }
+
+    /// The registry's word for it (`None`: [`OptKind::Frozen`], which a
+    /// source never names).
+    pub fn tag(&self) -> Option<Opt> {
+        match self {
+            OptKind::Sgd { .. } => Some(Opt::Sgd),
+            OptKind::Adam { .. } => Some(Opt::Adam),
+            OptKind::AdamW { .. } => Some(Opt::AdamW),
+            OptKind::Adagrad { .. } => Some(Opt::Adagrad),
+            OptKind::Ftrl { .. } => Some(Opt::Ftrl),
+            OptKind::Frozen => None,
+        }
+    }
+}
+
+/// The learning rate an optimizer without `lr` trains with (the registry's).
+pub fn default_lr(tag: Opt) -> f64 {
+    arg_or_default(tag.def(), &|_| None, "lr")
+}
+
 impl Default for Optimizer {
+    /// Adam with its defaults.
     fn default() -> Optimizer {
         Optimizer {
-            kind: OptKind::Adam {
-                b1: 0.9,
-                b2: 0.999,
-                eps: 1e-8,
-            },
-            lr: Schedule::Constant(1e-3),
+            kind: OptKind::build(Opt::Adam, &|_| None),
+            lr: Schedule::Constant(default_lr(Opt::Adam)),
         }
     }
 }
 
 impl Optimizer {
-    /// Names and the arguments each takes.
-    pub const NAMES: &'static [(&'static str, &'static [&'static str])] = &[
-        ("sgd", &["lr", "momentum", "nesterov"]),
-        ("adam", &["lr", "b1", "b2", "eps"]),
-        ("adamw", &["lr", "b1", "b2", "eps", "weight_decay"]),
-        ("adagrad", &["lr", "initial_accumulator", "eps"]),
-        (
-            "ftrl",
-            &["lr", "lr_power", "l1", "l2", "initial_accumulator"],
-        ),
-    ];
-
-    /// The optimizer's name, as written.
+    /// The optimizer's name, as written (`frozen` for a frozen parameter's).
     pub fn name(&self) -> &'static str {
-        match self.kind {
-            OptKind::Sgd { .. } => "sgd",
-            OptKind::Adam { .. } => "adam",
-            OptKind::AdamW { .. } => "adamw",
-            OptKind::Adagrad { .. } => "adagrad",
-            OptKind::Ftrl { .. } => "ftrl",
-            OptKind::Frozen => "frozen",
-        }
+        self.kind.tag().map_or("frozen", Opt::name)
     }
 
     /// The name with what changes its state (`sgd with momentum`), for messages.

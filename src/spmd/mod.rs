@@ -185,8 +185,8 @@ pub struct Pipeline {
     pub axis: String,
     pub stages: usize,
     pub microbatches: usize,
-    /// `gpipe` or `one_f_one_b`.
-    pub schedule: String,
+    /// The order of the microbatches' passes (`schedule:` of the `repeat`).
+    pub schedule: crate::vocab::Pipe,
     /// Node ranges `[start, end)` of the repetitions, in order.
     pub blocks: Vec<(Nid, Nid)>,
     /// The value entering the stack.

@@ -67,9 +67,10 @@
     "argmin" "top_k" "top_k_indices" "cumsum" "var" "take_along_axis" "scatter_add"
     "arange" "broadcast_to" "repeat" "dropout" "one_hot" "embed" "lookup"
     "causal_attention" "softmax_cross_entropy" "add_loss" "observe" "repeat"
-    "shard_params" "normal" "truncated_normal" "uniform" "constant" "sgd" "adam" "adamw"
-    "adagrad" "ftrl" "warmup_cosine" "warmup_linear" "warmup_constant" "inverse_sqrt"
-    "wsd" "shakespeare_words" "shakespeare_chars" "text" "arrays" "synthetic" "rows"))
+    "shard_params" "normal" "truncated_normal" "uniform" "constant" "rows" "sgd" "adam"
+    "adamw" "adagrad" "ftrl" "warmup_cosine" "warmup_linear" "warmup_constant"
+    "inverse_sqrt" "wsd" "shakespeare_words" "shakespeare_chars" "text" "arrays"
+    "synthetic" "clicks"))
 
 ; collectives get a colour of their own: each one is communication.
 ((call_expr function: (ident) @function.macro)
@@ -88,11 +89,11 @@
     "argmin" "top_k" "top_k_indices" "cumsum" "var" "take_along_axis" "scatter_add"
     "arange" "broadcast_to" "repeat" "dropout" "one_hot" "embed" "lookup"
     "causal_attention" "softmax_cross_entropy" "add_loss" "observe" "repeat"
-    "shard_params" "normal" "truncated_normal" "uniform" "constant" "sgd" "adam" "adamw"
-    "adagrad" "ftrl" "warmup_cosine" "warmup_linear" "warmup_constant" "inverse_sqrt"
-    "wsd" "shakespeare_words" "shakespeare_chars" "text" "arrays" "synthetic" "rows"
-    "psum" "pmean" "pmax" "pmin" "reduce" "all_gather" "psum_scatter" "all_to_all"
-    "ppermute" "axis_index"))
+    "shard_params" "normal" "truncated_normal" "uniform" "constant" "rows" "sgd" "adam"
+    "adamw" "adagrad" "ftrl" "warmup_cosine" "warmup_linear" "warmup_constant"
+    "inverse_sqrt" "wsd" "shakespeare_words" "shakespeare_chars" "text" "arrays"
+    "synthetic" "clicks" "psum" "pmean" "pmax" "pmin" "reduce" "all_gather"
+    "psum_scatter" "all_to_all" "ppermute" "axis_index"))
 
 ; a collective's mesh axes: `psum(x, mp)`, `all_gather(x, mp, dim: 1)`
 ((call_expr
@@ -110,12 +111,24 @@
 ; bare names with a meaning: `init zeros`, `combiner: sum`, `kind: cuda`
 ((weight_decl init: (ident) @constant.builtin)
   (#any-of? @constant.builtin "zeros" "ones" "xavier" "lecun"))
+; option values: initializers, losses, metrics, optimizers, precisions, pipeline
+; schedules, combiners, mesh kinds, from the registry (src/vocab)
+; vocabulary (generated; SHARDC_BLESS=1 cargo test --test registry rewrites it)
 ((option value: (ident) @constant.builtin)
   (#any-of? @constant.builtin
-    "zeros" "ones" "xavier" "lecun" "softmax_cross_entropy" "mse" "ftrl"
-    "sum" "mean" "sqrtn" "virtual" "cuda" "mpi"))
+    "zeros" "ones" "xavier" "lecun" "softmax_cross_entropy" "mse"
+    "sigmoid_binary_cross_entropy" "accuracy" "auc" "sgd" "adam" "adamw" "adagrad"
+    "ftrl" "gpipe" "one_f_one_b" "sum" "mean" "sqrtn" "virtual" "cuda" "mpi"))
+((option value: (list (dim size: (ident) @constant.builtin)))
+  (#any-of? @constant.builtin
+    "accuracy" "auc"))
+((option value: (ident) @type.builtin)
+  (#any-of? @type.builtin
+    "f32" "bf16" "f16"))
 ((named_arg value: (ident) @constant.builtin)
-  (#any-of? @constant.builtin "gpipe" "one_f_one_b" "sum" "mean" "sqrtn"))
+  (#any-of? @constant.builtin
+    "gpipe" "one_f_one_b" "sum" "mean" "sqrtn"))
+; /vocabulary
 
 ; dtypes used as values: `cast(x, bf16)`
 ((call_args (ident) @type.builtin)

@@ -36,12 +36,21 @@ syn match   shardCollectiveAxis "\%(\<\%(axis_index\)\s*(\%(\s*\h\w*\s*,\)*\s*\)
 syn match   shardCollectiveAxis "\%(\<\%(psum\|pmean\|pmax\|pmin\|all_gather\|psum_scatter\|all_to_all\|ppermute\)\s*(\%([^,()]\|([^()]*)\)*,\%(\s*\h\w*\s*,\)*\s*\)\@200<=\h\w*\>\%(\s*[:([@.]\)\@!"
 " /registry
 
-" Layer directives, initializers, optimizers, schedules, data sources.
+" Layer directives; initializers, combiners and mesh kinds written bare.
 syn keyword shardBuiltin      repeat shard_params freeze checkpoint
-syn keyword shardBuiltin      normal truncated_normal uniform
-syn keyword shardBuiltin      sgd adam adamw adagrad ftrl constant warmup_cosine
-syn keyword shardBuiltin      shakespeare_words shakespeare_chars text arrays synthetic rows
-syn keyword shardConstant     zeros ones xavier lecun mse sqrtn virtual cuda mpi gpipe one_f_one_b
+syn keyword shardConstant     zeros ones xavier lecun sqrtn virtual cuda mpi
+" Library calls (initializers, `rows`, and the optimizers, schedules and data
+" sources of src/vocab) and bare words with a meaning (losses, metrics, pipeline
+" schedules), from the registries.
+" vocabulary (generated; SHARDC_BLESS=1 cargo test --test registry rewrites it)
+syn keyword shardBuiltin      repeat shard_params normal truncated_normal uniform
+syn keyword shardBuiltin      constant rows sgd adam adamw adagrad ftrl warmup_cosine
+syn keyword shardBuiltin      warmup_linear warmup_constant inverse_sqrt wsd
+syn keyword shardBuiltin      shakespeare_words shakespeare_chars text arrays synthetic
+syn keyword shardBuiltin      clicks
+syn keyword shardConstant     mse sigmoid_binary_cross_entropy accuracy auc gpipe
+syn keyword shardConstant     one_f_one_b
+" /vocabulary
 
 " Names: declarations, upper-case constants and sizes
 syn match   shardDeclName     "\%(\<\%(mesh\|layer\|model\|table\)\s\+\)\@<=\h\w*"

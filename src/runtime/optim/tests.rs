@@ -11,7 +11,7 @@ use candle_core::Device;
 #[test]
 fn fused_steps_equal_composed_steps() {
     let dev = Device::Cpu;
-    let lr = Schedule::build("warmup_cosine", &|k: &str| match k {
+    let lr = Schedule::build(crate::vocab::Lr::WarmupCosine, &|k: &str| match k {
         "peak" => Some(0.05),
         "warmup" => Some(1.0),
         "decay" => Some(4.0),

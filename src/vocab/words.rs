@@ -1,0 +1,224 @@
+//! The data sources, losses, metrics, precisions and pipeline schedules a
+//! source may name. `crate::spec` reads them into its typed values (a data
+//! source with its arguments is `spec::Data`); these tags are the typed values
+//! of the others.
+
+use super::{vocabulary, Arg, Omitted, Value, Word};
+
+const CLASSES: &str = "the model's output classes";
+const SEQ16: Arg = Arg::new("seq", Value::Count, Omitted::Is(16.0), "words per example");
+const WORDS_VOCAB: Arg = Arg::new(
+    "vocab",
+    Value::Count,
+    Omitted::From(CLASSES),
+    "word ids below it (the `vocab − 1` most frequent words, 0 for every other)",
+);
+const PATH: Arg = Arg::new(
+    "path",
+    Value::Path,
+    Omitted::Required,
+    "relative to the `.shard` file",
+);
+
+vocabulary! {
+    /// A data source a source names; `crate::spec::Data` is the typed source
+    /// with its arguments.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum DataSource: Word in DATA_SOURCES ("data source") {
+        ShakespeareWords {
+            name: "shakespeare_words",
+            doc: "the built-in tiny Shakespeare as word ids (lowercased, split on non-letters; the `vocab − 1` most frequent words get ids 1…, ties alphabetical; 0 is every other word): `seq` words in, the next word (per position, for a model with a sequence output) as label",
+            args: &[WORDS_VOCAB, SEQ16],
+        }
+        ShakespeareChars {
+            name: "shakespeare_chars",
+            doc: "the same text as characters: id = rank of the character among the text's 65 distinct characters in code-point order",
+            args: &[Arg::new("seq", Value::Count, Omitted::Is(64.0), "characters per example")],
+        }
+        Text {
+            name: "text",
+            doc: "any UTF-8 text file (`path` a string, relative to the `.shard` file), as word ids formed like `shakespeare_words`",
+            args: &[PATH, SEQ16, WORDS_VOCAB],
+        }
+        Arrays {
+            name: "arrays",
+            doc: "named arrays from a `.safetensors` file, a `.npz` file, or a directory of `NAME.npy` files (relative to the `.shard` file); see below",
+            args: &[PATH],
+        }
+        Synthetic {
+            name: "synthetic",
+            doc: "random inputs of the model's input type (normal floats; ids below `vocab`), labels below `classes` (normal targets for `mse`, 0/1 for `sigmoid_binary_cross_entropy`): one fixed batch",
+            args: &[
+                Arg::new("classes", Value::Count, Omitted::From(CLASSES), "labels below it"),
+                Arg::new("vocab", Value::Count, Omitted::From(CLASSES), "input ids below it"),
+            ],
+        }
+        Clicks {
+            name: "clicks",
+            doc: "synthetic clicks for recommendation models: inputs drawn as `synthetic` draws them but new every step (and held out for `eval`), and per example a click (0/1) from a fixed rule of the seed that a model can learn: a score summing, per input, a fixed linear function of its float features or a fixed value per id (each scaled by 1/√features), plus noise; clicked when positive. The click is the target of each of the example's output elements (or its class id with `softmax_cross_entropy`)",
+            args: &[Arg::new("vocab", Value::Count, Omitted::From(CLASSES), "input ids below it")],
+        }
+    }
+}
+
+impl DataSource {
+    /// Whether its labels are token ids (not usable with `loss: mse`).
+    pub fn is_tokens(self) -> bool {
+        match self {
+            DataSource::ShakespeareWords | DataSource::ShakespeareChars | DataSource::Text => true,
+            DataSource::Arrays | DataSource::Synthetic | DataSource::Clicks => false,
+        }
+    }
+}
+
+vocabulary! {
+    /// What the model's output is trained against.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub enum Loss: Word in LOSSES ("loss") {
+        /// Class ids against logits (the last dimension, possibly split over devices).
+        #[default]
+        SoftmaxCrossEntropy {
+            name: "softmax_cross_entropy",
+            doc: "integer labels; the logits may stay split over the class dim",
+            args: &[],
+        }
+        /// Targets shaped like the output: the mean over every element of (out − y)².
+        Mse {
+            name: "mse",
+            doc: "targets shaped like the output; the mean of (out − y)² over every element; the output may stay split",
+            args: &[],
+        }
+        /// 0/1 targets shaped like the output, the output a logit: the mean over
+        /// every element of softplus(z) − y·z (numerically stable).
+        SigmoidBinaryCrossEntropy {
+            name: "sigmoid_binary_cross_entropy",
+            doc: "0/1 targets shaped like the output, the output a logit; the mean over every element of softplus(z) − y·z, computed stably as max(z, 0) − y·z + ln(1 + e^−\\|z\\|); the output may stay split",
+            args: &[],
+        }
+    }
+    unnamed ("fn") {
+        /// A `fn` of the model (named by `spec::Train::loss_fn`) of the output
+        /// and the targets, returning a float scalar: the targets are its second
+        /// parameter's type (class ids when integer, values when float).
+        Function
+    }
+}
+
+/// A metric: its word, and the losses it is defined for.
+#[derive(Debug)]
+pub struct MetricDef<T: 'static> {
+    pub tag: T,
+    pub name: &'static str,
+    pub doc: &'static str,
+    /// The built-in losses it is defined for (any other is E0308).
+    pub losses: &'static [Loss],
+}
+
+impl<T> super::Entry for MetricDef<T> {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn doc(&self) -> &'static str {
+        self.doc
+    }
+    fn args(&self) -> &'static [Arg] {
+        &[]
+    }
+}
+
+vocabulary! {
+    /// A figure computed from each step's outputs and targets, logged beside the
+    /// loss (progress line and `metrics.jsonl`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum Metric: MetricDef in METRICS ("metric") {
+        /// The share of predictions that are right: the target class has the
+        /// largest logit (softmax cross-entropy), or the logit's sign is the 0/1
+        /// target's (sigmoid binary cross-entropy).
+        Accuracy {
+            name: "accuracy",
+            doc: "softmax: the target has the largest logit, ties count; sigmoid: the logit's sign is the target's",
+            losses: &[Loss::SoftmaxCrossEntropy, Loss::SigmoidBinaryCrossEntropy],
+        }
+        /// Area under the ROC curve of a binary output (sigmoid binary
+        /// cross-entropy), from the step's scores binned into `spec::AUC_BINS` bins
+        /// of the predicted probability.
+        Auc {
+            name: "auc",
+            doc: "area under the ROC curve of σ(z), from the scores binned into 1000 probability bins, pairs in one bin counting half; `null` when the batch has one class only",
+            losses: &[Loss::SigmoidBinaryCrossEntropy],
+        }
+    }
+}
+
+impl Metric {
+    /// Whether the metric is defined for `loss`.
+    pub fn fits(self, loss: Loss) -> bool {
+        self.def().losses.contains(&loss)
+    }
+}
+
+vocabulary! {
+    /// The float precision a `train` computes in (`precision: bf16`): mixed
+    /// precision keeps f32 master weights, gradients and optimizer state, and
+    /// computes the forward and backward passes (parameters' working copies,
+    /// activations, their collectives) in the 16-bit type, with softmax, norms,
+    /// reductions and losses accumulated in f32.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub enum Precision: Word in PRECISIONS ("precision") {
+        #[default]
+        F32 {
+            name: "f32",
+            doc: "everything in f32 (the default)",
+            args: &[],
+        }
+        BF16 {
+            name: "bf16",
+            doc: "mixed precision: f32 master weights, gradients and optimizer state; forward and backward in bfloat16",
+            args: &[],
+        }
+        F16 {
+            name: "f16",
+            doc: "the same with IEEE half precision",
+            args: &[],
+        }
+    }
+}
+
+vocabulary! {
+    /// The order a pipelined stack (`repeat(..., stages: pp, schedule: s)`)
+    /// runs its microbatches' forward and backward passes in (`crate::schedule`
+    /// draws it as a timeline).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub enum Pipe: Word in PIPELINE_SCHEDULES ("pipeline schedule") {
+        /// Every forward, then every backward.
+        #[default]
+        GPipe {
+            name: "gpipe",
+            doc: "all forward passes, then all backward passes (the default)",
+            args: &[],
+        }
+        /// Warm-up forwards, then one forward and one backward alternately.
+        OneFOneB {
+            name: "one_f_one_b",
+            doc: "a stage starts with as many forwards as stages after it, then alternates one forward and one backward, holding at most that many microbatches' activations",
+            args: &[],
+        }
+    }
+}
+
+/// Written by its name (`shardc plan --json`).
+impl serde::Serialize for Pipe {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl Pipe {
+    /// As `shardc plan` prints it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Pipe::GPipe => "GPipe",
+            Pipe::OneFOneB => "1F1B",
+        }
+    }
+}
