@@ -1,4 +1,4 @@
-//! Stage 5: the training data. Each `train` names a data source; the files it reads
+//! Stage 9 (data): the training data. Each `train` names a data source; the files it reads
 //! (`arrays(path)`, `text(path)`, or `--data PATH`) are read here, once, and checked
 //! against the lowered program's input and label types, so a wrong shape, dtype or
 //! an id outside the vocabulary is a diagnostic from `shardc check`, not a crash

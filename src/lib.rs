@@ -5,12 +5,12 @@
 //! earlier ones (`tests/stages.rs` enforces this list); each stage returns one
 //! typed result to the next, and [`world::compile`] drives them.
 //!
-//! 0. foundation: [`source`], [`diag`], [`units`], [`files`], [`access`], [`arrays`], [`heap`]
+//! 0. foundation: [`source`], [`diag`], [`units`], [`files`], [`access`], [`arrays`], [`heap`], [`kernels`]
 //! 1. syntax: [`ast`], [`parse`], [`fmt`]
 //! 2. core: [`types`], [`mesh`], [`init`], [`embed`], [`vocab`], [`schedule`]
 //! 3. resolve: [`resolve`]
 //! 4. spec: [`spec`]
-//! 5. ir: [`prim`], [`spmd`]
+//! 5. ir: [`prim`], [`spmd`], [`optim`]
 //! 6. check: [`check`]
 //! 7. lower: [`lower`], [`step`]
 //! 8. plan: [`plan`]
@@ -46,10 +46,12 @@ pub mod files;
 pub mod fmt;
 pub mod heap;
 pub mod init;
+pub mod kernels;
 pub mod layout;
 pub mod lower;
 pub mod lsp;
 pub mod mesh;
+pub mod optim;
 pub mod parse;
 pub mod plan;
 pub mod prim;

@@ -1,4 +1,4 @@
-//! Stage 6: lowering. A trained model's typed bodies become one SPMD program:
+//! Stage 7 (lower): lowering. A trained model's typed bodies become one SPMD program:
 //! calls inlined, every repetition of a `repeat` with its own parameters
 //! (`blocks.0.wq`, `blocks.1.wq`, ...), one parameter per layer path (FSDP's
 //! split ones gathered for use), inputs first, and a pipelined stack recorded

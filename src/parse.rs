@@ -1,4 +1,4 @@
-//! Stage 1: source text → AST, with the pest grammar in `grammar/shard.pest`.
+//! Stage 1 (syntax): source text → AST, with the pest grammar in `grammar/shard.pest`.
 
 use crate::ast::*;
 use crate::diag::Problem;

@@ -1,4 +1,4 @@
-//! Stage 2: load imports, collect every declaration into one namespace, evaluate
+//! Stage 3 (resolve): load imports, collect every declaration into one namespace, evaluate
 //! constants and meshes. Produces a [`Program`] for the checker.
 
 use crate::ast::{self, DimExpr, DimOp, Item};

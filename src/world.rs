@@ -255,7 +255,9 @@ fn compile_here(files: &dyn Files, path: &Path, text: String, opts: &Options) ->
     };
     let (diags, checked) = Checker::new(&program, &spec, flags).run();
     diagnostics.extend(diags);
-    // Each trained model's program, with its step's loss after the model.
+    // Each trained model's program, with its step's loss after the model,
+    // and what its step adds to the report.
+    let mut step_notes = Vec::new();
     let lowered: Vec<crate::spmd::Program> = checked
         .models
         .iter()
@@ -264,10 +266,16 @@ fn compile_here(files: &dyn Files, path: &Path, text: String, opts: &Options) ->
             if let Some(t) = spec.train(Some(&p.model)) {
                 let span = t.loss_span.unwrap_or(t.span);
                 crate::step::attach(&mut p, t.loss, &t.metrics, span);
+                step_notes.extend(
+                    crate::step::check(&p, t, &spec)
+                        .iter()
+                        .map(|x| x.diagnostic()),
+                );
             }
             p
         })
         .collect();
+    diagnostics.extend(step_notes);
     let clean = !diagnostics.iter().any(|d| d.is_error());
     let plans = lowered
         .iter()

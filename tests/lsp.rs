@@ -765,7 +765,7 @@ fn definition_hover_and_completion() {
     let c = s.at(13, "textDocument/completion", &u, pos(GPT, "adam", 0));
     assert_eq!(
         labels(&c),
-        ["adagrad", "adam", "adamw", "ftrl", "sgd"],
+        ["adagrad", "adam", "adamw", "ftrl", "lion", "muon", "sgd"],
         "{c}"
     );
     let c = s.at(14, "textDocument/completion", &u, pos(GPT, "gelu", 0));

@@ -5,6 +5,10 @@
 //! checker accepts is run, forward and backward, and must give the output and
 //! the gradients of one device; on one device the gradients must match finite
 //! differences in f64. A primitive gets these tests by being registered.
+//!
+//! They run twice: with shardc's own CPU kernels where they apply, and on the
+//! candle-only path a GPU takes (`SHARDC_KERNELS=candle`, in a second process
+//! of this test binary, since the choice is made once per process).
 
 mod harness;
 
@@ -196,4 +200,29 @@ fn every_primitive_matches_one_device_and_finite_differences() {
     }
     eprintln!("{}", report.join("\n"));
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    if std::env::var_os("SHARDC_KERNELS").is_none() {
+        the_same_on_the_candle_only_path();
+    }
+}
+
+/// This test again in a process that runs candle's kernels only.
+fn the_same_on_the_candle_only_path() {
+    let me = std::env::current_exe().expect("this test binary");
+    let out = std::process::Command::new(me)
+        .args([
+            "--exact",
+            "every_primitive_matches_one_device_and_finite_differences",
+            "--test-threads",
+            "1",
+        ])
+        .env("SHARDC_KERNELS", "candle")
+        .output()
+        .expect("the test binary runs");
+    assert!(
+        out.status.success(),
+        "on the candle-only path (SHARDC_KERNELS=candle):\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("the candle-only path (SHARDC_KERNELS=candle): passed too");
 }

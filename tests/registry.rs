@@ -544,7 +544,15 @@ fn value_for(a: &vocab::Arg, i: usize) -> String {
         Value::Flag => "true".into(),
         Value::Path => "\"registry_sample.txt\"".into(),
         Value::Lr => "0.25".into(),
+        Value::Patterns => format!("[norm{i}, bias]"),
+        Value::Scales => format!("{{ embed{i}: 0.5 }}"),
     }
+}
+
+/// Whether an argument is a parameter group (`no_decay`, `lr_scale`), not a
+/// hyperparameter.
+fn group(a: &vocab::Arg) -> bool {
+    matches!(a.value, Value::Patterns | Value::Scales)
 }
 
 #[test]
@@ -591,6 +599,7 @@ fn every_optimizer_builds_its_kind_with_its_defaults_and_arguments() {
             let listed: Vec<&str> = w
                 .args
                 .iter()
+                .filter(|a| !group(a))
                 .map(|a| a.name)
                 .filter(|n| *n != "lr")
                 .collect();
@@ -601,7 +610,29 @@ fn every_optimizer_builds_its_kind_with_its_defaults_and_arguments() {
                     w.name
                 ));
             }
-            for (i, a) in w.args.iter().enumerate() {
+            // The groups are read as written (none when left out).
+            let groups = (
+                o.groups.no_decay.clone(),
+                o.groups
+                    .lr_scale
+                    .iter()
+                    .map(|g| g.0.clone())
+                    .collect::<Vec<_>>(),
+            );
+            for (i, a) in w.args.iter().enumerate().filter(|(_, a)| group(a)) {
+                let (got, want) = match (a.value, all) {
+                    (Value::Patterns, true) => {
+                        (groups.0.clone(), vec![format!("norm{i}"), "bias".into()])
+                    }
+                    (Value::Scales, true) => (groups.1.clone(), vec![format!("embed{i}")]),
+                    (Value::Patterns, false) => (groups.0.clone(), vec![]),
+                    _ => (groups.1.clone(), vec![]),
+                };
+                if got != want {
+                    errs.push(format!("`{call}`: `{}` is {got:?}, not {want:?}", a.name));
+                }
+            }
+            for (i, a) in w.args.iter().enumerate().filter(|(_, a)| !group(a)) {
                 let want = match (all, a.value, a.omitted) {
                     (true, Value::Flag, _) => "true".to_string(),
                     (true, _, _) => value_for(a, i)

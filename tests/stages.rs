@@ -1,5 +1,6 @@
 //! The stage order of `src/lib.rs` holds: no module uses a module of a later
-//! stage, and every module has a stage.
+//! stage, every module has a stage, and a module header that names its stage
+//! (`//! Stage 7 (lower): ...`) names that one.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -99,6 +100,19 @@ fn no_module_uses_a_later_stage() {
             continue;
         };
         let text = std::fs::read_to_string(&f).expect("readable");
+        // A header that names its stage names the one src/lib.rs gives.
+        let said = text
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("//! Stage "))
+            .and_then(|l| l.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse::<usize>().ok());
+        if let Some(n) = said.filter(|n| *n != mine) {
+            errs.push(format!(
+                "src/{}: its header says stage {n}; src/lib.rs puts `{module}` in stage {mine}",
+                rel.display()
+            ));
+        }
         for u in uses(&text) {
             match stage.get(&u) {
                 Some(&theirs) if theirs > mine => errs.push(format!(

@@ -1,4 +1,4 @@
-//! Stage 5: shape, dtype and sharding checking.
+//! Stage 6 (check): shape, dtype and sharding checking.
 //!
 //! Layers are checked per instantiation (like templates): `Block(768, 12)` binds the
 //! layer's dimension parameters to concrete sizes (and shardings), so every error

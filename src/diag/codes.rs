@@ -86,6 +86,7 @@ codes! {
     N0001 => "collective inserted by the compiler",
     W0001 => "fewer microbatches than pipeline stages",
     W0002 => "a weight declared in a float type the run does not hold",
+    W0003 => "a parameter group names no parameter",
 }
 
 impl Code {

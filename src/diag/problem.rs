@@ -400,6 +400,15 @@ pub enum Problem {
         label: String,
         help: String,
     },
+    /// A `no_decay` or `lr_scale` name that no parameter's path contains.
+    UnmatchedGroup {
+        span: Span,
+        pattern: String,
+        option: &'static str,
+        model: String,
+        /// Names the parameters' paths are made of, the closest first.
+        near: Vec<String>,
+    },
     Reshard {
         span: Span,
         what: String,
@@ -741,6 +750,14 @@ impl Problem {
             }
             DataOutOfRange { span, message, label, help } => d(Code::E0306, message.clone(), *span, label.clone()).help(help.clone())
                 .note("an id outside the table would silently embed as zeros or index past the logits"),
+            UnmatchedGroup { span, pattern, option, model, near } => {
+                let d0 = d(Code::W0003, format!("`{pattern}` in `{option}` names no parameter of `{model}`"), *span, "no parameter's path contains it".into())
+                    .note(format!("`{option}` applies to the parameters whose dotted path (as `shardc lower` lists them) contains one of its names"));
+                match near.as_slice() {
+                    [] => d0,
+                    names => d0.help(format!("the paths of `{model}`'s parameters are made of {}, … (`shardc lower` lists them)", names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", "))),
+                }
+            }
             Reshard { span, what, from, to, bytes } => d(Code::N0001, format!("inserted {what}: {from} → {to}"), *span, format!("{bytes} per step")),
         }
     }

@@ -1,4 +1,4 @@
-//! Stage 7: the static plan. Per-device memory, FLOPs and a communication
+//! Stage 8 (plan): the static plan. Per-device memory, FLOPs and a communication
 //! manifest, computed by a pass over the SPMD program from types alone (each
 //! op's cost comes from its primitive; nothing is allocated), so it works for
 //! meshes far larger than this machine.
@@ -76,6 +76,9 @@ pub struct Plan {
     pub forward_flops: f64,
     /// Of those, the ones checkpointing runs again in backward.
     pub recompute_flops: f64,
+    /// FLOPs per device of the optimizer's update, once per step (Muon's
+    /// orthogonalisation of each whole matrix included).
+    pub optimizer_flops: f64,
     /// Activation bytes a checkpointed block holds while recomputed, counted
     /// in `activations`.
     pub recompute_activations: f64,
@@ -353,14 +356,8 @@ fn plan_of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> P
     // program's too).
     let cts = backward::alive(prog, &cx).at;
     plan.cotangents = cts.iter().fold(0.0, |a, b| a.max(*b));
-    weights(
-        &mut plan,
-        prog,
-        &cx,
-        &weight,
-        (&train.optimizer, &optimizer),
-        master,
-    );
+    let step = crate::step::Step::of_train(prog, train, spec);
+    weights(&mut plan, prog, &cx, &weight, (&step, &optimizer), master);
     // A pipeline sums its microbatches' gradients into one set as it goes;
     // accumulated chunks (or plain microbatches) keep a running sum beside.
     if train.accumulate > 1 {
@@ -519,11 +516,13 @@ fn weights(
     prog: &Program,
     cx: &CostCx,
     w: &Weights,
-    (optimizer, name): (&crate::spec::Optimizer, &str),
+    (step, name): (&crate::step::Step, &str),
     master: Option<f64>,
 ) {
-    let slots = optimizer.slot_count() as f64;
-    plan.optimizer = format!("{name}: {slots} slot(s) per parameter, in the parameter's layout");
+    plan.optimizer = format!(
+        "{name}: {}, in the parameter's layout",
+        step.slots_summary()
+    );
     // Where each parameter is first used: its weight, and its pipeline stage.
     let mut first = vec![None; prog.params.len()];
     for (i, n) in prog.nodes.iter().enumerate() {
@@ -531,17 +530,11 @@ fn weights(
             first[k] = first[k].or(Some(i));
         }
     }
-    let stage_of = |i: usize| {
-        prog.pipeline.as_ref().and_then(|pp| {
-            pp.blocks
-                .iter()
-                .any(|(a, b)| (*a as usize..*b as usize).contains(&i))
-                .then(|| pp.axis.clone())
-        })
-    };
     let mut sync: BTreeMap<(String, Vec<String>), f64> = Default::default();
+    // An optimizer's all-gathers of a split weight's update (Muon), per step.
+    let mut gathers: Vec<Comm> = Vec::new();
     let mut replicas: BTreeMap<usize, f64> = Default::default();
-    for (p, at) in prog.params.iter().zip(&first) {
+    for ((p, at), st) in prog.params.iter().zip(&first).zip(&step.params) {
         // Tables are planned with their SparseCore padding (below).
         let Some(at) = *at else { continue };
         if p.name.starts_with("tables.") {
@@ -562,25 +555,17 @@ fn weights(
         }
         plan.grads += bytes * m;
         // Replicated over an axis: the gradient is partial over it (data parallel,
-        // and tensor-parallel replicas such as LayerNorm scales).
-        let stage = stage_of(at);
-        let rep: Vec<String> = prog
-            .mesh
-            .iter()
-            .filter(|a| {
-                a.1 > 1
-                    && !stored.all_axes().contains(&a.0.as_str())
-                    && stage.as_deref() != Some(a.0.as_str())
-            })
-            .map(|a| a.0.clone())
-            .collect();
-        let copies = cx.axes_product(&rep).max(1) as usize;
+        // and tensor-parallel replicas such as LayerNorm scales); the step
+        // says over which axes it is summed.
+        let (rep, copies) = (&st.reduce, st.copies);
+        let rule = crate::optim::rule(&st.optimizer);
+        let slots = rule.slots().count() as f64;
         // The replicas one process shares (the runtime's piece cache): the
         // stored piece (the master weights under mixed precision), which a
         // frozen parameter keeps as it is, and which an optimizer stepping
         // in place steps once for all, with its slots. Another optimizer's
         // replicas each build their own.
-        let in_place = optimizer.steps_in_place();
+        let in_place = rule.steps_in_place();
         if copies > 1 && m > 0.0 && (p.frozen || in_place) {
             let slots = if p.frozen { 0.0 } else { slots };
             *replicas.entry(copies).or_default() += bytes * m * (1.0 + slots);
@@ -593,10 +578,32 @@ fn weights(
         if m == 0.0 {
             continue;
         }
+        let shape: Vec<usize> = if st.gather.is_empty() {
+            cx.local_shape(stored)
+        } else {
+            Some(stored.known_shape())
+        }
+        .unwrap_or_default();
+        plan.optimizer_flops += rule.flops(&shape) * m;
+        let axes: Vec<String> = st.gather.iter().flat_map(|g| g.1.clone()).collect();
+        if !axes.is_empty() {
+            let mut t = stored.clone();
+            t.dtype = crate::ast::DType::F32;
+            gathers.push(Comm {
+                kind: format!("{} all-gather (update)", st.optimizer.name()),
+                axes,
+                bytes: crate::step::gathered_bytes(cx, &t) * m,
+                count: 1,
+                span: p.span,
+                source: format!("optimizer step ({})", p.name),
+                explicit: false,
+            });
+        }
         if !rep.is_empty() {
             let k = copies as f64;
-            *sync.entry(("grad all-reduce".into(), rep)).or_default() +=
-                2.0 * bytes * (k - 1.0) / k * m;
+            *sync
+                .entry(("grad all-reduce".into(), rep.clone()))
+                .or_default() += 2.0 * bytes * (k - 1.0) / k * m;
         }
     }
     // Merge per-op rows that are the same collective at the same place.
@@ -625,6 +632,7 @@ fn weights(
             explicit: true,
         });
     }
+    merged.extend(gathers);
     plan.comms = merged;
     plan.replicas = replicas.into_iter().collect();
 }
@@ -727,7 +735,9 @@ fn tables(plan: &mut Plan, prog: &Program, train: &Train, spec: &Spec) {
         let slots = if t.frozen {
             0.0
         } else {
-            t.optimizer.as_ref().map_or(0, |o| o.slot_count()) as f64
+            t.optimizer
+                .as_ref()
+                .map_or(0, |o| crate::optim::rule(o).slots().count()) as f64
         };
         plan.params += bytes;
         plan.grads += bytes;
@@ -905,7 +915,7 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
         ));
     }
     s.push('\n');
-    let recompute = if p.recompute_flops > 0.0 {
+    let mut recompute = if p.recompute_flops > 0.0 {
         format!(
             ", recomputed {}; the model's own: {} per step",
             human_flops(p.recompute_flops),
@@ -914,6 +924,9 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
     } else {
         String::new()
     };
+    if p.optimizer_flops > 0.0 {
+        recompute += &format!("; the optimizer {} more", human_flops(p.optimizer_flops));
+    }
     if p.microbatches > 1 {
         s.push_str(&format!(
             "compute per device per step: {} ({} microbatches of {}: forward {}, backward ≈ 2× forward{})\n\n",

@@ -58,6 +58,17 @@ impl CostCx<'_> {
         axes.iter()
             .fold(1i64, |acc, a| acc.saturating_mul(self.axis_size(a)))
     }
+    /// One device's piece of `t`, when all sizes are known.
+    pub fn local_shape(&self, t: &TType) -> Option<Vec<usize>> {
+        t.dims
+            .iter()
+            .map(|d| {
+                let n = d.size.substitute(self.bound)?.as_const()?;
+                let k = self.axes_product(&d.axes).max(1);
+                Some((n / k).max(0) as usize)
+            })
+            .collect()
+    }
     /// Elements of one device's piece of `t`, when all sizes are known.
     pub fn local_numel(&self, t: &TType) -> Option<f64> {
         local_numel(t, self.bound, &|a| self.axis_size(a))

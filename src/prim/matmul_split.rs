@@ -28,7 +28,8 @@ pub fn mm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         ([ba, m, k], [bb, k2, n]) if k == k2 && ba == bb => Some(ba * m * k * n),
         _ => None,
     };
-    let split = shapes.is_some_and(|macs| macs >= SPLIT_FROM)
+    let split = crate::kernels::own()
+        && shapes.is_some_and(|macs| macs >= SPLIT_FROM)
         && a.dtype() == DType::F32
         && b.dtype() == DType::F32
         && a.device().is_cpu()

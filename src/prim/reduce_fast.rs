@@ -44,7 +44,7 @@ pub fn max_keepdim(t: &Tensor, dim: usize) -> Result<Tensor> {
 }
 
 fn fast(t: &Tensor) -> bool {
-    t.device().is_cpu() && matches!(t.dtype(), DType::F32 | DType::F64)
+    crate::kernels::own() && t.device().is_cpu() && matches!(t.dtype(), DType::F32 | DType::F64)
 }
 
 fn contiguous<'a, T>(v: &'a [T], l: &Layout) -> Result<&'a [T]> {

@@ -150,7 +150,7 @@ fn f32s<'a>(s: &'a CpuStorage, l: &Layout) -> Option<&'a [f32]> {
 }
 
 fn fits(t: &Tensor) -> bool {
-    t.dtype() == DType::F32 && t.is_contiguous() && t.device().is_cpu()
+    crate::kernels::own() && t.dtype() == DType::F32 && t.is_contiguous() && t.device().is_cpu()
 }
 
 /// One forward: `y = f(x)`.

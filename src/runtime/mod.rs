@@ -1,4 +1,4 @@
-//! Stage 8: running the SPMD program on a mesh of virtual devices (candle tensors on
+//! Stage 10 (runtime): running the SPMD program on a mesh of virtual devices (candle tensors on
 //! `std::thread`s), or one device per MPI process, with exact gradients and our
 //! own optimizers. It takes the lowered program, the typed training
 //! specification ([`crate::spec`]) and the data the data stage loaded.

@@ -266,10 +266,15 @@ fn program_changes(old: &Program, new: &Program) -> Vec<String> {
 /// unfrozen, or stepped by an optimizer that keeps other slots.
 fn state_changes(old: &Program, old_cfg: &Config, new: &Program, new_cfg: &Config) -> Vec<String> {
     let mut why = Vec::new();
-    for p in &old.params {
-        let Some(q) = new.params.iter().find(|q| q.name == p.name) else {
+    let (a_step, b_step) = (
+        super::train::step_of(old, old_cfg),
+        super::train::step_of(new, new_cfg),
+    );
+    for (i, p) in old.params.iter().enumerate() {
+        let Some(j) = new.params.iter().position(|q| q.name == p.name) else {
             continue;
         };
+        let q = &new.params[j];
         if p.frozen != q.frozen {
             why.push(format!(
                 "`{}` was {} (its optimizer state would change)",
@@ -278,8 +283,8 @@ fn state_changes(old: &Program, old_cfg: &Config, new: &Program, new_cfg: &Confi
             ));
             continue;
         }
-        let (a, b) = (old_cfg.optimizer_of(p), new_cfg.optimizer_of(q));
-        if a.slots() != b.slots() {
+        let (a, b) = (&a_step.params[i].optimizer, &b_step.params[j].optimizer);
+        if crate::optim::rule(a).slots() != crate::optim::rule(b).slots() {
             why.push(format!(
                 "the optimizer of `{}` changed from {} to {}, which keeps other state",
                 p.name,

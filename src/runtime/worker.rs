@@ -365,8 +365,19 @@ impl<'r, 'a> Worker<'r, 'a> {
                 .map_err(ce)?;
             masks[*pi] = Some(m);
         }
-        self.state
-            .update(step + 1, &mut self.params, grads, scale, &masks, &self.skip)?;
+        self.state.update(
+            step + 1,
+            &mut self.params,
+            grads,
+            scale,
+            &masks,
+            &self.skip,
+            &|i| {
+                let gather = &step_prog.params.get(i)?.gather;
+                (!gather.is_empty())
+                    .then(|| Box::new(Split { ex, gather }) as Box<dyn crate::optim::Whole + '_>)
+            },
+        )?;
         if self.shared {
             run.comm.barrier().map_err(ce)?;
         }
@@ -610,4 +621,37 @@ fn init_params(run: &Run, ex: &Exec, rank: usize) -> R<(Vec<Tensor>, Vec<bool>)>
         });
     }
     Ok((params, alone))
+}
+
+/// A parameter split over the mesh, for an update of the whole matrix:
+/// gathered over each split dimension's axes (the innermost first, so the
+/// pieces land in the global order), and cut back to this device's piece.
+struct Split<'e, 'p> {
+    ex: &'e Exec<'p>,
+    gather: &'e [(usize, Vec<String>)],
+}
+
+impl crate::optim::Whole for Split<'_, '_> {
+    fn gather(&self, t: &Tensor) -> R<Tensor> {
+        let ex = self.ex;
+        let mut t = t.clone();
+        for (dim, axes) in self.gather {
+            for axis in axes.iter().rev() {
+                t = ex.comm.all_gather(ex.rank, &t, axis, *dim).map_err(ce)?;
+            }
+        }
+        Ok(t)
+    }
+
+    fn piece(&self, t: &Tensor) -> R<Tensor> {
+        let ex = self.ex;
+        let topo = ex.comm.topo();
+        let mut t = t.clone();
+        for (dim, axes) in self.gather {
+            let (at, of) = topo.shard_index(ex.rank, axes);
+            let len = t.dims().get(*dim).copied().unwrap_or(0) / of.max(1);
+            t = t.narrow(*dim, at * len, len).map_err(ce)?;
+        }
+        t.contiguous().map_err(ce)
+    }
 }

@@ -321,6 +321,29 @@ impl Builder<'_> {
                     });
                 }
             }
+            Value::Patterns => {
+                if expr.and_then(pattern_list).is_none() {
+                    self.report(Problem::BadValue {
+                        span: val.span(),
+                        message: format!("`{name}` must be a list of names, like `[norm, bias]`"),
+                        help: None,
+                    });
+                }
+            }
+            Value::Scales => match val {
+                OptValue::Options(o) => {
+                    for (k, v) in &o.entries {
+                        self.opt_num(v, &k.name, true);
+                    }
+                }
+                OptValue::Expr(_) => self.report(Problem::BadValue {
+                    span: val.span(),
+                    message: format!(
+                        "`{name}` must be names with a factor each, like `{{ embed: 0.1 }}`"
+                    ),
+                    help: None,
+                }),
+            },
             Value::Lr => match expr.map(|e| &e.kind) {
                 Some(ExprKind::Call(..) | ExprKind::Name(_)) => {
                     self.check_choice(val, &LR_SCHEDULES);
@@ -356,6 +379,69 @@ impl Builder<'_> {
         Optimizer {
             kind: OptKind::build(tag, &value),
             lr,
+            groups: groups(e),
+            lr_scale: 1.0,
         }
     }
+}
+
+/// An optimizer call's parameter groups (checked by [`Builder::check_arg`]):
+/// `no_decay: [norm, bias]`, `lr_scale: { embed: 0.1 }`.
+fn groups(e: &Expr) -> super::Groups {
+    let mut g = super::Groups::default();
+    let ExprKind::Call(_, args) = &e.kind else {
+        return g;
+    };
+    for a in args {
+        match a {
+            ast::Arg::Named(k, OptValue::Expr(v)) if k.name == "no_decay" => {
+                g.no_decay = pattern_list(v).unwrap_or_default();
+                if let ExprKind::List(items) = &v.kind {
+                    for i in items {
+                        if let Some((n, span)) = i.as_name() {
+                            g.written.push((n.to_string(), "no_decay", span));
+                        }
+                    }
+                }
+            }
+            ast::Arg::Named(k, OptValue::Options(o)) if k.name == "lr_scale" => {
+                g.lr_scale = o
+                    .entries
+                    .iter()
+                    .filter_map(|(n, v)| match v {
+                        OptValue::Expr(x) => num(x).map(|f| (n.name.clone(), f)),
+                        OptValue::Options(_) => None,
+                    })
+                    .collect();
+                g.written.extend(
+                    o.entries
+                        .iter()
+                        .map(|(n, _)| (n.name.clone(), "lr_scale", n.span)),
+                );
+            }
+            _ => {}
+        }
+    }
+    g
+}
+
+/// `[norm, bias]` (names or strings) as its names.
+fn pattern_list(e: &Expr) -> Option<Vec<String>> {
+    let ExprKind::List(items) = &e.kind else {
+        return None;
+    };
+    items
+        .iter()
+        .map(|i| match (i.as_name(), i) {
+            (Some((n, _)), _) => Some(n.to_string()),
+            (
+                None,
+                ast::ListItem::Expr(Expr {
+                    kind: ExprKind::Str(n),
+                    ..
+                }),
+            ) if !n.is_empty() => Some(n.clone()),
+            _ => None,
+        })
+        .collect()
 }

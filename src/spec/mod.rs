@@ -16,7 +16,7 @@ mod train;
 
 pub use crate::vocab::{Loss, Metric, Precision};
 pub use build::build;
-pub use optimizer::{default_lr, OptKind, Optimizer, Schedule};
+pub use optimizer::{default_lr, Groups, OptKind, Optimizer, Schedule};
 
 use crate::embed::{Combiner, Overflow};
 use crate::init::Init;

@@ -207,16 +207,59 @@ pub enum OptKind {
         l2: f64,
         initial_accumulator: f64,
     },
+    /// Lion (`optax.lion`).
+    Lion {
+        b1: f64,
+        b2: f64,
+        weight_decay: f64,
+    },
+    /// Muon for 2-D weights; the others take AdamW with the `adam_*`
+    /// hyperparameters ([`OptKind::muon_fallback`]).
+    Muon {
+        momentum: f64,
+        nesterov: bool,
+        ns_steps: usize,
+        weight_decay: f64,
+        adam_b1: f64,
+        adam_b2: f64,
+        adam_eps: f64,
+    },
     /// A frozen parameter's: never steps, keeps no state. Not written in a
     /// source; given to parameters that `freeze(...)` or `frozen: true` mark.
     Frozen,
 }
 
-/// An optimizer and its learning-rate schedule.
+/// An optimizer and its learning-rate schedule, with its parameter groups
+/// as written and, once resolved for one parameter ([`Optimizer::for_param`]),
+/// that parameter's factor on the learning rate.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Optimizer {
     pub kind: OptKind,
     pub lr: Schedule,
+    pub groups: Groups,
+    /// This parameter's factor on the learning rate (1: the schedule's).
+    pub lr_scale: f64,
+}
+
+/// Parameter groups, as a source writes them in the optimizer: names a
+/// parameter's dotted path may contain (`no_decay: [norm, bias]`, `lr_scale:
+/// { embed: 0.1 }`).
+#[derive(Clone, Debug, Default)]
+pub struct Groups {
+    /// Parameters that take no weight decay.
+    pub no_decay: Vec<String>,
+    /// Parameters whose learning rate is scaled (the first match counts).
+    pub lr_scale: Vec<(String, f64)>,
+    /// Where each name is written, with the option it belongs to (for the
+    /// check that it matches a parameter; not part of what the groups are).
+    pub written: Vec<(String, &'static str, crate::source::Span)>,
+}
+
+/// Groups are the same when they group the same way, wherever written.
+impl PartialEq for Groups {
+    fn eq(&self, other: &Groups) -> bool {
+        self.no_decay == other.no_decay && self.lr_scale == other.lr_scale
+    }
 }
 
 impl OptKind {
@@ -250,7 +293,57 @@ impl OptKind {
                 l2: v("l2"),
                 initial_accumulator: v("initial_accumulator"),
             },
+            Opt::Lion => OptKind::Lion {
+                b1: v("b1"),
+                b2: v("b2"),
+                weight_decay: v("weight_decay"),
+            },
+            Opt::Muon => OptKind::Muon {
+                momentum: v("momentum"),
+                nesterov: v("nesterov") == 1.0,
+                ns_steps: v("ns_steps").max(0.0) as usize,
+                weight_decay: v("weight_decay"),
+                adam_b1: v("adam_b1"),
+                adam_b2: v("adam_b2"),
+                adam_eps: v("adam_eps"),
+            },
         }
+    }
+
+    /// The AdamW that steps the weights Muon leaves out (1-D weights,
+    /// embeddings, tables); `None` for other optimizers.
+    pub fn muon_fallback(&self) -> Option<OptKind> {
+        match *self {
+            OptKind::Muon {
+                weight_decay,
+                adam_b1,
+                adam_b2,
+                adam_eps,
+                ..
+            } => Some(OptKind::AdamW {
+                b1: adam_b1,
+                b2: adam_b2,
+                eps: adam_eps,
+                weight_decay,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The same optimizer without weight decay (a `no_decay` parameter's).
+    pub fn without_decay(&self) -> OptKind {
+        let mut k = self.clone();
+        match &mut k {
+            OptKind::AdamW { weight_decay, .. }
+            | OptKind::Lion { weight_decay, .. }
+            | OptKind::Muon { weight_decay, .. } => *weight_decay = 0.0,
+            OptKind::Sgd { .. }
+            | OptKind::Adam { .. }
+            | OptKind::Adagrad { .. }
+            | OptKind::Ftrl { .. }
+            | OptKind::Frozen => {}
+        }
+        k
     }
 
     /// The registry's word for it (`None`: [`OptKind::Frozen`], which a
@@ -262,6 +355,8 @@ impl OptKind {
             OptKind::AdamW { .. } => Some(Opt::AdamW),
             OptKind::Adagrad { .. } => Some(Opt::Adagrad),
             OptKind::Ftrl { .. } => Some(Opt::Ftrl),
+            OptKind::Lion { .. } => Some(Opt::Lion),
+            OptKind::Muon { .. } => Some(Opt::Muon),
             OptKind::Frozen => None,
         }
     }
@@ -278,6 +373,8 @@ impl Default for Optimizer {
         Optimizer {
             kind: OptKind::build(Opt::Adam, &|_| None),
             lr: Schedule::Constant(default_lr(Opt::Adam)),
+            groups: Groups::default(),
+            lr_scale: 1.0,
         }
     }
 }
@@ -296,31 +393,33 @@ impl Optimizer {
         }
     }
 
-    /// The state it keeps per parameter, in the parameter's layout: (a first
-    /// slot `m`, a second slot `v`). Adam/AdamW and FTRL two, momentum SGD and
-    /// Adagrad one.
-    pub fn slots(&self) -> (bool, bool) {
-        match self.kind {
-            OptKind::Adam { .. } | OptKind::AdamW { .. } | OptKind::Ftrl { .. } => (true, true),
-            OptKind::Adagrad { .. } => (false, true),
-            OptKind::Sgd { momentum, .. } if momentum > 0.0 => (true, false),
-            OptKind::Sgd { .. } | OptKind::Frozen => (false, false),
+    /// The learning rate at `step` (0-based), with this parameter's factor.
+    pub fn lr_at(&self, step: usize) -> f64 {
+        self.lr.at(step) * self.lr_scale
+    }
+
+    /// This optimizer as it steps the parameter `name`: without weight
+    /// decay when a `no_decay` name is part of its path, its learning rate
+    /// scaled by the first `lr_scale` name that is.
+    pub fn for_param(&self, name: &str) -> Optimizer {
+        let mut o = self.clone();
+        if self
+            .groups
+            .no_decay
+            .iter()
+            .any(|n| name.contains(n.as_str()))
+        {
+            o.kind = o.kind.without_decay();
         }
-    }
-
-    /// Whether its step is one fused pass that writes a parameter and its
-    /// slots in place (every optimizer but FTRL, whose step builds new
-    /// tensors). Replicas of a parameter piece in one process then share the
-    /// piece and its slots, one of them stepping them for all; the plan counts
-    /// them once per process (`Plan::process_memory`).
-    pub fn steps_in_place(&self) -> bool {
-        !matches!(self.kind, OptKind::Ftrl { .. } | OptKind::Frozen)
-    }
-
-    /// How many slots, for the plan.
-    pub fn slot_count(&self) -> usize {
-        let (m, v) = self.slots();
-        usize::from(m) + usize::from(v)
+        if let Some((_, f)) = self
+            .groups
+            .lr_scale
+            .iter()
+            .find(|(n, _)| name.contains(n.as_str()))
+        {
+            o.lr_scale = *f;
+        }
+        o
     }
 
     /// Named hyperparameters and their values (for change reports).
@@ -361,6 +460,32 @@ impl Optimizer {
                 ("l2", f(l2)),
                 ("initial_accumulator", f(initial_accumulator)),
             ],
+            OptKind::Lion {
+                b1,
+                b2,
+                weight_decay,
+            } => vec![
+                ("b1", f(b1)),
+                ("b2", f(b2)),
+                ("weight_decay", f(weight_decay)),
+            ],
+            OptKind::Muon {
+                momentum,
+                nesterov,
+                ns_steps,
+                weight_decay,
+                adam_b1,
+                adam_b2,
+                adam_eps,
+            } => vec![
+                ("momentum", f(momentum)),
+                ("nesterov", nesterov.to_string()),
+                ("ns_steps", ns_steps.to_string()),
+                ("weight_decay", f(weight_decay)),
+                ("adam_b1", f(adam_b1)),
+                ("adam_b2", f(adam_b2)),
+                ("adam_eps", f(adam_eps)),
+            ],
             OptKind::Frozen => vec![],
         }
     }
@@ -370,6 +495,8 @@ impl Optimizer {
         Optimizer {
             kind: OptKind::Frozen,
             lr: Schedule::Constant(0.0),
+            groups: Groups::default(),
+            lr_scale: 1.0,
         }
     }
 

@@ -405,9 +405,15 @@ impl<'a> Builder<'a> {
                 ) => {
                     b.dir.get_or_insert((s.clone(), *span));
                 }
-                (Value::Path | Value::Unit | Value::Flag | Value::Lr, _) => {
-                    self.check_arg(arg.value, arg.name, v)
-                }
+                (
+                    Value::Path
+                    | Value::Unit
+                    | Value::Flag
+                    | Value::Lr
+                    | Value::Patterns
+                    | Value::Scales,
+                    _,
+                ) => self.check_arg(arg.value, arg.name, v),
             }
         }
         b

@@ -1,4 +1,4 @@
-//! Stage 4: the SPMD program — one straight-line program for every device, with
+//! Stage 5 (ir): the SPMD program — one straight-line program for every device, with
 //! global types (so local shapes follow from the mesh), layers inlined, each
 //! parameter named by its dotted layer path, every collective explicit (written in
 //! the source or inserted by the checker), and a span for each op.
@@ -354,6 +354,29 @@ impl Program {
         (0..s)
             .map(|k| p.blocks[k * per].0 as usize..p.blocks[(k + 1) * per - 1].1 as usize)
             .collect()
+    }
+
+    /// Per parameter: whether an op reads it as rows by id (an embedding, a
+    /// table's lookup).
+    pub fn rows_params(&self) -> Vec<bool> {
+        let mut out = vec![false; self.params.len()];
+        // The table itself, or its gathered copy (a table stored split).
+        let param_of = |mut i: usize| loop {
+            match self.nodes.get(i).map(|n| (&n.op, n.args.first())) {
+                Some((Op::Param(k), _)) => return Some(*k),
+                Some((Op::Prim(Prim::Collective(_) | Prim::Reshard(_)), Some(a))) => {
+                    i = *a as usize
+                }
+                _ => return None,
+            }
+        };
+        for n in self.nodes.iter().filter(|n| n.op.reads_ids()) {
+            let k = n.args.first().and_then(|a| param_of(*a as usize));
+            if let Some(o) = k.and_then(|k| out.get_mut(k)) {
+                *o = true;
+            }
+        }
+        out
     }
 
     /// Per parameter: the pipeline stage holding it (`None`: outside the

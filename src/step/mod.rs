@@ -43,8 +43,13 @@ pub struct ParamStep {
     pub reduce: Vec<String>,
     /// How many devices hold each piece (the product of `reduce`'s sizes).
     pub copies: usize,
-    /// Its optimizer (frozen parameters: [`OptKind::Frozen`], no step).
+    /// Its optimizer, as it steps this parameter (its groups applied;
+    /// frozen parameters: [`OptKind::Frozen`], no step).
     pub optimizer: Optimizer,
+    /// Where its optimizer needs the whole matrix (Muon) and the parameter
+    /// is split: per split dimension, the axes its update is gathered over
+    /// before the step (each device then keeps its piece).
+    pub gather: Vec<(usize, Vec<String>)>,
 }
 
 impl ParamStep {
@@ -69,15 +74,28 @@ impl Step {
     pub fn of(prog: &Program, how: &Training) -> Step {
         let topo = Topology::of(&prog.mesh);
         let stages = prog.param_stages();
+        let rows = prog.rows_params();
         let params = prog
             .params
             .iter()
             .zip(&stages)
-            .map(|(p, stage)| {
+            .enumerate()
+            .map(|(k, (p, stage))| {
                 let optimizer = if p.frozen {
                     Optimizer::frozen()
                 } else {
-                    (how.optimizer)(p)
+                    param_optimizer(&(how.optimizer)(p), p, rows[k])
+                };
+                let gather = if crate::optim::rule(&optimizer).whole_matrix() {
+                    p.stored
+                        .dims
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, d)| !d.axes.is_empty())
+                        .map(|(i, d)| (i, d.axes.clone()))
+                        .collect()
+                } else {
+                    Vec::new()
                 };
                 let staged = stage.and(prog.pipeline.as_ref()).map(|pp| pp.axis.as_str());
                 let (reduce, copies) = topo.replication(&p.stored, staged);
@@ -91,6 +109,7 @@ impl Step {
                     reduce,
                     copies,
                     optimizer,
+                    gather,
                 }
             })
             .collect();
@@ -124,6 +143,29 @@ impl Step {
                 optimizer: &optimizer,
             },
         )
+    }
+
+    /// The optimizers' slots, for the plan: `2 slot(s) per parameter`, or
+    /// per optimizer where parameters step with different ones (Muon's
+    /// AdamW).
+    pub fn slots_summary(&self) -> String {
+        let mut seen: Vec<(&'static str, usize)> = Vec::new();
+        for p in self.params.iter().filter(|p| !p.frozen()) {
+            let n = crate::optim::rule(&p.optimizer).slots().count();
+            let name = p.optimizer.name();
+            if !seen.contains(&(name, n)) {
+                seen.push((name, n));
+            }
+        }
+        match seen.as_slice() {
+            [] => "no slots".to_string(),
+            [(_, n)] => format!("{n} slot(s) per parameter"),
+            many => many
+                .iter()
+                .map(|(name, n)| format!("{n} slot(s) per {name} parameter"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
     }
 
     /// Microbatches a step sums gradients over.
@@ -185,15 +227,21 @@ impl Step {
                 .into_iter()
                 .map(|(k, v)| format!("{k} {v}"))
                 .collect();
-            let (m, v) = o.slots();
-            let slots: Vec<&str> = [(m, "m"), (v, "v")]
-                .iter()
-                .filter(|x| x.0)
-                .map(|x| x.1)
-                .collect();
+            let slots = crate::optim::rule(o).slots().names();
+            let scale = if o.lr_scale == 1.0 {
+                String::new()
+            } else {
+                format!(" × {}", o.lr_scale)
+            };
+            let gather = if st.gather.is_empty() {
+                String::new()
+            } else {
+                let axes: Vec<String> = st.gather.iter().flat_map(|g| g.1.clone()).collect();
+                format!("; its update all-gathered over ({}) first", axes.join(", "))
+            };
             let _ = writeln!(
                 s,
-                "  {:<33} {}({}), lr {}; slots [{}] {}",
+                "  {:<33} {}({}), lr {}{scale}; slots [{}] {}{gather}",
                 p.name,
                 o.name(),
                 hyper.join(", "),
@@ -280,7 +328,7 @@ pub fn attach(prog: &mut Program, loss: Loss, metrics: &[Metric], span: Span) {
                 .unwrap_or(1)
                 .max(0) as usize
         })
-        .product();
+        .fold(1usize, usize::saturating_mul);
     let (root, seed) = match (loss, prog.loss.take()) {
         (Loss::Function, Some(f)) => match inline(prog, &f, out, targets) {
             Some(root) => (root, Seed::Addends),
@@ -345,4 +393,104 @@ fn inline(prog: &mut Program, f: &Program, out: Nid, targets: Nid) -> Option<Nid
         map.push(id);
     }
     map.get(f.output? as usize).copied()
+}
+
+/// The optimizer that steps parameter `p` of a run whose optimizer is
+/// `base`: its parameter groups applied ([`Optimizer::for_param`]), and
+/// Muon's AdamW for what Muon leaves out (weights that are not 2-D, rows of
+/// an embedding or a table: `rows`).
+pub fn param_optimizer(base: &Optimizer, p: &Param, rows: bool) -> Optimizer {
+    let mut o = base.for_param(&p.name);
+    if let Some(adamw) = o.kind.muon_fallback() {
+        if p.stored.rank() != 2 || rows {
+            o.kind = adamw;
+            if base
+                .groups
+                .no_decay
+                .iter()
+                .any(|n| p.name.contains(n.as_str()))
+            {
+                o.kind = o.kind.without_decay();
+            }
+        }
+    }
+    o
+}
+
+/// What the step adds to the checker's report on `prog` trained as `t`: a
+/// parameter group's name that matches no parameter (W0003), and the
+/// all-gathers an optimizer needing whole matrices inserts for split
+/// weights (N0001, like any inserted collective).
+pub fn check(
+    prog: &Program,
+    t: &crate::spec::Train,
+    spec: &crate::spec::Spec,
+) -> Vec<crate::diag::Problem> {
+    let mut out = Vec::new();
+    for (name, option, span) in &t.optimizer.groups.written {
+        if prog.params.iter().any(|p| p.name.contains(name.as_str())) {
+            continue;
+        }
+        // The names paths are made of (`blocks.0.ln.scale`: `blocks`, `ln`,
+        // `scale`), the closest first.
+        let mut parts: Vec<&str> = Vec::new();
+        for p in &prog.params {
+            for c in p.name.split('.').filter(|c| c.parse::<u64>().is_err()) {
+                if !parts.contains(&c) {
+                    parts.push(c);
+                }
+            }
+        }
+        let closest = crate::diag::did_you_mean(name, parts.iter().copied());
+        let mut near: Vec<String> = closest.iter().cloned().collect();
+        near.extend(
+            parts
+                .iter()
+                .filter(|c| Some(**c) != closest.as_deref())
+                .take(8)
+                .map(|c| c.to_string()),
+        );
+        out.push(crate::diag::Problem::UnmatchedGroup {
+            span: *span,
+            pattern: name.clone(),
+            option,
+            model: prog.model.clone(),
+            near,
+        });
+    }
+    let step = Step::of_train(prog, t, spec);
+    let cx = crate::prim::CostCx {
+        mesh: &prog.mesh,
+        bound: &prog.bound,
+    };
+    for (p, st) in prog.params.iter().zip(&step.params) {
+        let axes: Vec<String> = st.gather.iter().flat_map(|g| g.1.clone()).collect();
+        if axes.is_empty() {
+            continue;
+        }
+        let mut whole = p.stored.clone();
+        for d in &mut whole.dims {
+            d.axes.clear();
+        }
+        out.push(crate::diag::Problem::Reshard {
+            span: p.span,
+            what: format!(
+                "all-gather over `{}` of `{}`'s update, for {}",
+                axes.join("`, `"),
+                p.name,
+                st.optimizer.name()
+            ),
+            from: p.stored.to_string(),
+            to: whole.to_string(),
+            bytes: crate::units::human_bytes(gathered_bytes(&cx, &p.stored)),
+        });
+    }
+    out
+}
+
+/// The bytes each device receives gathering a split value of type `t` whole.
+pub fn gathered_bytes(cx: &crate::prim::CostCx, t: &TType) -> f64 {
+    let local = cx.local_numel(t).unwrap_or(0.0);
+    let copies: i64 = t.dims.iter().map(|d| cx.axes_product(&d.axes)).product();
+    local * (copies.max(1) - 1) as f64 * t.dtype.bytes() as f64
 }

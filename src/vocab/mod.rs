@@ -50,6 +50,11 @@ pub enum Value {
     Path,
     /// A positive number, or a learning-rate schedule ([`LR_SCHEDULES`]).
     Lr,
+    /// A list of name patterns, `[norm, bias]`: a parameter matches when its
+    /// dotted path contains one.
+    Patterns,
+    /// Name patterns with a factor each, `{ embed: 0.1 }`.
+    Scales,
 }
 
 impl Value {
@@ -63,6 +68,8 @@ impl Value {
             Value::Flag => "`true` or `false`",
             Value::Path => "a string",
             Value::Lr => "a number > 0 or a schedule",
+            Value::Patterns => "a list of names, `[norm, bias]`",
+            Value::Scales => "names with a factor each, `{ embed: 0.1 }`",
         }
     }
 }

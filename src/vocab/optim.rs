@@ -34,6 +34,25 @@ const EPS: Arg = Arg::new(
     Omitted::Is(1e-8),
     "added to the denominator",
 );
+const WEIGHT_DECAY: Arg = Arg::new(
+    "weight_decay",
+    Value::Number,
+    Omitted::Is(1e-4),
+    "decoupled weight decay, scaled by the learning rate",
+);
+/// Parameter groups: what some parameters do differently.
+const NO_DECAY: Arg = Arg::new(
+    "no_decay",
+    Value::Patterns,
+    Omitted::From("`[]`"),
+    "parameters whose dotted path contains one of these names (`[norm, bias]`) take no weight decay",
+);
+const LR_SCALE: Arg = Arg::new(
+    "lr_scale",
+    Value::Scales,
+    Omitted::From("`{}`"),
+    "parameters whose dotted path contains a name train at the learning rate times its factor (`{ embed: 0.1 }`; the first match counts)",
+);
 const ACCUMULATOR: Arg = Arg::new(
     "initial_accumulator",
     Value::Number,
@@ -53,12 +72,13 @@ vocabulary! {
                 LR,
                 Arg::new("momentum", Value::Number, Omitted::Is(0.0), "momentum (0: none, and no state)"),
                 Arg::new("nesterov", Value::Flag, Omitted::Flag(false), "Nesterov momentum"),
+                LR_SCALE,
             ],
         }
         Adam {
             name: "adam",
             doc: "Adam (`optax.adam`)",
-            args: &[LR, B1, B2, EPS],
+            args: &[LR, B1, B2, EPS, LR_SCALE],
         }
         AdamW {
             name: "adamw",
@@ -68,13 +88,15 @@ vocabulary! {
                 B1,
                 B2,
                 EPS,
-                Arg::new("weight_decay", Value::Number, Omitted::Is(1e-4), "decoupled weight decay, scaled by the learning rate"),
+                WEIGHT_DECAY,
+                NO_DECAY,
+                LR_SCALE,
             ],
         }
         Adagrad {
             name: "adagrad",
             doc: "Adagrad (`optax.adagrad`)",
-            args: &[LR, ACCUMULATOR, EPS],
+            args: &[LR, ACCUMULATOR, EPS, LR_SCALE],
         }
         Ftrl {
             name: "ftrl",
@@ -87,6 +109,34 @@ vocabulary! {
                 ACCUMULATOR,
             ],
         }
+        Lion {
+            name: "lion",
+            doc: "Lion (`optax.lion`; Chen et al. 2023): the sign of an interpolation of momentum and gradient, with decoupled weight decay; one slot",
+            args: &[
+                LR,
+                Arg::new("b1", Value::Unit, Omitted::Is(0.9), "how much of the momentum the update's sign is taken from"),
+                Arg::new("b2", Value::Unit, Omitted::Is(0.99), "decay of the momentum"),
+                Arg::new("weight_decay", Value::Number, Omitted::Is(1e-3), "decoupled weight decay, scaled by the learning rate"),
+                NO_DECAY,
+                LR_SCALE,
+            ],
+        }
+        Muon {
+            name: "muon",
+            doc: "Muon (Jordan et al. 2024): momentum whose update of a 2-D weight is orthogonalised by Newton–Schulz iterations and scaled to AdamW's size (Moonlight's 0.2·√max(A, B)); 1-D weights, embeddings and tables step with AdamW (`adam_*`); a weight split over the mesh is gathered for it; one slot",
+            args: &[
+                LR,
+                Arg::new("momentum", Value::Unit, Omitted::Is(0.95), "momentum"),
+                Arg::new("nesterov", Value::Flag, Omitted::Flag(true), "Nesterov momentum"),
+                Arg::new("ns_steps", Value::Count, Omitted::Is(5.0), "Newton–Schulz iterations"),
+                Arg::new("weight_decay", Value::Number, Omitted::Is(0.0), "decoupled weight decay, scaled by the learning rate"),
+                Arg::new("adam_b1", Value::Unit, Omitted::Is(0.9), "AdamW's b1, for the weights Muon leaves to it"),
+                Arg::new("adam_b2", Value::Unit, Omitted::Is(0.95), "AdamW's b2, for the weights Muon leaves to it"),
+                Arg::new("adam_eps", Value::Positive, Omitted::Is(1e-8), "AdamW's eps, for the weights Muon leaves to it"),
+                NO_DECAY,
+                LR_SCALE,
+            ],
+        }
     }
 }
 
@@ -96,7 +146,7 @@ impl Opt {
     pub fn tables_only(self) -> bool {
         match self {
             Opt::Ftrl => true,
-            Opt::Sgd | Opt::Adam | Opt::AdamW | Opt::Adagrad => false,
+            Opt::Sgd | Opt::Adam | Opt::AdamW | Opt::Adagrad | Opt::Lion | Opt::Muon => false,
         }
     }
 }

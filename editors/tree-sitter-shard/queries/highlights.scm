@@ -68,9 +68,9 @@
     "arange" "broadcast_to" "repeat" "dropout" "one_hot" "embed" "lookup"
     "causal_attention" "softmax_cross_entropy" "add_loss" "observe" "repeat"
     "shard_params" "normal" "truncated_normal" "uniform" "constant" "rows" "sgd" "adam"
-    "adamw" "adagrad" "ftrl" "warmup_cosine" "warmup_linear" "warmup_constant"
-    "inverse_sqrt" "wsd" "shakespeare_words" "shakespeare_chars" "text" "arrays"
-    "synthetic" "clicks"))
+    "adamw" "adagrad" "ftrl" "lion" "muon" "warmup_cosine" "warmup_linear"
+    "warmup_constant" "inverse_sqrt" "wsd" "shakespeare_words" "shakespeare_chars"
+    "text" "arrays" "synthetic" "clicks"))
 
 ; collectives get a colour of their own: each one is communication.
 ((call_expr function: (ident) @function.macro)
@@ -90,10 +90,10 @@
     "arange" "broadcast_to" "repeat" "dropout" "one_hot" "embed" "lookup"
     "causal_attention" "softmax_cross_entropy" "add_loss" "observe" "repeat"
     "shard_params" "normal" "truncated_normal" "uniform" "constant" "rows" "sgd" "adam"
-    "adamw" "adagrad" "ftrl" "warmup_cosine" "warmup_linear" "warmup_constant"
-    "inverse_sqrt" "wsd" "shakespeare_words" "shakespeare_chars" "text" "arrays"
-    "synthetic" "clicks" "psum" "pmean" "pmax" "pmin" "reduce" "all_gather"
-    "psum_scatter" "all_to_all" "ppermute" "axis_index"))
+    "adamw" "adagrad" "ftrl" "lion" "muon" "warmup_cosine" "warmup_linear"
+    "warmup_constant" "inverse_sqrt" "wsd" "shakespeare_words" "shakespeare_chars"
+    "text" "arrays" "synthetic" "clicks" "psum" "pmean" "pmax" "pmin" "reduce"
+    "all_gather" "psum_scatter" "all_to_all" "ppermute" "axis_index"))
 
 ; a collective's mesh axes: `psum(x, mp)`, `all_gather(x, mp, dim: 1)`
 ((call_expr
@@ -118,7 +118,8 @@
   (#any-of? @constant.builtin
     "zeros" "ones" "xavier" "lecun" "softmax_cross_entropy" "mse"
     "sigmoid_binary_cross_entropy" "accuracy" "auc" "sgd" "adam" "adamw" "adagrad"
-    "ftrl" "gpipe" "one_f_one_b" "sum" "mean" "sqrtn" "virtual" "cuda" "mpi"))
+    "ftrl" "lion" "muon" "gpipe" "one_f_one_b" "sum" "mean" "sqrtn" "virtual" "cuda"
+    "mpi"))
 ((option value: (list (dim size: (ident) @constant.builtin)))
   (#any-of? @constant.builtin
     "accuracy" "auc"))

@@ -44,10 +44,10 @@ syn keyword shardConstant     zeros ones xavier lecun sqrtn virtual cuda mpi
 " schedules), from the registries.
 " vocabulary (generated; SHARDC_BLESS=1 cargo test --test registry rewrites it)
 syn keyword shardBuiltin      repeat shard_params normal truncated_normal uniform
-syn keyword shardBuiltin      constant rows sgd adam adamw adagrad ftrl warmup_cosine
-syn keyword shardBuiltin      warmup_linear warmup_constant inverse_sqrt wsd
-syn keyword shardBuiltin      shakespeare_words shakespeare_chars text arrays synthetic
-syn keyword shardBuiltin      clicks
+syn keyword shardBuiltin      constant rows sgd adam adamw adagrad ftrl lion muon
+syn keyword shardBuiltin      warmup_cosine warmup_linear warmup_constant inverse_sqrt
+syn keyword shardBuiltin      wsd shakespeare_words shakespeare_chars text arrays
+syn keyword shardBuiltin      synthetic clicks
 syn keyword shardConstant     mse sigmoid_binary_cross_entropy accuracy auc gpipe
 syn keyword shardConstant     one_f_one_b
 " /vocabulary

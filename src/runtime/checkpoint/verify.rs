@@ -80,10 +80,12 @@ pub(super) fn fits(
         param: name.to_string(),
         problem,
     };
-    for p in &prog.params {
+    // Each parameter's slots, as the run's step steps it.
+    let step = crate::runtime::train::step_of(prog, cfg);
+    for (p, st) in prog.params.iter().zip(&step.params) {
         let shape = p.stored.known_shape();
-        let opt = cfg.optimizer_of(p);
-        let (has_m, has_v) = opt.slots();
+        let slots = crate::optim::rule(&st.optimizer).slots();
+        let (has_m, has_v) = (slots.m, slots.v.is_some());
         for (slot, wanted) in [("param", true), ("opt_m", has_m), ("opt_v", has_v)] {
             let key = format!("{slot}/{}", p.name);
             match (arrays.iter().find(|a| a.0 == key), wanted) {
@@ -105,7 +107,7 @@ pub(super) fn fits(
                         &p.name,
                         ParamProblem::SlotMissing {
                             slot: if slot == "opt_m" { "m" } else { "v" },
-                            optimizer: opt.describe(),
+                            optimizer: st.optimizer.describe(),
                         },
                     ))
                 }
@@ -114,7 +116,7 @@ pub(super) fn fits(
                         &p.name,
                         ParamProblem::SlotExtra {
                             slot: if slot == "opt_m" { "m" } else { "v" },
-                            optimizer: opt.describe(),
+                            optimizer: st.optimizer.describe(),
                         },
                     ))
                 }

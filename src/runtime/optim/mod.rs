@@ -1,118 +1,22 @@
-//! Our own optimizers: their state lives in each parameter's layout, ready for
-//! checkpoints. Each kind ([`crate::spec::OptKind`]) is one implementation of
-//! [`Rule`], holding its fused in-place step (when it has one) beside the
-//! composed one it must agree with; [`OptState`] keeps every parameter's slots
-//! and steps them with their own optimizer (an embedding table may have its own).
+//! The optimizers' state on one device: every parameter's slots in its
+//! layout, ready for checkpoints, stepped by the parameter's own optimizer
+//! ([`crate::optim`]: an embedding table may have its own). A step is the
+//! optimizer's fused in-place kernel where it has one and the tensors are
+//! plain CPU ones, else its composed candle ops.
 
-mod adagrad;
-mod adam;
-mod ftrl;
-pub mod fused;
-mod sgd;
 mod sum;
 
 pub use sum::GradSum;
 
+use super::exec::bytes;
+use crate::optim::{plain, rule, Local, Whole};
 use crate::spec::{OptKind, Optimizer};
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 
 pub type R<T> = std::result::Result<T, String>;
 
 pub(crate) fn ce<E: std::fmt::Display>(e: E) -> String {
     e.to_string()
-}
-
-/// One step of one optimizer kind on one tensor.
-pub trait Rule {
-    /// The value the second slot starts at (an accumulator), when not zero.
-    fn v_init(&self) -> Option<f64> {
-        None
-    }
-    /// Whether a zero gradient leaves the parameter and its slots exactly as
-    /// they are (then a table's rows outside this step's mask can take the fused
-    /// step: their gradient is zero).
-    fn zero_is_still(&self) -> bool {
-        false
-    }
-    /// Whether the fused step can run with these slots.
-    fn has_fused(&self, m: Option<&Tensor>, v: Option<&Tensor>) -> bool;
-    /// The step in place: `p`, `m` and `v` are written.
-    #[allow(clippy::too_many_arguments)]
-    fn fused(
-        &self,
-        lr: f64,
-        t: i32,
-        p: &Tensor,
-        g: &Tensor,
-        scale: f64,
-        m: Option<&Tensor>,
-        v: Option<&Tensor>,
-    ) -> R<()>;
-    /// The step from the scaled gradient `g`: the update direction `d` (the new
-    /// parameter is `p − lr·d`) and the new slots.
-    fn composed(
-        &self,
-        lr: f64,
-        t: i32,
-        p: &Tensor,
-        g: &Tensor,
-        m: Option<&Tensor>,
-        v: Option<&Tensor>,
-    ) -> R<(Tensor, Option<Tensor>, Option<Tensor>)>;
-}
-
-/// The implementation of an optimizer kind.
-pub fn rule(o: &Optimizer) -> Box<dyn Rule + Send + Sync> {
-    match o.kind {
-        OptKind::Sgd { momentum, nesterov } => Box::new(sgd::Sgd { momentum, nesterov }),
-        OptKind::Adam { b1, b2, eps } => Box::new(adam::Adam {
-            b1,
-            b2,
-            eps,
-            weight_decay: None,
-        }),
-        OptKind::AdamW {
-            b1,
-            b2,
-            eps,
-            weight_decay,
-        } => Box::new(adam::Adam {
-            b1,
-            b2,
-            eps,
-            weight_decay: Some(weight_decay),
-        }),
-        OptKind::Adagrad {
-            initial_accumulator,
-            eps,
-        } => Box::new(adagrad::Adagrad {
-            initial_accumulator,
-            eps,
-        }),
-        OptKind::Ftrl {
-            lr_power,
-            l1,
-            l2,
-            initial_accumulator,
-        } => Box::new(ftrl::Ftrl {
-            lr_power,
-            l1,
-            l2,
-            initial_accumulator,
-        }),
-        // Never stepped: `OptState::update` skips frozen parameters.
-        OptKind::Frozen => Box::new(sgd::Sgd {
-            momentum: 0.0,
-            nesterov: false,
-        }),
-    }
-}
-
-use super::exec::bytes;
-
-/// Plain contiguous f32/f64 CPU tensors, which the fused kernels step.
-fn plain(t: &Tensor) -> bool {
-    t.device().is_cpu() && t.is_contiguous() && matches!(t.dtype(), DType::F32 | DType::F64)
 }
 
 /// Optimizer state in each parameter's layout; each parameter may have its own
@@ -132,18 +36,16 @@ impl OptState {
         let mut m = Vec::new();
         let mut v = Vec::new();
         for (p, o) in params.iter().zip(&opts) {
-            let (has_m, has_v) = o.slots();
-            let a = if has_m {
+            let slots = rule(o).slots();
+            let a = if slots.m {
                 Some(p.zeros_like().map_err(ce)?)
             } else {
                 None
             };
-            let b = match (has_v, rule(o).v_init()) {
-                (false, _) => None,
-                (true, Some(acc)) => {
-                    Some(p.ones_like().and_then(|t| t.affine(acc, 0.0)).map_err(ce)?)
-                }
-                (true, None) => Some(p.zeros_like().map_err(ce)?),
+            let b = match slots.v {
+                None => None,
+                Some(0.0) => Some(p.zeros_like().map_err(ce)?),
+                Some(acc) => Some(p.ones_like().and_then(|t| t.affine(acc, 0.0)).map_err(ce)?),
             };
             m.push(a);
             v.push(b);
@@ -202,8 +104,10 @@ impl OptState {
 
     /// One step of every parameter this device holds, with gradients scaled by
     /// `scale` (clipping); a table's rows outside its `masks` keep their values
-    /// and slots.
-    pub fn update(
+    /// and slots. `whole(i)` gives parameter `i`'s whole matrix where its
+    /// optimizer needs it and the parameter is split (Muon).
+    #[allow(clippy::too_many_arguments)]
+    pub fn update<'w>(
         &mut self,
         step: usize,
         params: &mut [Tensor],
@@ -211,23 +115,18 @@ impl OptState {
         scale: f64,
         masks: &[Option<Tensor>],
         skip: &[bool],
+        whole: &dyn Fn(usize) -> Option<Box<dyn Whole + 'w>>,
     ) -> R<()> {
-        let t = step as i32;
         for i in 0..params.len() {
-            // Another replica steps the storage this one shares.
-            if skip.get(i) == Some(&true) {
+            // Another replica steps the storage this one shares; another
+            // pipeline stage's parameter is not held here.
+            if skip.get(i) == Some(&true) || params[i].elem_count() == 0 {
                 continue;
             }
-            // Another pipeline stage's parameter: not held here.
-            if params[i].elem_count() == 0 {
+            if self.opts[i].kind == OptKind::Frozen {
                 continue;
             }
-            let o = &self.opts[i];
-            if o.kind == OptKind::Frozen {
-                continue;
-            }
-            let r = rule(o);
-            let lr = o.lr.at(step - 1);
+            let r = rule(&self.opts[i]);
             let unmasked = masks.get(i).is_none_or(Option::is_none);
             let (m, v) = (self.m[i].as_ref(), self.v[i].as_ref());
             let fused_ok = r.has_fused(m, v)
@@ -235,65 +134,13 @@ impl OptState {
                 && m.is_none_or(plain)
                 && v.is_none_or(plain);
             if (r.zero_is_still() || unmasked) && fused_ok {
-                // The parameter is written in place: make sure this state owns it.
-                if self.owned.get(i).copied().flatten() != Some(params[i].id()) {
-                    params[i] = params[i].copy().map_err(ce)?;
-                    if let Some(o) = self.owned.get_mut(i) {
-                        *o = Some(params[i].id());
-                    }
-                }
-                let g = if grads[i].is_contiguous() {
-                    grads[i].clone()
-                } else {
-                    grads[i].contiguous().map_err(ce)?
-                };
-                r.fused(
-                    lr,
-                    t,
-                    &params[i],
-                    &g,
-                    scale,
-                    self.m[i].as_ref(),
-                    self.v[i].as_ref(),
-                )?;
+                self.fused(i, step, &mut params[i], &grads[i], scale)?;
                 continue;
             }
             let before = (params[i].clone(), self.m[i].clone(), self.v[i].clone());
-            let p = &params[i];
-            // Large tensors are stepped in row blocks, so the optimizer's
-            // temporaries stay small (the results are the same bits).
-            let rows = p.dims().first().copied().unwrap_or(1);
-            let blocks = (p.elem_count() >> 21).clamp(1, rows.max(1));
-            let step_one = |p: &Tensor, g: &Tensor, m: Option<&Tensor>, v: Option<&Tensor>| {
-                let g = (g * scale).map_err(ce)?;
-                let (d, m, v) = r.composed(lr, t, p, &g, m, v)?;
-                let p_new = (p - d.affine(lr, 0.0).map_err(ce)?).map_err(ce)?;
-                Ok::<_, String>((p_new, m, v))
-            };
-            let (np, nm, nv) = if blocks <= 1 {
-                step_one(p, &grads[i], self.m[i].as_ref(), self.v[i].as_ref())?
-            } else {
-                let per = rows.div_ceil(blocks);
-                let (mut ps, mut ms, mut vs) = (Vec::new(), Vec::new(), Vec::new());
-                for start in (0..rows).step_by(per) {
-                    let len = per.min(rows - start);
-                    let cut = |x: &Tensor| x.narrow(0, start, len).map_err(ce);
-                    let mc = self.m[i].as_ref().map(cut).transpose()?;
-                    let vc = self.v[i].as_ref().map(cut).transpose()?;
-                    let (a, b, c) = step_one(&cut(p)?, &cut(&grads[i])?, mc.as_ref(), vc.as_ref())?;
-                    ps.push(a);
-                    ms.extend(b);
-                    vs.extend(c);
-                }
-                let cat = |v: Vec<Tensor>| -> R<Option<Tensor>> {
-                    if v.is_empty() {
-                        Ok(None)
-                    } else {
-                        Tensor::cat(&v, 0).map(Some).map_err(ce)
-                    }
-                };
-                (cat(ps)?.ok_or("no rows")?, cat(ms)?, cat(vs)?)
-            };
+            let w = if r.whole_matrix() { whole(i) } else { None };
+            let (np, nm, nv) =
+                self.composed(i, step, &params[i], &grads[i], scale, w.as_deref())?;
             params[i] = np;
             self.m[i] = nm;
             self.v[i] = nv;
@@ -316,6 +163,86 @@ impl OptState {
             }
         }
         Ok(())
+    }
+
+    /// Parameter `i`'s fused step, in place.
+    fn fused(&mut self, i: usize, step: usize, p: &mut Tensor, g: &Tensor, scale: f64) -> R<()> {
+        let o = &self.opts[i];
+        // The parameter is written in place: make sure this state owns it.
+        if self.owned.get(i).copied().flatten() != Some(p.id()) {
+            *p = p.copy().map_err(ce)?;
+            if let Some(o) = self.owned.get_mut(i) {
+                *o = Some(p.id());
+            }
+        }
+        let g = if g.is_contiguous() {
+            g.clone()
+        } else {
+            g.contiguous().map_err(ce)?
+        };
+        rule(o).fused(
+            o.lr_at(step - 1),
+            step as i32,
+            p,
+            &g,
+            scale,
+            self.m[i].as_ref(),
+            self.v[i].as_ref(),
+        )
+    }
+
+    /// Parameter `i`'s composed step: the new parameter and slots. Large
+    /// tensors are stepped in row blocks, so the optimizer's temporaries
+    /// stay small (the results are the same bits); an update of the whole
+    /// matrix is one block.
+    #[allow(clippy::type_complexity)]
+    fn composed(
+        &self,
+        i: usize,
+        step: usize,
+        p: &Tensor,
+        g: &Tensor,
+        scale: f64,
+        whole: Option<&dyn Whole>,
+    ) -> R<(Tensor, Option<Tensor>, Option<Tensor>)> {
+        let o = &self.opts[i];
+        let r = rule(o);
+        let (lr, t) = (o.lr_at(step - 1), step as i32);
+        let step_one = |p: &Tensor, g: &Tensor, m: Option<&Tensor>, v: Option<&Tensor>| {
+            let g = (g * scale).map_err(ce)?;
+            let (d, m, v) = r.composed(lr, t, p, &g, m, v, whole.unwrap_or(&Local))?;
+            let p_new = (p - d.affine(lr, 0.0).map_err(ce)?).map_err(ce)?;
+            Ok::<_, String>((p_new, m, v))
+        };
+        let rows = p.dims().first().copied().unwrap_or(1);
+        let blocks = if r.whole_matrix() {
+            1
+        } else {
+            (p.elem_count() >> 21).clamp(1, rows.max(1))
+        };
+        if blocks <= 1 {
+            return step_one(p, g, self.m[i].as_ref(), self.v[i].as_ref());
+        }
+        let per = rows.div_ceil(blocks);
+        let (mut ps, mut ms, mut vs) = (Vec::new(), Vec::new(), Vec::new());
+        for start in (0..rows).step_by(per) {
+            let len = per.min(rows - start);
+            let cut = |x: &Tensor| x.narrow(0, start, len).map_err(ce);
+            let mc = self.m[i].as_ref().map(cut).transpose()?;
+            let vc = self.v[i].as_ref().map(cut).transpose()?;
+            let (a, b, c) = step_one(&cut(p)?, &cut(g)?, mc.as_ref(), vc.as_ref())?;
+            ps.push(a);
+            ms.extend(b);
+            vs.extend(c);
+        }
+        let cat = |v: Vec<Tensor>| -> R<Option<Tensor>> {
+            if v.is_empty() {
+                Ok(None)
+            } else {
+                Tensor::cat(&v, 0).map(Some).map_err(ce)
+            }
+        };
+        Ok((cat(ps)?.ok_or("no rows")?, cat(ms)?, cat(vs)?))
     }
 }
 

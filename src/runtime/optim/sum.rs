@@ -3,8 +3,9 @@
 //! kept three sets alive at once (the sum so far, the microbatch's, the new
 //! sum). The sum is fresh once, then grows in place.
 
-use super::fused::Pass;
-use super::{bytes, ce, plain, R};
+use super::{bytes, ce, R};
+use crate::optim::fused::Pass;
+use crate::optim::plain;
 use candle_core::Tensor;
 
 /// The gradients of the microbatches so far, summed.

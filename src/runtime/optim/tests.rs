@@ -1,8 +1,9 @@
-//! The fused in-place steps equal the composed ones, and Adam's one pass its three.
+//! The optimizer state's steps: fused in-place steps equal the composed
+//! ones, and the plan and the runtime agree on which optimizers step in place.
 
 use super::*;
 use crate::spec::Schedule;
-use candle_core::Device;
+use candle_core::{DType, Device};
 
 /// The fused in-place steps equal the composed ones (forced by an all-ones
 /// mask, which takes the composed path, in row blocks for the large tensor)
@@ -21,6 +22,7 @@ fn fused_steps_equal_composed_steps() {
     let opt = |kind: OptKind| Optimizer {
         kind,
         lr: lr.clone(),
+        ..Optimizer::default()
     };
     let (b1, b2, eps) = (0.9, 0.999, 1e-8);
     let cases = [
@@ -65,7 +67,15 @@ fn fused_steps_equal_composed_steps() {
                     Tensor::from_vec(wave(step as f64 * 11.0), dims.as_slice(), &dev).expect("g");
                 let scale = if step == 2 { 0.5 } else { 1.0 };
                 fused
-                    .update(step, &mut pf, std::slice::from_ref(&g), scale, &[None], &[])
+                    .update(
+                        step,
+                        &mut pf,
+                        std::slice::from_ref(&g),
+                        scale,
+                        &[None],
+                        &[],
+                        &|_| None,
+                    )
                     .expect("fused");
                 composed
                     .update(
@@ -75,6 +85,7 @@ fn fused_steps_equal_composed_steps() {
                         scale,
                         &[Some(ones.clone())],
                         &[],
+                        &|_| None,
                     )
                     .expect("composed");
             }
@@ -126,96 +137,9 @@ fn fused_steps_equal_composed_steps() {
     }
 }
 
-/// optax's default Adam moments, with AdamW's decay when given.
-fn adam_with(weight_decay: Option<f64>) -> adam::Adam {
-    adam::Adam {
-        b1: 0.9,
-        b2: 0.999,
-        eps: 1e-8,
-        weight_decay,
-    }
-}
-
-/// Adam's one-pass step has the bits of its three passes, for f32 and f64,
-/// on views that start inside their storage, over steps with clipping.
-#[test]
-fn adams_one_pass_has_the_bits_of_three() {
-    let dev = Device::Cpu;
-    let adam = adam_with(Some(0.01));
-    for dt in [DType::F32, DType::F64] {
-        let n = 1000;
-        let wave = |k: f64| -> Tensor {
-            let v: Vec<f64> = (0..n + 7).map(|i| ((i as f64 + k) * 0.37).sin()).collect();
-            Tensor::from_vec(v, n + 7, &dev)
-                .and_then(|t| t.to_dtype(dt))
-                .and_then(|t| t.narrow(0, 7, n))
-                .expect("tensor")
-        };
-        // Two copies of p, m, v (each a view 7 elements into its storage);
-        // the moments start at zero, as they do in a run.
-        let fresh = || -> Vec<Tensor> {
-            [1.0, 0.0, 0.0]
-                .iter()
-                .map(|k| {
-                    wave(0.0)
-                        .affine(*k, 0.0)
-                        .and_then(|t| t.pad_with_zeros(0, 7, 0))
-                        .and_then(|t| t.narrow(0, 7, n))
-                        .expect("state")
-                })
-                .collect()
-        };
-        let (one, three) = (fresh(), fresh());
-        let bits = |t: &Tensor| -> Vec<u64> {
-            let v = t.to_dtype(DType::F64).and_then(|t| t.to_vec1::<f64>());
-            v.expect("values").iter().map(|x| x.to_bits()).collect()
-        };
-        for step in 1..=3 {
-            let g = wave(step as f64 * 11.0);
-            let s = if step == 2 { 0.5 } else { 1.0 };
-            let k = adam.one_pass(0.05, step, s);
-            k.run(&one[0], &g, &one[1], &one[2]).expect("one pass");
-            k.three_passes(&three[0], &g, &three[1], &three[2])
-                .expect("three passes");
-            for (x, y) in one.iter().zip(&three) {
-                assert_eq!(bits(x), bits(y), "{dt:?}, step {step}");
-            }
-        }
-        assert_ne!(bits(&one[0]), bits(&wave(0.0)), "{dt:?}: p did not step");
-    }
-}
-
-/// A gradient that shares the parameter's storage takes the three passes
-/// (the one pass would wait on its own lock) and gives their bits.
-#[test]
-fn adam_with_a_gradient_sharing_the_parameter_steps() {
-    let dev = Device::Cpu;
-    let adam = adam_with(None);
-    let v: Vec<f32> = (0..64).map(|i| (i as f32 * 0.3).sin()).collect();
-    let p = Tensor::from_vec(v, 64, &dev).expect("p");
-    let (m, s) = (p.zeros_like().expect("m"), p.zeros_like().expect("v"));
-    let (p2, m2, s2) = (
-        p.copy().expect("p2"),
-        m.copy().expect("m2"),
-        s.copy().expect("v2"),
-    );
-    let g2 = p.copy().expect("g2");
-    adam.fused(0.1, 1, &p, &p.clone(), 1.0, Some(&m), Some(&s))
-        .expect("shared");
-    adam.one_pass(0.1, 1, 1.0)
-        .three_passes(&p2, &g2, &m2, &s2)
-        .expect("three");
-    for (x, y) in [(&p, &p2), (&m, &m2), (&s, &s2)] {
-        assert_eq!(
-            x.to_vec1::<f32>().expect("x"),
-            y.to_vec1::<f32>().expect("y")
-        );
-    }
-}
-
 /// The plan counts a replicated piece's slots once per process exactly when
 /// the runtime shares them: when the optimizer's rule has a fused in-place
-/// step for the slots it keeps (`Optimizer::steps_in_place`).
+/// step for the slots it keeps (`Rule::steps_in_place`).
 #[test]
 fn plan_and_runtime_agree_on_which_optimizers_step_in_place() {
     let dev = Device::Cpu;
@@ -256,11 +180,12 @@ fn plan_and_runtime_agree_on_which_optimizers_step_in_place() {
         let o = Optimizer {
             kind,
             lr: Schedule::Constant(0.1),
+            ..Optimizer::default()
         };
         let state = OptState::new(std::slice::from_ref(&p), vec![o.clone()]).expect("state");
         assert_eq!(
             state.in_place(0, &p),
-            o.steps_in_place(),
+            crate::optim::rule(&o).steps_in_place(),
             "{}",
             o.describe()
         );

@@ -2,7 +2,7 @@
 //! is computed from a linear term and an accumulator, not stepped. It has no
 //! fused kernel.
 
-use super::{ce, Rule, R};
+use super::{ce, Rule, Slots, Whole, R};
 use candle_core::Tensor;
 
 pub struct Ftrl {
@@ -13,25 +13,15 @@ pub struct Ftrl {
 }
 
 impl Rule for Ftrl {
-    fn v_init(&self) -> Option<f64> {
-        Some(self.initial_accumulator)
+    fn slots(&self) -> Slots {
+        Slots {
+            m: true,
+            v: Some(self.initial_accumulator),
+        }
     }
 
-    fn has_fused(&self, _m: Option<&Tensor>, _v: Option<&Tensor>) -> bool {
-        false
-    }
-
-    fn fused(
-        &self,
-        _lr: f64,
-        _t: i32,
-        _p: &Tensor,
-        _g: &Tensor,
-        _s: f64,
-        _m: Option<&Tensor>,
-        _v: Option<&Tensor>,
-    ) -> R<()> {
-        Err("FTRL has no fused step".into())
+    fn flops(&self, shape: &[usize]) -> f64 {
+        20.0 * shape.iter().map(|d| *d as f64).product::<f64>()
     }
 
     fn composed(
@@ -42,6 +32,7 @@ impl Rule for Ftrl {
         g: &Tensor,
         m: Option<&Tensor>,
         v: Option<&Tensor>,
+        _whole: &dyn Whole,
     ) -> R<(Tensor, Option<Tensor>, Option<Tensor>)> {
         let (Some(lin), Some(acc)) = (m, v) else {
             return Ok((g.clone(), m.cloned(), v.cloned()));

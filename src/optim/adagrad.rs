@@ -2,7 +2,7 @@
 //! `initial_accumulator`.
 
 use super::fused::Pass;
-use super::{ce, Rule, R};
+use super::{ce, Rule, Slots, Whole, R};
 use candle_core::Tensor;
 
 pub struct Adagrad {
@@ -11,8 +11,19 @@ pub struct Adagrad {
 }
 
 impl Rule for Adagrad {
-    fn v_init(&self) -> Option<f64> {
-        Some(self.initial_accumulator)
+    fn slots(&self) -> Slots {
+        Slots {
+            m: false,
+            v: Some(self.initial_accumulator),
+        }
+    }
+
+    fn steps_in_place(&self) -> bool {
+        true
+    }
+
+    fn flops(&self, shape: &[usize]) -> f64 {
+        6.0 * shape.iter().map(|d| *d as f64).product::<f64>()
     }
 
     fn zero_is_still(&self) -> bool {
@@ -58,6 +69,7 @@ impl Rule for Adagrad {
         g: &Tensor,
         m: Option<&Tensor>,
         v: Option<&Tensor>,
+        _whole: &dyn Whole,
     ) -> R<(Tensor, Option<Tensor>, Option<Tensor>)> {
         let Some(v) = v else {
             return Ok((g.clone(), m.cloned(), None));

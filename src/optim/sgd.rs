@@ -1,7 +1,7 @@
 //! Stochastic gradient descent, with optional (Nesterov) momentum (optax.sgd).
 
 use super::fused::Pass;
-use super::{ce, Rule, R};
+use super::{ce, Rule, Slots, Whole, R};
 use candle_core::Tensor;
 
 pub struct Sgd {
@@ -10,6 +10,21 @@ pub struct Sgd {
 }
 
 impl Rule for Sgd {
+    fn slots(&self) -> Slots {
+        Slots {
+            m: self.momentum > 0.0,
+            v: None,
+        }
+    }
+
+    fn steps_in_place(&self) -> bool {
+        true
+    }
+
+    fn flops(&self, shape: &[usize]) -> f64 {
+        4.0 * shape.iter().map(|d| *d as f64).product::<f64>()
+    }
+
     fn zero_is_still(&self) -> bool {
         // Plain SGD leaves a parameter with a zero gradient exactly as it is.
         self.momentum == 0.0
@@ -63,6 +78,7 @@ impl Rule for Sgd {
         g: &Tensor,
         m: Option<&Tensor>,
         v: Option<&Tensor>,
+        _whole: &dyn Whole,
     ) -> R<(Tensor, Option<Tensor>, Option<Tensor>)> {
         let Some(m) = m else {
             return Ok((g.clone(), None, v.cloned()));

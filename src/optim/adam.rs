@@ -4,7 +4,7 @@
 //! passes it replaces remain for tensors of mixed element types.
 
 use super::fused::{err, range, Elem, Pass};
-use super::{ce, Rule, R};
+use super::{ce, Rule, Slots, Whole, R};
 use candle_core::{CpuStorage, InplaceOp1, InplaceOp2, Layout, Tensor};
 use std::cell::RefCell;
 
@@ -34,6 +34,23 @@ impl Adam {
 }
 
 impl Rule for Adam {
+    fn slots(&self) -> Slots {
+        Slots {
+            m: true,
+            v: Some(0.0),
+        }
+    }
+
+    fn steps_in_place(&self) -> bool {
+        true
+    }
+
+    fn flops(&self, shape: &[usize]) -> f64 {
+        // Both moments, their corrections, the square root, the division,
+        // the decay and the step.
+        12.0 * shape.iter().map(|d| *d as f64).product::<f64>()
+    }
+
     fn has_fused(&self, m: Option<&Tensor>, v: Option<&Tensor>) -> bool {
         m.is_some() && v.is_some()
     }
@@ -68,6 +85,7 @@ impl Rule for Adam {
         g: &Tensor,
         m: Option<&Tensor>,
         v: Option<&Tensor>,
+        _whole: &dyn Whole,
     ) -> R<(Tensor, Option<Tensor>, Option<Tensor>)> {
         let (Some(m), Some(v)) = (m, v) else {
             return Ok((g.clone(), m.cloned(), v.cloned()));
