@@ -544,7 +544,9 @@ impl Ctx<'_> {
         let bar = self.progress_bar(cfg);
         let mut progress = Progress::new(self, cfg, &bar);
         let say = |m: &str| progress_say(&bar, m);
-        let adjust = |cfg: &mut crate::runtime::train::Config| self.over.apply(cfg);
+        // (The overrides alone: the processes' handles are not shared across threads.)
+        let over = &self.over;
+        let adjust = |cfg: &mut crate::runtime::train::Config| over.apply(cfg);
         let stop = std::sync::atomic::AtomicBool::new(false);
         let watch_opts = Options {
             mesh: self
