@@ -5,7 +5,7 @@
 //! earlier ones (`tests/stages.rs` enforces this list); each stage returns one
 //! typed result to the next, and [`world::compile`] drives them.
 //!
-//! 0. foundation: [`source`], [`diag`], [`units`], [`files`], [`access`], [`arrays`], [`heap`], [`kernels`]
+//! 0. foundation: [`source`], [`diag`], [`units`], [`files`], [`access`], [`arrays`], [`heap`], [`kernels`], [`fault`]
 //! 1. syntax: [`ast`], [`parse`], [`fmt`]
 //! 2. core: [`types`], [`mesh`], [`init`], [`embed`], [`vocab`], [`schedule`]
 //! 3. resolve: [`resolve`]
@@ -42,6 +42,7 @@ pub mod cli;
 pub mod data;
 pub mod diag;
 pub mod embed;
+pub mod fault;
 pub mod files;
 pub mod fmt;
 pub mod heap;

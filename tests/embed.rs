@@ -470,12 +470,13 @@ fn two_table_stack_takes_the_stack_limits() {
     let e = p.stop.expect("over 39");
     assert_eq!(e.step, Some(1));
     assert!(
-        e.message
+        e.message()
             .contains("sends 40 ids to partition 0, over `max_ids_per_partition: 39`")
-            && e.message.contains("stack `a_b` of 2 tables"),
+            && e.message().contains("stack `a_b` of 2 tables"),
         "{}",
-        e.message
+        e.message()
     );
+    assert!(matches!(e.fault, shardc::fault::Fault::Data(_)));
 }
 
 /// Per-device statistics: 2 devices × 2 SparseCores, 4 partitions, valency 1,

@@ -202,9 +202,13 @@ fn an_index_out_of_range_stops_the_run_at_the_ops_line() {
         Err(e) => e,
     };
     assert!(
-        err.message.contains("outside dimension 1"),
+        err.message().contains("outside dimension 1"),
         "{}",
-        err.message
+        err.message()
+    );
+    assert!(
+        matches!(err.fault, shardc::fault::Fault::Data(_)),
+        "{err:?}"
     );
     let (node, generation) = err.node.expect("the error names its op");
     assert_eq!(generation, 0);

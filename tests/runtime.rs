@@ -430,7 +430,11 @@ fn nan_loss_names_the_step_and_the_op() {
     let err = train::run(&prog, &cfg, &src, false, &mut |_| {})
         .err()
         .expect("the run must stop");
-    assert!(err.message.contains("step 1"), "{err}");
+    assert!(err.message().contains("step 1"), "{err}");
+    assert!(
+        matches!(err.fault, shardc::fault::Fault::Numerical(_)),
+        "{err:?}"
+    );
     assert_eq!(err.step, Some(1));
     let (node, generation) = err.node.expect("the op to blame");
     assert_eq!(generation, 0);
@@ -860,9 +864,9 @@ fn overflow_policies_drop_grow_and_error() {
     let (err, _) = run("error");
     let err = err.expect_err("error stops");
     assert!(
-        err.message.contains("table `t`")
-            && err.message.contains("partition")
-            && err.message.contains("overflow: grow"),
+        err.message().contains("table `t`")
+            && err.message().contains("partition")
+            && err.message().contains("overflow: grow"),
         "{err}"
     );
     assert_eq!(err.table.as_deref(), Some("t"));
@@ -996,7 +1000,7 @@ fn seed_000_survives_where_the_reference_dies() {
     };
     let (err, _) = run("error");
     let err = err.expect_err("the reference's settings abort");
-    assert!(err.message.contains("set by FDO after step 15"), "{err}");
+    assert!(err.message().contains("set by FDO after step 15"), "{err}");
     assert_eq!(err.step, Some(22));
     let (done, notes) = run("grow");
     assert_eq!(done.expect("grow trains"), 100);

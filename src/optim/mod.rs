@@ -21,10 +21,10 @@ mod sgd;
 use crate::spec::{OptKind, Optimizer};
 use candle_core::{DType, Tensor};
 
-pub type R<T> = std::result::Result<T, String>;
+pub type R<T> = std::result::Result<T, crate::fault::Fault>;
 
-pub(crate) fn ce<E: std::fmt::Display>(e: E) -> String {
-    e.to_string()
+pub(crate) fn ce(e: candle_core::Error) -> crate::fault::Fault {
+    e.into()
 }
 
 /// The state an optimizer keeps per parameter, each slot in the

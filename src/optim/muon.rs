@@ -100,10 +100,10 @@ impl Rule for Muon {
         };
         let full = whole.gather(&u)?;
         if full.rank() != 2 {
-            return Err(format!(
+            return Err(crate::fault::Fault::Shape(format!(
                 "muon orthogonalises 2-D weights; this one has shape {:?}",
                 full.dims()
-            ));
+            )));
         }
         let o = orthogonalize(&full, self.ns_steps)?;
         let o = o.affine(rms_scale(full.dims()), 0.0).map_err(ce)?;

@@ -256,10 +256,10 @@ impl Gather {
 fn checked(idx: &Tensor, n: usize, op: &str, dim: usize) -> R<Tensor> {
     let v = Kernel::ints(idx)?;
     if let Some(bad) = v.iter().find(|&&i| i < 0 || i as u64 >= n as u64) {
-        return Err(format!(
+        return Err(crate::fault::Fault::Data(format!(
             "`{op}`: index {bad} is outside dimension {dim}, which has {n} elements (valid: 0 to {})",
             n.saturating_sub(1)
-        ));
+        )));
     }
     idx.to_dtype(CDType::I64)
         .and_then(|t| t.contiguous())

@@ -12,13 +12,15 @@
 
 use super::lookup::SparseState;
 use super::R;
+use crate::fault::Fault;
 use crate::mesh::{Collectives, Topology};
 use crate::types::{Poly, TType};
 use candle_core::{DType, Device, Tensor};
 use std::collections::BTreeMap;
 
-pub fn ce<E: std::fmt::Display>(e: E) -> String {
-    e.to_string()
+/// A candle error as a [`crate::fault::Fault`] of its kind.
+pub fn ce(e: candle_core::Error) -> crate::fault::Fault {
+    e.into()
 }
 
 /// One device running one node of the program.
@@ -60,7 +62,9 @@ impl Kernel<'_> {
                 .size
                 .substitute(self.bound)
                 .and_then(|p| p.as_const())
-                .ok_or_else(|| format!("dimension {i} has symbolic size {}", d.size))?;
+                .ok_or_else(|| {
+                    Fault::Shape(format!("dimension {i} has symbolic size {}", d.size))
+                })?;
             let n: usize = d.axes.iter().map(|a| self.size(a)).product();
             out.push(size as usize / n.max(1));
         }
@@ -76,20 +80,20 @@ impl Kernel<'_> {
                     .and_then(|x| x.size.substitute(self.bound))
                     .and_then(|p| p.as_const())
                     .map(|n| n as f64)
-                    .ok_or_else(|| format!("the size of dim {d} of `{t}` is unknown"))
+                    .ok_or_else(|| Fault::Shape(format!("the size of dim {d} of `{t}` is unknown")))
             })
             .product()
     }
 
     /// Global row-major index of each local element of a value of type `t`.
     pub fn global_indices(&self, t: &TType) -> R<Vec<u64>> {
-        crate::init::global_indices(self.topo(), self.rank, t, self.bound)
+        crate::init::global_indices(self.topo(), self.rank, t, self.bound).map_err(Fault::Shape)
     }
 
     /// This device's elements of a value of type `t` as runs of consecutive
     /// global indices along the last dimension ([`crate::init::global_runs`]).
     pub fn global_runs(&self, t: &TType) -> R<(Vec<u64>, usize)> {
-        crate::init::global_runs(self.topo(), self.rank, t, self.bound)
+        crate::init::global_runs(self.topo(), self.rank, t, self.bound).map_err(Fault::Shape)
     }
 
     /// A tensor of this run's float dtype from f64 values.

@@ -175,9 +175,9 @@ impl Lookup {
             .ok_or("the table's size is unknown")? as usize;
         // Negative ids pad ragged samples.
         if let Some(bad) = flat.iter().find(|i| **i >= vocab as i64) {
-            return Err(format!(
+            return Err(crate::fault::Fault::Data(format!(
                 "id {bad} is outside the table's vocabulary (0..{vocab})"
-            ));
+            )));
         }
         let valency = flat.len() / n.max(1);
         // Valid ids: not padding (negative), not dropped by `overflow: drop`; this

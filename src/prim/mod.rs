@@ -63,7 +63,8 @@ pub use cost::{CommCost, Cost, CostCx};
 pub use kernel::Kernel;
 pub use rules::{Call, Rules, Typed};
 
-pub type R<T> = std::result::Result<T, String>;
+/// A kernel's result: its value, or why it stopped ([`crate::fault::Fault`]).
+pub type R<T> = std::result::Result<T, crate::fault::Fault>;
 
 /// What a forward kernel returns: the value, and what its derivative needs
 /// that cannot be recomputed from the operands (a dropout mask; a loss's
@@ -120,7 +121,7 @@ pub trait Primitive {
     /// `tests/registry.rs` refuses for a differentiable op.
     fn vjp(&self, k: &Kernel, g: &Grad) -> R<Vec<Option<Tensor>>> {
         let _ = (k, g);
-        Err(format!("`{}` has no derivative", self.name()))
+        Err(format!("`{}` has no derivative", self.name()).into())
     }
     /// Whether the op accumulates (softmax, norms, reductions, losses): under
     /// mixed precision it runs in f32 on its widened 16-bit operands, and its

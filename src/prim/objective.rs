@@ -87,13 +87,14 @@ pub(super) fn psum_vec(k: &Kernel, local: Vec<f64>, axes: &[String]) -> R<Vec<f6
 
 /// A reduced f64 scalar's value.
 fn scalar(t: &Tensor) -> R<f64> {
-    t.to_dtype(DType::F64)
+    let v = t
+        .to_dtype(DType::F64)
         .and_then(|t| t.flatten_all())
         .and_then(|t| t.to_vec1::<f64>())
-        .map_err(ce)?
-        .first()
+        .map_err(ce)?;
+    v.first()
         .copied()
-        .ok_or_else(|| "an empty scalar".to_string())
+        .ok_or_else(|| crate::fault::Fault::Shape("an empty scalar".into()))
 }
 
 impl Objective {

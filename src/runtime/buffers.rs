@@ -62,21 +62,22 @@ fn evaluate(prog: &Program, p: &Param, k: usize) -> R<Vec<f64>> {
         held: Default::default(),
         bwd: Default::default(),
     };
-    let tape = ex
-        .forward(&[], &[], None)
-        .map_err(|e| format!("computing the initial value of `{}`: {}", p.name, e.message))?;
+    let tape = ex.forward(&[], &[], None).map_err(|e| {
+        e.fault
+            .context(&format!("computing the initial value of `{}`", p.name))
+    })?;
     let v = tape.vals[out]
         .flatten_all()
         .and_then(|t| t.to_dtype(DType::F64))
         .and_then(|t| t.to_vec1::<f64>())
-        .map_err(|e| e.to_string())?;
+        .map_err(crate::fault::Fault::from)?;
     let want: usize = p.stored.known_shape().iter().product();
     if v.len() != want {
-        return Err(format!(
+        return Err(crate::fault::Fault::Shape(format!(
             "the initial value of `{}` has {} elements, the parameter {want}",
             p.name,
             v.len()
-        ));
+        )));
     }
     Ok(v)
 }

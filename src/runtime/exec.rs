@@ -23,10 +23,13 @@ use crate::types::TType;
 use candle_core::{DType, Device, Tensor};
 use std::cell::Cell;
 
-pub type R<T> = std::result::Result<T, String>;
+/// The runtime's results: a value, or why it stopped ([`Fault`]).
+pub type R<T> = std::result::Result<T, Fault>;
 
-fn ce<E: std::fmt::Display>(e: E) -> String {
-    e.to_string()
+pub use crate::fault::Fault;
+
+fn ce(e: candle_core::Error) -> Fault {
+    e.into()
 }
 
 pub struct Exec<'a> {
@@ -162,6 +165,7 @@ impl<'a> Exec<'a> {
     /// Global row-major index of each local element of a value of type `t`.
     pub fn global_indices(&self, t: &TType) -> R<Vec<u64>> {
         crate::init::global_indices(self.comm.topo(), self.rank, t, &self.prog.bound)
+            .map_err(Fault::Shape)
     }
 }
 
@@ -236,21 +240,18 @@ impl Exec<'_> {
 #[derive(Debug)]
 pub struct OpError {
     pub node: Option<usize>,
-    pub message: String,
+    pub fault: Fault,
 }
 
 impl OpError {
-    fn general(message: String) -> OpError {
-        OpError {
-            node: None,
-            message,
-        }
+    fn general(fault: Fault) -> OpError {
+        OpError { node: None, fault }
     }
 }
 
-impl From<OpError> for String {
-    fn from(e: OpError) -> String {
-        e.message
+impl From<OpError> for Fault {
+    fn from(e: OpError) -> Fault {
+        e.fault
     }
 }
 
@@ -337,9 +338,9 @@ impl Exec<'_> {
                     &types,
                     &node.ty,
                 )
-                .map_err(|message| OpError {
+                .map_err(|fault| OpError {
                     node: Some(i),
-                    message,
+                    fault,
                 })?;
             tape.vals[i] = f.y;
             tape.masks[i] = f.saved;
@@ -394,7 +395,7 @@ impl Exec<'_> {
         crate::prim::Kernel::f64s(v)?
             .first()
             .copied()
-            .ok_or_else(|| "the loss is empty".to_string())
+            .ok_or_else(|| Fault::Numerical("the loss is empty".into()))
     }
 
     /// The metrics' sums a forward pass computed (none without metrics).

@@ -16,8 +16,8 @@ use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-fn ce<E: std::fmt::Display>(e: E) -> String {
-    e.to_string()
+fn ce(e: candle_core::Error) -> crate::fault::Fault {
+    e.into()
 }
 
 /// Local piece of a global array (row-major `values`) for a value of type `t`.
@@ -58,7 +58,8 @@ pub(crate) fn param_indices(
     prog: &Program,
 ) -> R<Vec<u64>> {
     let Some(pl) = pl else {
-        return init::global_indices(topo, rank, &p.stored, &prog.bound);
+        return init::global_indices(topo, rank, &p.stored, &prog.bound)
+            .map_err(crate::fault::Fault::Shape);
     };
     let shape = prog.local_shape(&p.stored)?;
     let (rows, d) = (

@@ -4,15 +4,15 @@
 //! tick every device does at most one forward or one backward of one microbatch,
 //! then activations move one stage on and gradients one stage back.
 
-use super::exec::{Exec, Tape, R};
+use super::exec::{Exec, Fault, Tape, R};
 use crate::schedule::{timeline, Act};
 use crate::spmd::{Op, Program};
 use candle_core::Tensor;
 use std::collections::HashMap;
 use std::ops::Range;
 
-fn ce(e: candle_core::Error) -> String {
-    e.to_string()
+fn ce(e: candle_core::Error) -> crate::fault::Fault {
+    e.into()
 }
 
 /// Where each stage's work lies in the program.
@@ -53,11 +53,11 @@ fn reads(prog: &Program, range: &Range<usize>) -> R<Option<usize>> {
     match outside.as_slice() {
         [] => Ok(None),
         [one] => Ok(Some(*one)),
-        _ => Err(format!(
+        _ => Err(Fault::Shape(format!(
             "a pipeline stage reads {} values from outside it (nodes {:?}); a stage may read only the value entering it",
             outside.len(),
             outside
-        )),
+        ))),
     }
 }
 
@@ -69,10 +69,10 @@ impl Stages {
         let s = p.stages.max(1);
         let ranges = prog.stage_ranges();
         if ranges.is_empty() {
-            return Err(format!(
+            return Err(Fault::Shape(format!(
                 "{} layers cannot be split into {s} stages",
                 p.blocks.len()
-            ));
+            )));
         }
         let first = p.blocks.first().map_or(0, |b| b.0 as usize);
         let last = p.blocks.last().map_or(0, |b| b.1 as usize);
@@ -173,10 +173,10 @@ pub fn aux_flat(prog: &Program, t: &Tape, computed: &dyn Fn(usize) -> bool) -> R
             Some(v) => {
                 let v = crate::prim::Kernel::f64s(v)?;
                 if v.len() != len {
-                    return Err(format!(
+                    return Err(Fault::Shape(format!(
                         "an added loss or observed value has {} elements, not {len}",
                         v.len()
-                    ));
+                    )));
                 }
                 out.extend(v);
             }

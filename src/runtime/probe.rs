@@ -35,7 +35,9 @@ pub fn probe(
     let out_id = prog.output.ok_or("the program has no output")? as usize;
     let out_t = prog.nodes[out_id].ty.clone();
     if !out_t.pending.is_empty() {
-        return Err(format!("the output `{out_t}` owes a reduction"));
+        return Err(super::exec::Fault::Shape(format!(
+            "the output `{out_t}` owes a reduction"
+        )));
     }
     let mut with_buffers = super::buffers::computed(prog)?;
     with_buffers.extend(params.iter().map(|(k, v)| (k.clone(), v.clone())));
@@ -137,13 +139,13 @@ fn device(
     // The cotangent of a replicated value is held as addends.
     let (_, rep) = topo.replication(out_t, None);
     let g = local_piece(topo, rank, out_t, prog, ct, dtype, &dev)?;
-    let g = (g / rep as f64).map_err(|e| e.to_string())?;
+    let g = (g / rep as f64).map_err(super::exec::Fault::from)?;
     let mut grads = vec![None; prog.params.len()];
     ex.backward_range(&tape, &[(out_id, g)], model, &mut grads)?;
     let grads: Vec<Tensor> = grads
         .into_iter()
         .zip(&ps)
-        .map(|(g, p)| g.map_or_else(|| p.zeros_like().map_err(|e| e.to_string()), Ok))
+        .map(|(g, p)| g.map_or_else(|| p.zeros_like().map_err(super::exec::Fault::from), Ok))
         .collect::<R<_>>()?;
     // Every parameter trains (a frozen one gets no gradient).
     let step = crate::step::Step::of(

@@ -276,13 +276,13 @@ impl<'a> Planner<'a> {
                     step: Some(s + 1),
                     table: Some(cfg.tables[ts[0]].name.clone()),
                     node: None,
-                    message: format!(
+                    fault: crate::fault::Fault::Data(format!(
                         "step {}: {}: SparseCore {} of device {} sends {} {what} to partition {}, over `{}: {}` ({})",
                         s + 1, self.label(k), e.sparsecore, e.device, e.observed, e.partition, e.limit_name, e.limit, self.origin[k]
                     ) + &format!(
                         "\n  help: `overflow: grow` in the table raises the limit when a step needs it (logged) and `overflow: drop` drops the excess ids (counted); `fdo` raises limits from observed statistics; or set `{}: {}`",
                         e.limit_name, e.observed
-                    ),
+                    )),
                 }));
             }
         };

@@ -7,7 +7,7 @@
 pub use super::config::Config;
 use super::data::{Batch, Source};
 pub use super::error::RunError;
-use super::exec::{Exec, R};
+use super::exec::{Exec, Fault, R};
 pub use super::memory::Memory;
 use super::mesh::{Cluster, InProcess};
 pub(crate) use super::pieces::local_piece;
@@ -22,8 +22,8 @@ use candle_core::{DType, Tensor};
 use std::collections::HashMap;
 use std::sync::mpsc;
 
-fn ce<E: std::fmt::Display>(e: E) -> String {
-    e.to_string()
+fn ce(e: candle_core::Error) -> crate::fault::Fault {
+    e.into()
 }
 
 /// Per-step results, reported by device 0.
@@ -348,7 +348,8 @@ fn devices(run: &Run, on_step: &mut dyn FnMut(&StepReport)) -> Result<RunOutput,
                 }
                 Ok(Err(e)) => {
                     // Report the device that failed, not the ones it stopped.
-                    if !e.message.contains("another device stopped") || errors.is_empty() {
+                    // (A device another stopped has a collective fault.)
+                    if !matches!(e.fault, crate::fault::Fault::Collective(_)) || errors.is_empty() {
                         errors.insert(0, e);
                     }
                 }
@@ -383,7 +384,9 @@ pub(crate) fn sync_grads(ex: &Exec, step: &Step, grads: Vec<Tensor>) -> R<Vec<Te
             continue;
         }
         let Some(p) = step.params.get(i) else {
-            return Err(format!("parameter {i} has no part in the step"));
+            return Err(Fault::Shape(format!(
+                "parameter {i} has no part in the step"
+            )));
         };
         if p.frozen() {
             out.push(g.zeros_like().map_err(ce)?);

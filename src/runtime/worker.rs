@@ -21,8 +21,8 @@ use crate::step::Step;
 use candle_core::{DType, Device, Tensor};
 use std::sync::{mpsc, Arc};
 
-fn ce<E: std::fmt::Display>(e: E) -> String {
-    e.to_string()
+fn ce(e: candle_core::Error) -> crate::fault::Fault {
+    e.into()
 }
 
 /// The live reload in force (none: the program the run started with).

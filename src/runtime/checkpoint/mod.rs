@@ -404,7 +404,7 @@ pub fn dump_init(prog: &crate::spmd::Program, seed: u64, path: &Path) -> Result<
     let mut arrays: Arrays = Vec::new();
     for p in &prog.params {
         let shape: Vec<usize> = p.stored.known_shape();
-        let v = crate::runtime::buffers::initial(prog, p, seed)?;
+        let v = crate::runtime::buffers::initial(prog, p, seed).map_err(|e| e.to_string())?;
         arrays.push((p.name.clone(), shape, v));
     }
     let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = arrays

@@ -13,10 +13,10 @@ use crate::optim::{plain, rule, Local, Whole};
 use crate::spec::{OptKind, Optimizer};
 use candle_core::Tensor;
 
-pub type R<T> = std::result::Result<T, String>;
+pub type R<T> = std::result::Result<T, crate::fault::Fault>;
 
-pub(crate) fn ce<E: std::fmt::Display>(e: E) -> String {
-    e.to_string()
+pub(crate) fn ce(e: candle_core::Error) -> crate::fault::Fault {
+    e.into()
 }
 
 /// Optimizer state in each parameter's layout; each parameter may have its own
@@ -212,7 +212,7 @@ impl OptState {
             let g = (g * scale).map_err(ce)?;
             let (d, m, v) = r.composed(lr, t, p, &g, m, v, whole.unwrap_or(&Local))?;
             let p_new = (p - d.affine(lr, 0.0).map_err(ce)?).map_err(ce)?;
-            Ok::<_, String>((p_new, m, v))
+            Ok::<_, crate::fault::Fault>((p_new, m, v))
         };
         let rows = p.dims().first().copied().unwrap_or(1);
         let blocks = if r.whole_matrix() {
