@@ -11,7 +11,7 @@ use crate::prim::cost::CostCx;
 use crate::prim::Prim;
 use crate::source::{SourceMap, Span};
 use crate::spec::{OptKind, Spec, Train};
-use crate::spmd::{Op, Program};
+use crate::spmd::{Kept, Op, Program};
 use crate::types::TType;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -408,10 +408,13 @@ fn values(
         let cost = p.get().cost(cx, &ts, &n.ty).unwrap_or_default();
         let again = recomputed.get(i) == Some(&true);
         let mut flops = cost.flops * m;
-        if !gathers_param && !matches!(p, Prim::Reshard(_)) && !n.op.is_result() {
-            if let Some(numel) = cx.local_numel(&n.ty) {
-                acts[i] = numel * n.ty.dtype.bytes() as f64 * m;
+        if let Some(numel) = cx.local_numel(&n.ty) {
+            // Elementwise work: one FLOP per element of a computed value.
+            if !gathers_param && !matches!(p, Prim::Reshard(_)) && !n.op.is_result() {
                 flops += numel * m;
+            }
+            if prog.kept(i) == Kept::Activation {
+                acts[i] = numel * n.ty.dtype.bytes() as f64 * m;
             }
         }
         plan.forward_flops += flops;

@@ -18,7 +18,7 @@ use crate::mesh::Collectives;
 use crate::prim::lookup::SparseState;
 use crate::prim::{Forward, Grad, Kernel, Primitive};
 use crate::spmd::backward::{self, Act, Backward};
-use crate::spmd::{Op, Program};
+use crate::spmd::{Kept, Op, Program};
 use crate::types::TType;
 use candle_core::{DType, Device, Tensor};
 use std::cell::Cell;
@@ -496,10 +496,10 @@ impl Exec<'_> {
                 // Activations, and the parameters the block gathered again.
                 let (mut acts, mut gathered) = (0.0, 0.0);
                 for i in (a..b).filter(|i| dropped[*i]) {
-                    if self.prog.gathers_copy(i) {
-                        gathered += bytes(&tape.vals[i]);
-                    } else if !self.prog.gathers_param(i) {
-                        acts += bytes(&tape.vals[i]);
+                    match self.prog.kept(i) {
+                        Kept::Gathered => gathered += bytes(&tape.vals[i]),
+                        Kept::Activation => acts += bytes(&tape.vals[i]),
+                        Kept::Not => {}
                     }
                 }
                 peak = peak.max(acts);

@@ -4,7 +4,7 @@
 //! quantities off the tensors the step made.
 
 use super::exec::{bytes, Held, Tape};
-use crate::spmd::{Op, Program};
+use crate::spmd::{Kept, Program};
 use candle_core::Tensor;
 
 /// Live bytes on device 0, measured from its tensors during the first step.
@@ -105,13 +105,11 @@ impl Measured<'_> {
             optimizer_state: self.optimizer_state,
             ..Memory::default()
         };
-        for (i, (n, v)) in prog.nodes.iter().zip(&self.tape.vals).enumerate() {
-            match &n.op {
-                Op::Input(_) | Op::Param(_) | Op::Targets => {}
-                _ if n.op.is_result() => {}
-                _ if prog.gathers_copy(i) => m.gathered_params += bytes(v),
-                _ if prog.gathers_param(i) => {}
-                _ => m.activations += bytes(v),
+        for (i, v) in self.tape.vals.iter().enumerate().take(prog.nodes.len()) {
+            match prog.kept(i) {
+                Kept::Activation => m.activations += bytes(v),
+                Kept::Gathered => m.gathered_params += bytes(v),
+                Kept::Not => {}
             }
         }
         m.gathered_grads = self.held.unreduced;

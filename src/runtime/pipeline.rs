@@ -6,7 +6,7 @@
 
 use super::exec::{Exec, Fault, Tape, R};
 use crate::schedule::{timeline, Act};
-use crate::spmd::{Op, Program};
+use crate::spmd::{Kept, Op, Program};
 use candle_core::Tensor;
 use std::collections::HashMap;
 use std::ops::Range;
@@ -135,16 +135,12 @@ pub struct Chunk {
 /// Activation bytes a tape holds (inputs and parameters are shared, not
 /// counted; parameters gathered for use are [`gathered_bytes`]).
 fn tape_bytes(prog: &Program, t: &Tape) -> f64 {
-    tape_where(prog, t, &|i| {
-        !matches!(prog.nodes[i].op, Op::Input(_) | Op::Param(_) | Op::Targets)
-            && !prog.nodes[i].op.is_result()
-            && !prog.gathers_param(i)
-    })
+    tape_where(prog, t, &|i| prog.kept(i) == Kept::Activation)
 }
 
 /// Bytes of the parameters a tape holds gathered for use.
 fn gathered_bytes(prog: &Program, t: &Tape) -> f64 {
-    tape_where(prog, t, &|i| prog.gathers_copy(i))
+    tape_where(prog, t, &|i| prog.kept(i) == Kept::Gathered)
 }
 
 fn tape_where(prog: &Program, t: &Tape, counted: &dyn Fn(usize) -> bool) -> f64 {

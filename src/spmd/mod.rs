@@ -151,6 +151,17 @@ pub struct LossNodes {
     pub seed: Seed,
 }
 
+/// What a value the tape keeps counts as ([`Program::kept`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kept {
+    /// An activation: computed by forward, kept for backward.
+    Activation,
+    /// A parameter gathered whole for use (FSDP).
+    Gathered,
+    /// Not the step's memory of values.
+    Not,
+}
+
 /// The cotangent backward starts from at the loss.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Seed {
@@ -315,6 +326,24 @@ impl Program {
                     _ => false,
                 }
             })
+    }
+
+    /// What node `i`'s value is while the tape keeps it for backward: the
+    /// one definition the plan counts (from types) and `run --mem` measures
+    /// (from tensors). Inputs, targets and parameters are the run's own, a
+    /// loss or metrics result is no value of the model, a parameter gathered
+    /// over axes of size 1 is the parameter itself.
+    pub fn kept(&self, i: usize) -> Kept {
+        let Some(n) = self.nodes.get(i) else {
+            return Kept::Not;
+        };
+        match &n.op {
+            Op::Input(_) | Op::Param(_) | Op::Targets => Kept::Not,
+            _ if n.op.is_result() => Kept::Not,
+            _ if self.gathers_copy(i) => Kept::Gathered,
+            _ if self.gathers_param(i) => Kept::Not,
+            Op::Prim(_) => Kept::Activation,
+        }
     }
 
     /// Whether node `i`'s cotangent counts as backward's own memory (the
