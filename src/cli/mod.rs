@@ -618,14 +618,21 @@ fn lower(grants: &[PathBuf], file: &std::path::Path, mesh: Vec<(String, i64)>) -
     let mut ok = true;
     for p in &c.programs {
         out!("{}", p.render(&c.sources));
+        let mut syncs = String::new();
         if let Some(t) = c.spec.train(Some(&p.model)) {
             let step = crate::step::Step::of_train(p, t, &c.spec);
             out!("{}", step.render(p, &c.sources));
+            let n = step
+                .params
+                .iter()
+                .filter(|s| !s.frozen() && !s.reduce.is_empty())
+                .count();
+            syncs = format!(" and {n} gradient all-reduce(s)");
         }
         let errs = p.verify();
         if errs.is_empty() {
             outln!(
-                "verified: {} ops, {} collectives per step (same sequence on every device)\n",
+                "verified: {} ops, {} collectives{syncs} per step (same sequence on every device)\n",
                 p.nodes.len(),
                 p.collectives().len()
             );

@@ -66,6 +66,11 @@ pub struct RunArgs {
     /// shardc built with `--features mpi`).
     #[arg(long, value_enum, default_value_t = Backend::Virtual)]
     backend: Backend,
+    /// Where this process's devices compute: `cpu`, or `cuda[:N]` (every
+    /// virtual device on that one GPU; needs a shardc built with `--features
+    /// cuda`, see scripts/build-cuda.sh).
+    #[arg(long, default_value = "cpu")]
+    device: crate::runtime::device::DeviceArg,
     /// Live reload: on every save of the file (or its imports), recompile, and
     /// apply an edit that keeps the parameters (the forward, optimizer settings,
     /// clipping) from the next step on, keeping the parameters and optimizer state.
@@ -160,6 +165,7 @@ struct Overrides {
     steps: Option<usize>,
     seed: Option<u64>,
     f64: bool,
+    device: candle_core::Device,
 }
 
 impl Overrides {
@@ -174,6 +180,7 @@ impl Overrides {
         if self.f64 {
             cfg.dtype = candle_core::DType::F64;
         }
+        cfg.device = self.device.clone();
     }
 }
 
@@ -204,6 +211,13 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
         eprintln!("error: --watch reloads edits into a run on the virtual mesh; it does not combine with --backend mpi");
         return ExitCode::from(2);
     }
+    let device = match args.device.open() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let procs = match Procs::start(args.backend) {
         Ok(p) => p,
         Err(e) => {
@@ -260,6 +274,7 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
             steps: args.steps,
             seed: args.seed,
             f64: args.f64,
+            device,
         },
     };
     let ready = cx
@@ -452,11 +467,15 @@ impl Ctx<'_> {
             return;
         }
         let (prog, train) = (self.prog, self.train);
-        let over = if self.processes > 1 {
+        let mut over = if self.processes > 1 {
             format!(", {} MPI processes", self.processes)
         } else {
             String::new()
         };
+        let gpu = self.args.device != crate::runtime::device::DeviceArg::Cpu;
+        if gpu {
+            over += &format!(", on {}", self.args.device);
+        }
         eprintln!(
             "training {} on {} ({}{over}) for {} steps, batch {}, {} {}",
             prog.model,
@@ -473,8 +492,8 @@ impl Ctx<'_> {
         );
         // A mesh declared for other hardware runs here as a simulation: say so.
         match (train.mesh_kind.as_str(), self.args.backend) {
-            ("cuda", _) => eprintln!(
-                "note: `{}` is declared `kind: cuda`; this shardc has no CUDA backend, so its devices are simulated on the CPU",
+            ("cuda", _) if !gpu => eprintln!(
+                "note: `{}` is declared `kind: cuda`; without `--device cuda` its devices are simulated on the CPU",
                 train.mesh
             ),
             ("mpi", Backend::Virtual) => eprintln!(
@@ -745,6 +764,15 @@ impl Ctx<'_> {
         }
         // The whole process, as the system counts it: the plan's `with
         // shardc` row against the peak resident set so far.
+        if let Some(used) = crate::runtime::device::gpu_bytes_used(&self.over.device) {
+            // On a GPU the tensors are not in the resident set: the figure
+            // is what the driver says is in use (the allocator's pool, which
+            // keeps what the step freed, and the CUDA context).
+            t += "the GPU (in use as the CUDA driver reports it: the allocator's pool and the context; planned: its devices)\n";
+            let n = devices as usize;
+            t += &row("in use", used as f64, planned.process_memory(n, !watch));
+            return t;
+        }
         let peak = crate::plan::host::peak_resident();
         if let (Some(rss), Some(code), 1) = (peak, crate::plan::host::shardc_code(), self.processes)
         {

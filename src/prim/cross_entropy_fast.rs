@@ -239,17 +239,18 @@ impl Rows {
 }
 
 /// The labels' one-hot in the class window starting at `off`, in the
-/// logits' dtype.
+/// logits' dtype, made where the logits are: only the labels travel (a
+/// GPU's logits never go through the host).
 fn onehot(logits: &Tensor, labels: &[i64], off: i64) -> Result<Tensor> {
     let v = logits.dims().last().copied().unwrap_or(0);
-    let mut oh = vec![0f64; labels.len() * v];
-    for (r, l) in labels.iter().enumerate() {
-        let c = l - off;
-        if c >= 0 && (c as usize) < v {
-            oh[r * v + c as usize] = 1.0;
-        }
-    }
-    Tensor::from_vec(oh, logits.dims(), logits.device())?.to_dtype(logits.dtype())
+    let dev = logits.device();
+    // A label outside this device's window matches no class here.
+    let local: Vec<i64> = labels.iter().map(|l| l - off).collect();
+    let ids = Tensor::from_vec(local, (labels.len(), 1), dev)?;
+    let classes = Tensor::arange(0i64, v as i64, dev)?.reshape((1, v))?;
+    ids.broadcast_eq(&classes)?
+        .to_dtype(logits.dtype())?
+        .reshape(logits.dims())
 }
 
 #[cfg(test)]

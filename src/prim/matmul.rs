@@ -4,7 +4,7 @@
 
 use super::cost::{CommCost, Cost, CostCx};
 use super::kernel::{ce, Kernel};
-use super::matmul_split::mm;
+use super::matmul_split::{broadcast_mm, mm};
 use super::rules::{axes_text, Rules};
 use super::{Def, Forward, Grad, Kind, Primitive, R};
 use crate::ast::{Expr, ReduceOp};
@@ -178,8 +178,7 @@ fn plan(xt: &TType, yt: &TType, out: &TType) -> Vec<(usize, usize, Vec<String>, 
 /// Batched matmul with broadcasting of the leading dims, and `[..., K] @ [K]`.
 pub fn matmul(x: &Tensor, y: &Tensor) -> R<Tensor> {
     if y.rank() == 1 {
-        return x
-            .broadcast_matmul(&y.unsqueeze(1).map_err(ce)?)
+        return broadcast_mm(x, &y.unsqueeze(1).map_err(ce)?)
             .and_then(|t| t.squeeze(D::Minus1))
             .map_err(ce);
     }
@@ -199,7 +198,7 @@ pub fn matmul(x: &Tensor, y: &Tensor) -> R<Tensor> {
     if x.rank() == 2 && y.rank() == 2 {
         return mm(x, y).map_err(ce);
     }
-    x.broadcast_matmul(y).map_err(ce)
+    broadcast_mm(x, y).map_err(ce)
 }
 
 /// The cotangents of `x @ y` the flags `want` (x's, y's) ask for.
@@ -263,7 +262,7 @@ fn matmul_vjp(
         let gy = x
             .t()
             .and_then(|t| t.contiguous())
-            .and_then(|t| t.broadcast_matmul(g))
+            .and_then(|t| broadcast_mm(&t, g))
             .map_err(ce)?;
         Some(Kernel::unbroadcast(&gy, y.dims())?)
     };

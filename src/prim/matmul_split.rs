@@ -38,7 +38,37 @@ pub fn mm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     if split {
         a.apply_op2_no_bwd(b, &Split)
     } else {
-        a.matmul(b)
+        gemm(a, b)
+    }
+}
+
+/// candle's matmul; on a GPU, whose GEMM takes only row- or column-major
+/// operands with one batch stride, a strided view is copied first.
+fn gemm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    match a.matmul(b) {
+        Err(_) if !a.device().is_cpu() => a.contiguous()?.matmul(&b.contiguous()?),
+        r => r,
+    }
+}
+
+/// `broadcast_matmul`, with the GPU's layout limits handled as in [`mm`]:
+/// broadcast batch dimensions (stride 0) are materialised there.
+pub fn broadcast_mm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    match a.broadcast_matmul(b) {
+        Err(_) if !a.device().is_cpu() && a.rank() >= 2 && b.rank() >= 2 => {
+            let (l, r) = (a.dims(), b.dims());
+            let (lb, rb) = (&l[..l.len() - 2], &r[..r.len() - 2]);
+            let batch = candle_core::Shape::from(lb)
+                .broadcast_shape_binary_op(&candle_core::Shape::from(rb), "matmul")?;
+            let mut ls = batch.dims().to_vec();
+            ls.extend_from_slice(&l[l.len() - 2..]);
+            let mut rs = batch.dims().to_vec();
+            rs.extend_from_slice(&r[r.len() - 2..]);
+            let a = a.broadcast_as(ls)?.contiguous()?;
+            let b = b.broadcast_as(rs)?.contiguous()?;
+            a.matmul(&b)
+        }
+        r => r,
     }
 }
 

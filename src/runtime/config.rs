@@ -54,6 +54,9 @@ pub struct Config {
     pub log_every: usize,
     /// The embedding tables as declared.
     pub tables: Vec<spec::Table>,
+    /// Where every device of this process computes (`--device`): the CPU, or
+    /// one GPU that all of them share.
+    pub device: candle_core::Device,
 }
 
 impl Config {
@@ -92,6 +95,7 @@ impl Config {
             eval: t.eval,
             data: t.data.clone(),
             log_every: t.log_every,
+            device: candle_core::Device::Cpu,
             tables: spec.tables.clone(),
         }
     }

@@ -7,6 +7,7 @@ pub mod buffers;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod device;
 pub mod error;
 pub mod exec;
 pub mod memory;

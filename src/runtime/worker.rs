@@ -18,7 +18,7 @@ use super::train::{
 use crate::init;
 use crate::spmd::Program;
 use crate::step::Step;
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 use std::sync::{mpsc, Arc};
 
 fn ce(e: candle_core::Error) -> crate::fault::Fault {
@@ -59,7 +59,7 @@ impl<'r, 'a> Worker<'r, 'a> {
         tx: mpsc::Sender<StepReport>,
     ) -> Result<Self, RunError> {
         let cfg = run.cfg;
-        let dev = Device::Cpu;
+        let dev = cfg.device.clone();
         let ex = Exec {
             prog: run.prog,
             comm: run.comm,
