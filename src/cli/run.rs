@@ -707,6 +707,14 @@ impl Ctx<'_> {
             out.losses.len(),
             out.losses.len() as f64 * cfg.batch as f64 / secs.max(1e-9)
         );
+        if std::env::var_os("SHARDC_HOST_READS").is_some() {
+            // What a GPU would copy back to the host (tests/host_reads.rs).
+            let r = crate::kernels::host::reads();
+            eprintln!(
+                "host reads: {} reads, {} bytes, {} bytes of floats, largest float read {} bytes",
+                r.reads, r.bytes, r.float_bytes, r.largest_float
+            );
+        }
         ExitCode::SUCCESS
     }
 

@@ -44,8 +44,7 @@ pub fn orthogonalize(u: &Tensor, steps: usize) -> R<Tensor> {
         .sqr()
         .and_then(|s| s.sum_all())
         .and_then(|s| s.sqrt())
-        .and_then(|s| s.to_dtype(candle_core::DType::F64))
-        .and_then(|s| s.to_scalar::<f64>())
+        .and_then(|s| crate::kernels::host::scalar(&s))
         .map_err(ce)?;
     let mut x = u.affine(1.0 / (norm + NORM_EPS), 0.0).map_err(ce)?;
     let dims = u.dims();

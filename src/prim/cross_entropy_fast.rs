@@ -214,10 +214,7 @@ impl Rows {
             None => {
                 let m = match mul {
                     Some(t) => {
-                        let v = t
-                            .to_dtype(candle_core::DType::F32)?
-                            .flatten_all()?
-                            .to_vec1::<f32>()?;
+                        let v = crate::kernels::host::read::<f32>(t)?;
                         *v.first()
                             .ok_or_else(|| candle_core::Error::Msg("an empty cotangent".into()))?
                     }

@@ -244,18 +244,12 @@ impl Kernel<'_> {
 
     /// Integer values of a tensor (ids).
     pub fn ints(t: &Tensor) -> R<Vec<i64>> {
-        t.flatten_all()
-            .and_then(|t| t.to_dtype(DType::I64))
-            .and_then(|t| t.to_vec1::<i64>())
-            .map_err(ce)
+        crate::kernels::host::read::<i64>(t).map_err(ce)
     }
 
     /// Values of a tensor as f64.
     pub fn f64s(t: &Tensor) -> R<Vec<f64>> {
-        t.flatten_all()
-            .and_then(|t| t.to_dtype(DType::F64))
-            .and_then(|t| t.to_vec1::<f64>())
-            .map_err(ce)
+        crate::kernels::host::read::<f64>(t).map_err(ce)
     }
 }
 

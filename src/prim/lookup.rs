@@ -275,21 +275,21 @@ fn gather_requests(k: &Kernel, axis: &str, uniq: &[i64]) -> R<(Vec<i64>, usize)>
     let m = k
         .comm
         .pmax(k.rank, &count, &ax)
-        .and_then(|t| t.to_vec1::<f64>())
+        .and_then(|t| crate::kernels::host::read_ids(&t))
         .map_err(ce)?
         .first()
         .copied()
-        .unwrap_or(0.0)
-        .max(1.0) as usize;
+        .unwrap_or(0)
+        .max(1) as usize;
     let mut req: Vec<f64> = uniq.iter().map(|i| *i as f64).collect();
     req.resize(m, -1.0);
     let req = Tensor::from_vec(req, m, k.dev).map_err(ce)?;
     let all = k
         .comm
         .all_gather(k.rank, &req, axis, 0)
-        .and_then(|t| t.to_vec1::<f64>())
+        .and_then(|t| crate::kernels::host::read_ids(&t))
         .map_err(ce)?;
-    Ok((all.iter().map(|x| *x as i64).collect(), m))
+    Ok((all, m))
 }
 
 /// Where each requested id lives on this device: (local row, 1) for ids it

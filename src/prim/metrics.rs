@@ -46,29 +46,45 @@ impl Metrics {
         let (vaxes, off) = classes(k, logits, lt)?;
         let m = super::reduce_fast::max_last_keepdim(logits).map_err(ce)?;
         let m = k.comm.pmax(k.rank, &m, &vaxes).map_err(ce)?;
-        let lab: Vec<i64> = labels
-            .flatten_all()
-            .and_then(|t| t.to_vec1::<i64>())
-            .map_err(ce)?;
+        // Each row's logit at its label, gathered where the logits are (0
+        // outside this device's classes): only the labels and the count of
+        // right rows cross to the host.
+        let lab = crate::kernels::host::read::<i64>(labels).map_err(ce)?;
         let v = logits.dims().last().copied().unwrap_or(0);
-        let xs = Kernel::f64s(logits)?;
-        // Each row's logit at its label, 0 outside this device's classes.
-        let local: Vec<f64> = lab
-            .iter()
-            .enumerate()
-            .map(|(r, l)| {
-                let c = l - off;
-                if c >= 0 && (c as usize) < v {
-                    xs.get(r * v + c as usize).copied().unwrap_or(0.0)
-                } else {
-                    0.0
-                }
-            })
-            .collect();
-        let tgt = psum_vec(k, local, &vaxes)?;
-        let mx = Kernel::f64s(&m)?;
-        let right = tgt.iter().zip(&mx).filter(|(t, m)| *t >= *m).count();
-        Ok(vec![right as f64, tgt.len() as f64])
+        let rows = lab.len();
+        if rows == 0 || v == 0 || logits.elem_count() != rows * v {
+            return Ok(vec![0.0, rows as f64]);
+        }
+        let (mut idx, mut inside) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
+        for l in &lab {
+            let c = l - off;
+            let here = c >= 0 && (c as usize) < v;
+            idx.push(if here { c as u32 } else { 0 });
+            inside.push(u8::from(here));
+        }
+        let dev = logits.device();
+        let f64 = candle_core::DType::F64;
+        let local = (|| {
+            let idx = Tensor::from_vec(idx, (rows, 1), dev)?;
+            let inside = Tensor::from_vec(inside, (rows, 1), dev)?;
+            let got = logits
+                .contiguous()?
+                .reshape((rows, v))?
+                .gather(&idx, 1)?
+                .to_dtype(f64)?;
+            inside.where_cond(&got, &got.zeros_like()?)
+        })()
+        .map_err(ce)?;
+        let tgt = k.comm.psum(k.rank, &local, &vaxes).map_err(ce)?;
+        let right = m
+            .to_dtype(f64)
+            .and_then(|m| m.reshape((rows, 1)))
+            .and_then(|m| tgt.ge(&m))
+            .and_then(|r| r.to_dtype(f64))
+            .and_then(|r| r.sum_all())
+            .and_then(|r| crate::kernels::host::scalar(&r))
+            .map_err(ce)?;
+        Ok(vec![right, rows as f64])
     }
 
     /// Accuracy (the logit's sign is the target's) and AUC (σ(z) binned by

@@ -81,17 +81,13 @@ pub(super) fn psum_vec(k: &Kernel, local: Vec<f64>, axes: &[String]) -> R<Vec<f6
     let t = Tensor::from_vec(local, n, k.dev).map_err(ce)?;
     k.comm
         .psum(k.rank, &t, axes)
-        .and_then(|t| t.to_vec1::<f64>())
+        .and_then(|t| crate::kernels::host::read::<f64>(&t))
         .map_err(ce)
 }
 
 /// A reduced f64 scalar's value.
 fn scalar(t: &Tensor) -> R<f64> {
-    let v = t
-        .to_dtype(DType::F64)
-        .and_then(|t| t.flatten_all())
-        .and_then(|t| t.to_vec1::<f64>())
-        .map_err(ce)?;
+    let v = crate::kernels::host::read::<f64>(t).map_err(ce)?;
     v.first()
         .copied()
         .ok_or_else(|| crate::fault::Fault::Shape("an empty scalar".into()))
@@ -110,10 +106,7 @@ impl Objective {
         let (vaxes, off) = classes(k, logits, lt)?;
         let m = super::reduce_fast::max_last_keepdim(logits).map_err(ce)?;
         let m = k.comm.pmax(k.rank, &m, &vaxes).map_err(ce)?;
-        let lab: Vec<i64> = labels
-            .flatten_all()
-            .and_then(|t| t.to_vec1::<i64>())
-            .map_err(ce)?;
+        let lab: Vec<i64> = crate::kernels::host::read::<i64>(labels).map_err(ce)?;
         // exp(x − max), its row sums and each row's target logit (fused for f32).
         let r = fast::Rows::new(logits, &m, lab, off).map_err(ce)?;
         let se = k.comm.psum(k.rank, &r.se, &vaxes).map_err(ce)?;
@@ -126,7 +119,7 @@ impl Objective {
             .map_err(ce)?;
         // Rows are split over the label dims' axes: sum over those devices.
         let total = k.comm.psum(k.rank, &local, &row_axes(lt)).map_err(ce)?;
-        let loss = total.to_scalar::<f64>().map_err(ce)? / self.rows as f64;
+        let loss = crate::kernels::host::scalar(&total).map_err(ce)? / self.rows as f64;
         Ok(Forward {
             y: Tensor::new(loss, k.dev).map_err(ce)?,
             saved: vec![r.e, se],
@@ -143,7 +136,7 @@ impl Objective {
             .and_then(|x| x.to_dtype(DType::F64))
             .map_err(ce)?;
         let total = k.comm.psum(k.rank, &local, &split_axes(ot)).map_err(ce)?;
-        let loss = total.to_scalar::<f64>().map_err(ce)? / self.rows.max(1) as f64;
+        let loss = crate::kernels::host::scalar(&total).map_err(ce)? / self.rows.max(1) as f64;
         Forward::of(Tensor::new(loss, k.dev).map_err(ce)?)
     }
 
@@ -162,7 +155,7 @@ impl Objective {
             .and_then(|x| x.to_dtype(DType::F64))
             .map_err(ce)?;
         let total = k.comm.psum(k.rank, &local, &split_axes(ot)).map_err(ce)?;
-        let loss = total.to_scalar::<f64>().map_err(ce)? / self.rows.max(1) as f64;
+        let loss = crate::kernels::host::scalar(&total).map_err(ce)? / self.rows.max(1) as f64;
         Forward::of(Tensor::new(loss, k.dev).map_err(ce)?)
     }
 }
@@ -207,10 +200,7 @@ impl Primitive for Objective {
                     return Err("the loss's forward saved nothing".into());
                 };
                 let (_, off) = classes(k, out, ot)?;
-                let lab: Vec<i64> = y
-                    .flatten_all()
-                    .and_then(|t| t.to_vec1::<i64>())
-                    .map_err(ce)?;
+                let lab: Vec<i64> = crate::kernels::host::read::<i64>(y).map_err(ce)?;
                 let r = fast::Rows::resume(e.clone(), out, lab, off).map_err(ce)?;
                 r.grad(se, v / (self.rows * rep) as f64, None).map_err(ce)?
             }

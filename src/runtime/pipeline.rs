@@ -429,11 +429,11 @@ impl Ticks<'_, '_> {
                 .map_err(ce)?,
         );
         let num = |t: &Tensor| -> R<i64> {
-            Ok(t.to_vec1::<f64>()
+            Ok(crate::kernels::host::read_ids(t)
                 .map_err(ce)?
                 .first()
                 .copied()
-                .unwrap_or(-1.0) as i64)
+                .unwrap_or(-1))
         };
         let (fk, bk) = (num(&fi)?, num(&bi)?);
         if fk >= 0 && me > 0 {
@@ -457,7 +457,7 @@ impl Ticks<'_, '_> {
         let total = ex
             .comm
             .psum(ex.rank, &total, std::slice::from_ref(&self.st.axis))
-            .and_then(|t| t.to_vec1::<f64>())
+            .and_then(|t| crate::kernels::host::read::<f64>(&t))
             .map_err(ce)?;
         Ok(Chunk {
             grads: self.grads,

@@ -411,8 +411,7 @@ pub(crate) fn global_norm(ex: &Exec, step: &Step, grads: &[Tensor]) -> R<f64> {
         let s = g
             .sqr()
             .and_then(|x| x.sum_all())
-            .and_then(|x| x.to_dtype(DType::F64))
-            .and_then(|x| x.to_scalar::<f64>())
+            .and_then(|x| crate::kernels::host::scalar(&x))
             .map_err(ce)?;
         local += s / p.copies as f64;
     }
@@ -421,7 +420,7 @@ pub(crate) fn global_norm(ex: &Exec, step: &Step, grads: &[Tensor]) -> R<f64> {
     let s = ex
         .comm
         .psum(ex.rank, &t, &all)
-        .and_then(|x| x.to_scalar::<f64>())
+        .and_then(|x| crate::kernels::host::scalar(&x))
         .map_err(ce)?;
     Ok(s.sqrt())
 }

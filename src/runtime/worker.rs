@@ -206,7 +206,7 @@ impl<'r, 'a> Worker<'r, 'a> {
             .run
             .comm
             .pmax(self.rank, &seen, &all_axes)
-            .and_then(|t| t.to_vec1::<f64>())
+            .and_then(|t| crate::kernels::host::read::<f64>(&t))
             .map_err(ce)?;
         let agreed = agreed.first().copied().unwrap_or(0.0) as usize;
         if agreed <= self.active.update.as_ref().map_or(0, |u| u.generation) {
