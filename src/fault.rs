@@ -88,6 +88,12 @@ impl std::error::Error for Fault {}
 impl From<candle_core::Error> for Fault {
     fn from(e: candle_core::Error) -> Fault {
         use candle_core::Error as E;
+        // The error itself, not the backtrace candle keeps with it (printed
+        // when RUST_BACKTRACE is set).
+        let e = match e {
+            E::WithBacktrace { inner, .. } => *inner,
+            e => e,
+        };
         let m = e.to_string();
         match e {
             E::UnexpectedDType { .. }

@@ -772,13 +772,13 @@ impl Ctx<'_> {
         }
         // The whole process, as the system counts it: the plan's `with
         // shardc` row against the peak resident set so far.
-        if let Some(used) = crate::runtime::device::gpu_bytes_used(&self.over.device) {
+        if let Some(used) = m.device_in_use {
             // On a GPU the tensors are not in the resident set: the figure
-            // is what the driver says is in use (the allocator's pool, which
-            // keeps what the step freed, and the CUDA context).
-            t += "the GPU (in use as the CUDA driver reports it: the allocator's pool and the context; planned: its devices)\n";
+            // is what the driver said was in use at the step's peak (the
+            // allocator's pool and the CUDA context included).
+            t += "the GPU at the first step's peak (in use as the CUDA driver reports it, the context included; planned: its devices)\n";
             let n = devices as usize;
-            t += &row("in use", used as f64, planned.process_memory(n, !watch));
+            t += &row("in use", used, planned.process_memory(n, !watch));
             return t;
         }
         let peak = crate::plan::host::peak_resident();
@@ -828,6 +828,17 @@ impl Ctx<'_> {
                 c.sources.describe(t.name.span)
             ),
             (None, None) => eprintln!("error: the run stopped: {e}"),
+        }
+        // A GPU out of memory: what the plan says the devices here need.
+        if matches!(e.fault, crate::fault::Fault::Device(ref m) if m.contains("OUT_OF_MEMORY")) {
+            if let Some(p) = self.plan() {
+                let n = self.devices.max(1) as usize;
+                eprintln!(
+                    "  the plan: {} per device, {} for the {n} device(s) on this GPU (`shardc plan --device h100-80g` compares with a card; `checkpoint: full` or `precision: bf16` lower it)",
+                    crate::plan::human_bytes(p.total_memory()),
+                    crate::plan::human_bytes(p.process_memory(n, true))
+                );
+            }
         }
         if e.step.is_none() {
             self.procs.fail();

@@ -85,13 +85,28 @@ impl DeviceArg {
 
 #[cfg(feature = "cuda")]
 fn open_cuda(ordinal: usize) -> Result<candle_core::Device, DeviceError> {
+    // One explicit stream for every virtual device of the process (threads):
+    // `Device::new_cuda` gives each thread its own default stream, and then a
+    // collective launched by one device could run before the kernels another
+    // device launched first (seen on an H100: ids exchanged before they were
+    // written, a garbage size, an out-of-memory). On one stream the work runs
+    // in the order the threads submit it, which the mesh's barriers fix.
     // cudarc panics (rather than erring) when libcuda cannot be loaded at all.
-    let opened = std::panic::catch_unwind(|| candle_core::Device::new_cuda(ordinal));
+    let opened = std::panic::catch_unwind(|| candle_core::Device::new_cuda_with_stream(ordinal));
     match opened {
-        Ok(Ok(d)) => Ok(d),
+        Ok(Ok(d)) => {
+            if let candle_core::Device::Cuda(c) = &d {
+                // SAFETY: every tensor of the run lives on this one stream
+                // (made just above, before any allocation), so the per-buffer
+                // events that order uses across streams have nothing to order.
+                unsafe { c.disable_event_tracking() };
+            }
+            Ok(d)
+        }
         Ok(Err(e)) => Err(DeviceError::Open {
             ordinal,
-            why: e.to_string(),
+            // candle appends a backtrace when RUST_BACKTRACE is set.
+            why: e.to_string().lines().next().unwrap_or_default().to_string(),
         }),
         Err(_) => Err(DeviceError::Open {
             ordinal,

@@ -29,6 +29,10 @@ pub struct Memory {
     /// Backward's cotangents alive at once, at their most (parameters' are
     /// the gradients; gathered parameters' are `gathered_grads`).
     pub cotangents: f64,
+    /// On a GPU: what the CUDA driver reported in use when the rest was
+    /// measured (the step's peak: the tape and the gradients alive), the
+    /// allocator's pool and the context included.
+    pub device_in_use: Option<f64>,
 }
 
 impl Memory {

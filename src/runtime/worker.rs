@@ -295,7 +295,9 @@ impl<'r, 'a> Worker<'r, 'a> {
                 peaks: passes.peaks,
                 pipelined: stages.is_some(),
             };
-            self.memory = Some(m.memory());
+            let mut m = m.memory();
+            m.device_in_use = crate::runtime::device::gpu_bytes_used(&ex.dev).map(|b| b as f64);
+            self.memory = Some(m);
         }
         drop(tape);
         if run.want_grads && step == 0 {
