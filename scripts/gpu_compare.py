@@ -44,7 +44,7 @@ def speed(log, plan, precision, tokens):
                 continue
             if "step_ms" in r:
                 steps.append(r["step_ms"])
-        elif line.startswith("  ") and any(w in line for w in ("total", "activations", "params", "resident", "gpu")):
+        elif line.startswith("  ") and any(w in line for w in ("total", "activations", "params", "resident", "in use")):
             mem.append(line.strip())
     try:
         p = json.load(open(plan))[0]

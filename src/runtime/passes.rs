@@ -48,7 +48,7 @@ pub struct StepCx<'e, 'r, 'a> {
 impl StepCx<'_, '_, '_> {
     /// The dtype the passes compute in.
     fn cdt(&self) -> DType {
-        self.run.cfg.compute_dtype()
+        self.run.compute()
     }
 
     /// Microbatch `j`: the j-th contiguous chunk of the step's inputs, targets

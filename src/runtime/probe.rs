@@ -155,6 +155,7 @@ fn device(
             metrics: &[],
             accumulate: 1,
             clip: None,
+            compute: None,
             optimizer: &|_| crate::spec::Optimizer::default(),
         },
     );

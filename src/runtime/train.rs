@@ -174,6 +174,12 @@ pub(crate) struct Run<'a> {
 }
 
 impl Run<'_> {
+    /// The type the passes compute in: the step program's (mixed
+    /// precision), else the parameters'.
+    pub fn compute(&self) -> candle_core::DType {
+        self.step.compute.unwrap_or(self.cfg.dtype)
+    }
+
     /// A step's global batch: a function of the seed and the step, formed
     /// when the devices get there.
     pub fn batch_at(&self, s: usize) -> Batch {
@@ -196,6 +202,7 @@ pub fn step_of(prog: &Program, cfg: &Config) -> Step {
             metrics: &cfg.metrics,
             accumulate: cfg.accumulate,
             clip: cfg.clip,
+            compute: (cfg.compute_dtype() != cfg.dtype).then(|| cfg.compute_dtype()),
             optimizer: &|p| cfg.optimizer_of(p),
         },
     )

@@ -64,7 +64,7 @@ impl<'r, 'a> Worker<'r, 'a> {
             prog: run.prog,
             comm: run.comm,
             rank,
-            dtype: cfg.compute_dtype(),
+            dtype: run.compute(),
             dev: dev.clone(),
             sparse: crate::prim::lookup::SparseState {
                 placements: run.placements.clone(),
@@ -239,7 +239,7 @@ impl<'r, 'a> Worker<'r, 'a> {
         let ex = self.ex.with_program(prog);
         // Mixed precision: the passes use 16-bit copies of the master
         // weights, and their gradients come back in f32.
-        let cdt = cfg.compute_dtype();
+        let cdt = run.compute();
         let work = working(&self.params, cdt)?;
         let stages = self.active.stages.as_ref().unwrap_or(&run.stages);
         ex.sparse.touched.borrow_mut().clear();
@@ -491,7 +491,7 @@ impl<'r, 'a> Worker<'r, 'a> {
         if !(step + 1).is_multiple_of(every) {
             return Ok(None);
         }
-        let cdt = cfg.compute_dtype();
+        let cdt = run.compute();
         let work = working(&self.params, cdt)?;
         let stages = self.active.stages.as_ref().unwrap_or(&run.stages);
         // Held-out batches are looked up whole.

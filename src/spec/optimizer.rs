@@ -424,14 +424,7 @@ impl Optimizer {
 
     /// Named hyperparameters and their values (for change reports).
     pub fn hyperparameters(&self) -> Vec<(&'static str, String)> {
-        // As a person writes it: `1e-8`, not `0.00000001`.
-        let f = |v: f64| {
-            if v != 0.0 && (v.abs() < 1e-3 || v.abs() >= 1e6) {
-                format!("{v:e}")
-            } else {
-                v.to_string()
-            }
-        };
+        let f = |v: f64| v.to_string();
         match self.kind {
             OptKind::Sgd { momentum, nesterov } => vec![
                 ("momentum", f(momentum)),

@@ -342,6 +342,9 @@ impl Program {
             _ if n.op.is_result() => Kept::Not,
             _ if self.gathers_copy(i) => Kept::Gathered,
             _ if self.gathers_param(i) => Kept::Not,
+            // A reshard's result is counted as communication (the plan's
+            // reshard rows), not as an activation.
+            Op::Prim(crate::prim::Prim::Reshard(_)) => Kept::Not,
             Op::Prim(_) => Kept::Activation,
         }
     }

@@ -29,6 +29,10 @@ pub struct Step {
     pub microbatches: usize,
     /// Gradients scaled to this global L2 norm when above it.
     pub clip: Option<f64>,
+    /// Mixed precision: the type the passes compute in, cast from the master
+    /// weights at each step (whose gradients come back in the master type);
+    /// `None`: the passes use the parameters as stored.
+    pub compute: Option<candle_core::DType>,
     /// Per parameter of the program, in order.
     pub params: Vec<ParamStep>,
 }
@@ -64,6 +68,8 @@ pub struct Training<'a> {
     pub metrics: &'a [Metric],
     pub accumulate: usize,
     pub clip: Option<f64>,
+    /// The passes' type under mixed precision (see [`Step::compute`]).
+    pub compute: Option<candle_core::DType>,
     /// The optimizer stepping a parameter (a table may have its own; a
     /// frozen parameter's is [`Optimizer::frozen`]).
     pub optimizer: &'a dyn Fn(&Param) -> Optimizer,
@@ -119,6 +125,7 @@ impl Step {
             accumulate: how.accumulate.max(1),
             microbatches: prog.pipeline.as_ref().map_or(1, |p| p.microbatches.max(1)),
             clip: how.clip,
+            compute: how.compute,
             params,
         }
     }
@@ -140,6 +147,11 @@ impl Step {
                 metrics: &t.metrics,
                 accumulate: t.accumulate,
                 clip: t.clip,
+                compute: match t.precision {
+                    crate::spec::Precision::F32 => None,
+                    crate::spec::Precision::BF16 => Some(candle_core::DType::BF16),
+                    crate::spec::Precision::F16 => Some(candle_core::DType::F16),
+                },
                 optimizer: &optimizer,
             },
         )
@@ -216,6 +228,15 @@ impl Step {
                 let _ = writeln!(s, "clip: none");
             }
         }
+        let _ = match self.compute {
+            Some(c) => writeln!(
+                s,
+                "precision: each step casts the master weights to {} working copies for the passes; \
+                 their gradients come back in the master type before the all-reduces; the update and its slots stay in it",
+                c.as_str()
+            ),
+            None => writeln!(s, "precision: the passes use the parameters as stored"),
+        };
         let _ = writeln!(s, "update:");
         for (p, st) in prog.params.iter().zip(&self.params) {
             if st.frozen() {
@@ -225,7 +246,7 @@ impl Step {
             let hyper: Vec<String> = o
                 .hyperparameters()
                 .into_iter()
-                .map(|(k, v)| format!("{k} {v}"))
+                .map(|(k, v)| format!("{k} {}", short(&v)))
                 .collect();
             let slots = crate::optim::rule(o).slots().names();
             let scale = if o.lr_scale == 1.0 {
@@ -251,6 +272,14 @@ impl Step {
             );
         }
         s
+    }
+}
+
+/// A hyperparameter as a person writes it: `1e-8`, not `0.00000001`.
+fn short(v: &str) -> String {
+    match v.parse::<f64>() {
+        Ok(x) if x != 0.0 && (x.abs() < 1e-3 || x.abs() >= 1e6) => format!("{x:e}"),
+        _ => v.to_string(),
     }
 }
 
