@@ -578,3 +578,48 @@ fn mem_measures_cotangents_and_the_resident_process() {
         assert!(plan.contains("  with shardc "), "{plan}");
     }
 }
+
+/// `--device`: a name that is no device is a usage error; `cuda` on a
+/// binary built without the feature says what is missing and how to build
+/// it, in one line, before anything compiles or runs.
+#[test]
+fn device_cuda_without_the_feature_exits_2_with_one_line() {
+    let out = shardc()
+        .args([
+            "run",
+            "models/fsdp_mlp.shard",
+            "--steps",
+            "1",
+            "--device",
+            "tpu",
+        ])
+        .output()
+        .expect("spawn");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("`tpu` is not a device: `cpu`, `cuda` or `cuda:N`"),
+        "{err}"
+    );
+    if cfg!(feature = "cuda") {
+        return;
+    }
+    let out = shardc()
+        .args([
+            "run",
+            "models/fsdp_mlp.shard",
+            "--steps",
+            "1",
+            "--device",
+            "cuda:1",
+        ])
+        .output()
+        .expect("spawn");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("built without CUDA") && err.contains("scripts/build-cuda.sh"),
+        "{err}"
+    );
+}

@@ -145,7 +145,12 @@ pub fn verdict(plan: &super::Plan, device: Device) -> Verdict {
     let bubble = plan.pipeline.as_ref().map_or(0.0, |p| p.bubble);
     let compute = peak.map(|f| plan.step_flops() / f / (1.0 - bubble).max(1e-9));
     // `+ 0.0`: an empty sum is −0.0, printed as "-0.00 ms".
-    let bytes: f64 = plan.comms.iter().map(|c| c.bytes * c.count as f64).sum::<f64>() + 0.0;
+    let bytes: f64 = plan
+        .comms
+        .iter()
+        .map(|c| c.bytes * c.count as f64)
+        .sum::<f64>()
+        + 0.0;
     let comm = device.link.map(|l| bytes / l);
     let step = compute.zip(comm).map(|(a, b)| a + b);
     let mfu = step
