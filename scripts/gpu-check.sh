@@ -14,6 +14,8 @@
 #!   --bin      the CUDA shardc (default .cuda/dist/shardc-cuda, or its .xz)
 #!   --out      where logs and figures go (default $OUT, else runs/gpu-check)
 #!   --quick    the seed models only
+#! Environment: GPU_CHECK_NO_CPU_GPT2=1 skips the CPU's two GPT-2 steps (about
+#! 100 s on 16 cores); GPU_CHECK_LIMIT caps each GPT-2 run (seconds, default 150).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
