@@ -584,19 +584,22 @@ fn mem_measures_cotangents_and_the_resident_process() {
 /// it, in one line, before anything compiles or runs.
 #[test]
 fn device_cuda_without_the_feature_exits_2_with_one_line() {
-    let out = shardc()
-        .args([
-            "run",
-            "models/fsdp_mlp.shard",
-            "--steps",
-            "1",
-            "--device",
-            "tpu",
-        ])
-        .output()
-        .expect("spawn");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let refused = |device: &str| {
+        let out = shardc()
+            .args([
+                "run",
+                "models/fsdp_mlp.shard",
+                "--steps",
+                "1",
+                "--device",
+                device,
+            ])
+            .output()
+            .expect("spawn");
+        assert_eq!(out.status.code(), Some(2), "{device}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = refused("tpu");
     assert!(
         err.contains("`tpu` is not a device: `cpu`, `cuda` or `cuda:N`"),
         "{err}"
@@ -604,19 +607,7 @@ fn device_cuda_without_the_feature_exits_2_with_one_line() {
     if cfg!(feature = "cuda") {
         return;
     }
-    let out = shardc()
-        .args([
-            "run",
-            "models/fsdp_mlp.shard",
-            "--steps",
-            "1",
-            "--device",
-            "cuda:1",
-        ])
-        .output()
-        .expect("spawn");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let err = refused("cuda:1");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
         err.contains("built without CUDA") && err.contains("scripts/build-cuda.sh"),
