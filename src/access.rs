@@ -106,6 +106,14 @@ impl Files for Confined<'_> {
         self.check(path)?;
         self.base.read_text(path)
     }
+    fn read_source(&self, path: &Path) -> io::Result<Vec<u8>> {
+        self.check(path)?;
+        self.base.read_source(path)
+    }
+    fn reader(&self, path: &Path) -> io::Result<Box<dyn std::io::Read + '_>> {
+        self.check(path)?;
+        self.base.reader(path)
+    }
     fn canonical(&self, path: &Path) -> PathBuf {
         self.base.canonical(path)
     }

@@ -26,27 +26,177 @@ pub fn shakespeare_words(vocab: usize) -> Vec<u32> {
 
 /// Word ids of any text, formed as [`shakespeare_words`] forms them.
 pub fn words(text: &str, vocab: usize) -> Vec<u32> {
-    let text = text.to_lowercase();
-    let words: Vec<&str> = text
-        .split(|c: char| !c.is_ascii_alphabetic())
-        .filter(|w| !w.is_empty())
-        .collect();
-    let mut counts: HashMap<&str, usize> = HashMap::new();
-    for w in &words {
-        *counts.entry(w).or_default() += 1;
+    let mut w = Words::default();
+    w.feed(text);
+    w.finish(vocab)
+}
+
+/// The longest word kept as itself; a longer run of letters is the unknown word
+/// (id 0), so one enormous "word" (a file of one line) costs no memory.
+pub const MAX_WORD: usize = 256;
+/// The largest text `text(...)` reads: its word ids are held in memory (4 bytes
+/// a word). Bigger corpora belong in array files.
+pub const TEXT_CAP: u64 = 2 << 30;
+/// How much of a text is read at a time.
+const CHUNK: usize = 1 << 20;
+
+/// Words counted as the text goes by, in one pass: each distinct word's index
+/// (first seen first), its count, and the text as those indices.
+#[derive(Default)]
+pub struct Words {
+    index: HashMap<String, u32>,
+    counts: Vec<usize>,
+    seq: Vec<u32>,
+    word: String,
+    long: bool,
+}
+
+/// A word longer than [`MAX_WORD`], in `Words::seq`.
+const LONG: u32 = u32::MAX;
+
+impl Words {
+    /// More text: lowercased as `str::to_lowercase` does it, split on anything
+    /// that is not an ASCII letter. A word may continue into the next call.
+    pub fn feed(&mut self, text: &str) {
+        for c in text.chars() {
+            if c.is_ascii() {
+                self.letter(c);
+            } else {
+                for l in c.to_lowercase() {
+                    self.letter(l);
+                }
+            }
+        }
     }
-    let mut by_freq: Vec<(&str, usize)> = counts.into_iter().collect();
-    by_freq.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-    let ids: HashMap<&str, u32> = by_freq
-        .iter()
-        .take(vocab.saturating_sub(1))
-        .enumerate()
-        .map(|(i, (w, _))| (*w, i as u32 + 1))
-        .collect();
-    words
-        .iter()
-        .map(|w| ids.get(w).copied().unwrap_or(0))
-        .collect()
+
+    fn letter(&mut self, c: char) {
+        if !c.is_ascii_alphabetic() {
+            self.end();
+        } else if self.word.len() < MAX_WORD {
+            self.word.push(c.to_ascii_lowercase());
+        } else {
+            self.long = true;
+        }
+    }
+
+    fn end(&mut self) {
+        if self.long {
+            self.seq.push(LONG);
+        } else if !self.word.is_empty() {
+            let i = match self.index.get(self.word.as_str()) {
+                Some(i) => *i,
+                None => {
+                    let i = self.counts.len() as u32;
+                    self.index.insert(self.word.clone(), i);
+                    self.counts.push(0);
+                    i
+                }
+            };
+            self.counts[i as usize] += 1;
+            self.seq.push(i);
+        }
+        self.word.clear();
+        self.long = false;
+    }
+
+    /// Words so far.
+    pub fn len(&self) -> usize {
+        self.seq.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.seq.is_empty()
+    }
+
+    /// The ids: the `vocab − 1` most frequent words (ties alphabetical) are
+    /// 1, 2, …; every other word is 0.
+    pub fn finish(mut self, vocab: usize) -> Vec<u32> {
+        self.end();
+        let mut words: Vec<(&str, u32)> =
+            self.index.iter().map(|(w, i)| (w.as_str(), *i)).collect();
+        let counts = &self.counts;
+        words.sort_by(|a, b| {
+            counts[b.1 as usize]
+                .cmp(&counts[a.1 as usize])
+                .then(a.0.cmp(b.0))
+        });
+        let mut id = vec![0u32; counts.len()];
+        for (rank, (_, i)) in words.iter().take(vocab.saturating_sub(1)).enumerate() {
+            id[*i as usize] = rank as u32 + 1;
+        }
+        drop(words);
+        let mut seq = self.seq;
+        for x in &mut seq {
+            *x = if *x == LONG { 0 } else { id[*x as usize] };
+        }
+        seq
+    }
+}
+
+/// Why a text corpus could not be read.
+#[derive(Debug)]
+pub enum TextError {
+    Io(std::io::Error),
+    /// Bytes that are not UTF-8, at this offset.
+    NotUtf8(u64),
+    /// A NUL byte, at this offset: a binary file (or a sparse one), not text.
+    Nul(u64),
+    TooBig(u64),
+}
+
+impl std::fmt::Display for TextError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TextError::Io(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                write!(f, "no such file")
+            }
+            TextError::Io(e) => write!(f, "{e}"),
+            TextError::NotUtf8(at) => write!(f, "not UTF-8 text (byte {at})"),
+            TextError::Nul(at) => write!(f, "not text: a NUL byte at byte {at}"),
+            TextError::TooBig(n) => write!(
+                f,
+                "{n} bytes, more than the {} GiB `text(...)` reads (it holds every word's id in memory); save bigger corpora as token arrays for `arrays(...)`",
+                TEXT_CAP >> 30
+            ),
+        }
+    }
+}
+
+/// The words of a text read in pieces of [`CHUNK`] bytes: the text itself is
+/// never held, only its distinct words and the text as their indices.
+pub fn words_from(r: &mut dyn std::io::Read) -> Result<Words, TextError> {
+    let mut w = Words::default();
+    let mut buf = vec![0u8; CHUNK];
+    let (mut held, mut at) = (0usize, 0u64);
+    loop {
+        let n = r.read(&mut buf[held..]).map_err(TextError::Io)?;
+        if at + (held + n) as u64 > TEXT_CAP {
+            return Err(TextError::TooBig(at + (held + n) as u64));
+        }
+        if let Some(i) = memchr::memchr(0, &buf[held..held + n]) {
+            return Err(TextError::Nul(at + (held + i) as u64));
+        }
+        let end = held + n;
+        let upto = match std::str::from_utf8(&buf[..end]) {
+            Ok(t) => {
+                w.feed(t);
+                end
+            }
+            // A character cut at the end of this piece waits for the next.
+            Err(e) if e.error_len().is_none() && n > 0 => {
+                let ok = e.valid_up_to();
+                w.feed(std::str::from_utf8(&buf[..ok]).unwrap_or_default());
+                ok
+            }
+            Err(e) => return Err(TextError::NotUtf8(at + e.valid_up_to() as u64)),
+        };
+        buf.copy_within(upto..end, 0);
+        held = end - upto;
+        at += upto as u64;
+        if n == 0 {
+            return Ok(w);
+        }
+    }
 }
 
 /// Character ids: the index of each character among the corpus's distinct
@@ -259,17 +409,19 @@ impl Cx<'_> {
                 vocab_span,
             } => {
                 self.read.push(path.clone());
-                let text = match self.files.read_text(path) {
-                    Ok(t) => t,
+                let size = self.files.on_disk(path).and_then(|p| p.metadata().ok());
+                let read = match size.map(|m| m.len()).filter(|n| *n > TEXT_CAP) {
+                    Some(n) => Err(TextError::TooBig(n)),
+                    None => self.files.reader(path).map_err(TextError::Io),
+                };
+                let read = read.and_then(|mut r| words_from(&mut r));
+                let words = match read {
+                    Ok(w) => w,
                     Err(err) => {
                         self.problems.push(Problem::DataUnreadable {
                             span: *path_span,
                             path: written.clone(),
-                            reason: match err.kind() {
-                                std::io::ErrorKind::NotFound => "no such file".into(),
-                                std::io::ErrorKind::InvalidData => "not UTF-8 text".into(),
-                                _ => err.to_string(),
-                            },
+                            reason: err.to_string(),
                         });
                         return;
                     }
@@ -279,7 +431,7 @@ impl Cx<'_> {
                 if !self.vocab_fits(vocab, vocab_span.unwrap_or(span), shape, true) {
                     return;
                 }
-                let ids = words(&text, vocab);
+                let ids = words.finish(vocab);
                 // Training windows come from the first 90%: it must hold one.
                 if ids.len() * 9 / 10 < seq + 2 {
                     self.problems.push(Problem::DataMismatch {

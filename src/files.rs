@@ -29,7 +29,17 @@ pub fn read_regular(path: &Path, cap: u64) -> io::Result<Vec<u8>> {
         return Err(too_big(meta.len(), cap));
     }
     let file = open_regular(path)?;
-    let mut buf = Vec::with_capacity(meta.len() as usize);
+    let mut buf = Vec::new();
+    // The size comes from the file: ask for the memory, never abort without it.
+    buf.try_reserve_exact(meta.len() as usize).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::OutOfMemory,
+            format!(
+                "{} bytes, more than this machine can hold in memory",
+                meta.len()
+            ),
+        )
+    })?;
     file.take(cap + 1).read_to_end(&mut buf)?;
     if buf.len() as u64 > cap {
         return Err(too_big(buf.len() as u64, cap));
@@ -101,6 +111,15 @@ fn too_big(len: u64, cap: u64) -> io::Error {
 pub trait Files: Sync {
     /// A file's bytes.
     fn read(&self, path: &Path) -> io::Result<Vec<u8>>;
+    /// A model's source: at most [`SOURCE_CAP`] bytes from the disk, whatever
+    /// the file's name.
+    fn read_source(&self, path: &Path) -> io::Result<Vec<u8>> {
+        self.read(path)
+    }
+    /// A data file to read in pieces (a text corpus), never held whole.
+    fn reader(&self, path: &Path) -> io::Result<Box<dyn Read + '_>> {
+        Ok(Box::new(io::Cursor::new(self.read(path)?)))
+    }
     /// A file's text (UTF-8).
     fn read_text(&self, path: &Path) -> io::Result<String> {
         let bytes = self.read(path)?;
@@ -142,6 +161,17 @@ pub struct Disk;
 impl Files for Disk {
     fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
         read_regular(path, DATA_CAP)
+    }
+    fn read_source(&self, path: &Path) -> io::Result<Vec<u8>> {
+        read_regular(path, SOURCE_CAP)
+    }
+    fn reader(&self, path: &Path) -> io::Result<Box<dyn Read + '_>> {
+        let file = open_regular(path)?;
+        let len = file.metadata()?.len();
+        if len > DATA_CAP {
+            return Err(too_big(len, DATA_CAP));
+        }
+        Ok(Box::new(file.take(DATA_CAP + 1)))
     }
     fn read_text(&self, path: &Path) -> io::Result<String> {
         let cap = if path.extension().is_some_and(|e| e == "shard") {
@@ -214,6 +244,18 @@ impl Files for Overlay<'_> {
         match self.buffers.get(&self.base.canonical(path)) {
             Some(t) => Ok(t.clone()),
             None => self.base.read_text(path),
+        }
+    }
+    fn read_source(&self, path: &Path) -> io::Result<Vec<u8>> {
+        match self.buffers.get(&self.base.canonical(path)) {
+            Some(t) => Ok(t.clone().into_bytes()),
+            None => self.base.read_source(path),
+        }
+    }
+    fn reader(&self, path: &Path) -> io::Result<Box<dyn Read + '_>> {
+        match self.buffers.get(&self.base.canonical(path)) {
+            Some(t) => Ok(Box::new(io::Cursor::new(t.as_bytes()))),
+            None => self.base.reader(path),
         }
     }
     fn canonical(&self, path: &Path) -> PathBuf {

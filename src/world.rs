@@ -140,7 +140,7 @@ pub fn compile_source(path: &Path, text: String, opts: &Options) -> Compilation 
 /// Compile the file at `path` of a file system (the disk, an editor's buffers
 /// over it, files in memory). Only an unreadable root file is an `Err`.
 pub fn compile_in(files: &dyn Files, path: &Path, opts: &Options) -> std::io::Result<Compilation> {
-    let bytes = files.read(path)?;
+    let bytes = files.read_source(path)?;
     Ok(match String::from_utf8(bytes) {
         Ok(text) => compile_text(files, path, text, opts),
         Err(e) => not_utf8(path, e),

@@ -283,14 +283,14 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
             cx.over.apply(&mut cfg);
             cx.check_memory()
         })
-        .and_then(|_| cx.initial_state(&mut cfg))
-        .and_then(|_| {
-            cx.banner(&cfg);
-            cx.prepare_dirs(&cfg)
-        });
-    if let Err(code) = ready {
-        return code;
-    }
+        .and_then(|_| cx.prepare_dirs(&cfg))
+        .and_then(|lock| cx.initial_state(&mut cfg).map(|_| lock))
+        .inspect(|_| cx.banner(&cfg));
+    // Held until the run ends: no second run writes into this directory.
+    let _lock = match ready {
+        Ok(lock) => lock,
+        Err(code) => return code,
+    };
     let start = std::time::Instant::now();
     let reloads = crate::runtime::reload::Reloads::default();
     let compiled: std::sync::Mutex<Vec<crate::source::SourceMap>> = Default::default();
@@ -504,10 +504,14 @@ impl Ctx<'_> {
         }
     }
 
-    /// The run directory, and inside it the checkpoint directory (a fresh
-    /// run's own; symlinks resolved) and FDO's. The first process decides;
-    /// the others follow.
-    fn prepare_dirs(&self, cfg: &crate::runtime::train::Config) -> Result<(), ExitCode> {
+    /// The run directory, locked for this run (the first process holds the
+    /// lock), and inside it the checkpoint directory (a fresh run's own;
+    /// symlinks resolved) and FDO's. The first process decides; the others
+    /// follow.
+    fn prepare_dirs(
+        &self,
+        cfg: &crate::runtime::train::Config,
+    ) -> Result<Option<crate::runtime::lock::RunLock>, ExitCode> {
         let dir = &self.over.dir;
         if let Err(e) = std::fs::create_dir_all(dir) {
             eprintln!(
@@ -517,7 +521,23 @@ impl Ctx<'_> {
             return Err(ExitCode::from(2));
         }
         if !self.lead {
-            return Ok(());
+            return Ok(None);
+        }
+        let lock = match crate::runtime::lock::RunLock::acquire(dir) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("error: {e}");
+                self.procs.fail();
+                return Err(ExitCode::from(2));
+            }
+        };
+        if let Some(was) = &lock.stale {
+            if !self.quiet {
+                eprintln!(
+                    "note: took over the lock of `{}` from {was}, which ended without releasing it",
+                    dir.display()
+                );
+            }
         }
         if let Some(ck) = &cfg.checkpoint {
             let fresh = !self.args.resume;
@@ -545,7 +565,7 @@ impl Ctx<'_> {
                 return Err(ExitCode::from(2));
             }
         }
-        Ok(())
+        Ok(Some(lock))
     }
 
     /// Train, with live reload when asked for; returns the result and every

@@ -315,18 +315,19 @@ pub fn load_at(
         ));
     }
     for path in newest {
-        let unreadable =
-            |e: String| format!("`{}` is not a readable FDO file: {e}", path.display());
-        let buf =
-            crate::files::read_regular(&path, FDO_CAP).map_err(|e| unreadable(e.to_string()))?;
-        let arrays =
-            crate::arrays::npz_arrays(&path, &buf, FDO_CAP).map_err(|e| unreadable(e.reason()))?;
-        if !arrays.iter().any(|a| a.name.ends_with("_max_ids")) {
-            return Err(format!(
-                "`{}` holds no `<stack>_max_ids` arrays",
-                path.display()
-            ));
-        }
+        // Other processes write into this directory: a file that cannot be read
+        // is skipped like one whose statistics fail their checks.
+        let arrays = match read_file(&path) {
+            Ok(a) => a,
+            Err(why) => {
+                out.warnings.push(format!(
+                    "`{}` {why}; skipped, and the limits stay as they were",
+                    path.display()
+                ));
+                out.refused.push(path);
+                continue;
+            }
+        };
         match file_stats(&arrays, expect) {
             Ok(per) => {
                 for (k, s) in &per {
@@ -345,6 +346,23 @@ pub fn load_at(
         }
     }
     Ok(out)
+}
+
+/// A statistics file's arrays, or why it cannot be used: a symbolic link (the
+/// directory is shared; a link may lead anywhere), not a regular file, too big,
+/// not an `.npz`, or none of the statistics in it.
+fn read_file(path: &Path) -> Result<Vec<Array>, String> {
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err("is a symbolic link, not read".into());
+    }
+    let buf = crate::files::read_regular(path, FDO_CAP)
+        .map_err(|e| format!("is not a readable FDO file: {e}"))?;
+    let arrays = crate::arrays::npz_arrays(path, &buf, FDO_CAP)
+        .map_err(|e| format!("is not a readable FDO file: {}", e.reason()))?;
+    if !arrays.iter().any(|a| a.name.ends_with("_max_ids")) {
+        return Err("holds no `<stack>_max_ids` arrays".into());
+    }
+    Ok(arrays)
 }
 
 /// One file's arrays per stack and key.
@@ -618,6 +636,18 @@ pub fn render(l: &Loaded) -> String {
             l.files.len(),
             m(&s.max_ids),
             m(&s.max_unique_ids)
+        );
+    }
+    if !l.refused.is_empty() {
+        let _ = writeln!(
+            out,
+            "skipped {} file(s) that could not be used (the warnings say why): {}",
+            l.refused.len(),
+            l.refused
+                .iter()
+                .map(|p| format!("`{}`", p.display()))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     out

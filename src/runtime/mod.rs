@@ -10,6 +10,7 @@ pub mod data;
 pub mod device;
 pub mod error;
 pub mod exec;
+pub mod lock;
 pub mod memory;
 pub mod mesh;
 #[cfg(feature = "mpi")]

@@ -80,11 +80,33 @@ pub enum CheckpointError {
         path: PathBuf,
         error: String,
     },
+    /// Named like a checkpoint, but not one shardc wrote as such.
+    Untrusted {
+        path: PathBuf,
+        why: Untrusted,
+    },
+    /// A checkpoint past the last step of the run resuming from it.
+    BeyondRun {
+        path: PathBuf,
+        step: usize,
+        steps: usize,
+    },
     /// Every checkpoint failed verification (with `--resume-fallback`).
     NoneValid {
         dir: PathBuf,
         newest: Box<CheckpointError>,
     },
+}
+
+/// Why an entry named like a checkpoint is not trusted as one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Untrusted {
+    /// A symbolic link (to a directory or file that may be anywhere, or a loop).
+    Link,
+    /// Not a name shardc writes (`step-` and the step's digits, at least 8).
+    Name,
+    /// A file or other non-directory where a checkpoint directory would be.
+    NotDirectory,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -197,6 +219,25 @@ impl std::fmt::Display for CheckpointError {
                 dir.display()
             ),
             Write { path, error } => write!(f, "cannot write `{}`: {error}", path.display()),
+            Untrusted { path, why } => {
+                let what = match why {
+                    self::Untrusted::Link => "is a symbolic link",
+                    self::Untrusted::Name => {
+                        "is not named as shardc names checkpoints (`step-` and the step as 8 or more digits)"
+                    }
+                    self::Untrusted::NotDirectory => "is not a directory",
+                };
+                write!(
+                    f,
+                    "`{}` {what}; shardc resumes only from checkpoints it wrote, so it cannot promise a bit-identical resume from this; move it out of the checkpoint directory (or pass `--resume-fallback` to skip it)",
+                    path.display()
+                )
+            }
+            BeyondRun { path, step, steps } => write!(
+                f,
+                "`{}` is at step {step}, past this run's last step {steps}; raise `steps` (or `--steps`) to continue it",
+                path.display()
+            ),
             NoneValid { dir, newest } => write!(
                 f,
                 "no checkpoint in `{}` passes verification; the newest: {newest}",

@@ -8,7 +8,7 @@
 
 mod error;
 
-pub use error::{CheckpointError, ParamProblem};
+pub use error::{CheckpointError, ParamProblem, Untrusted};
 use safetensors::tensor::{Dtype, TensorView};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -196,21 +196,78 @@ fn only_ours(dir: &Path) -> bool {
     })
 }
 
-/// Complete checkpoints in `dir`, by step (temporary directories are ignored).
+/// The step a directory's name gives, only when the name is exactly what
+/// [`step_dir`] writes for it: `step-` and at least 8 digits, no sign, no extra
+/// leading zeros (`step-+0000012` and `step-000000012` are not checkpoints).
+fn named_step(name: &str) -> Option<usize> {
+    let digits = name.strip_prefix("step-")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let step: usize = digits.parse().ok()?;
+    (format!("step-{step:08}") == name).then_some(step)
+}
+
+/// Complete checkpoints in `dir`, by step: directories (not links to one) whose
+/// name is one shardc writes, holding a manifest. Temporary directories are
+/// ignored; anything else named like a checkpoint is one of [`suspects`].
 pub fn list(dir: &Path) -> Vec<(usize, PathBuf)> {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return vec![];
     };
     rd.filter_map(|e| e.ok())
         .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().to_string();
-            let step = name.strip_prefix("step-")?.parse::<usize>().ok()?;
-            e.path()
-                .join("manifest.json")
-                .exists()
-                .then(|| (step, e.path()))
+            let step = named_step(e.file_name().to_str()?)?;
+            let real_dir = e.file_type().ok()?.is_dir();
+            (real_dir && e.path().join("manifest.json").exists()).then(|| (step, e.path()))
         })
         .collect()
+}
+
+/// Entries of `dir` named like a checkpoint that shardc did not write as one: a
+/// name it would not write, a symbolic link, something other than a directory.
+/// A resume refuses them rather than guess what they hold.
+pub fn suspects(dir: &Path) -> Vec<(PathBuf, Untrusted)> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return vec![];
+    };
+    let mut out: Vec<(PathBuf, Untrusted)> = rd
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if !name.starts_with("step-") {
+                return None;
+            }
+            let kind = e.file_type().ok()?;
+            let why = if kind.is_symlink() {
+                Untrusted::Link
+            } else if !kind.is_dir() {
+                Untrusted::NotDirectory
+            } else if named_step(&name).is_none() {
+                Untrusted::Name
+            } else {
+                return None;
+            };
+            Some((e.path(), why))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// A checkpoint's own files must be files in it, not links to elsewhere.
+fn own_files(path: &Path) -> Res<()> {
+    for name in ["manifest.json", "tensors.safetensors"] {
+        let f = path.join(name);
+        if std::fs::symlink_metadata(&f).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(CheckpointError::Untrusted {
+                path: f,
+                why: Untrusted::Link,
+            });
+        }
+    }
+    Ok(())
 }
 
 fn read_manifest(path: &Path) -> Res<Manifest> {
@@ -228,6 +285,13 @@ fn read_manifest(path: &Path) -> Res<Manifest> {
 /// Read a checkpoint and verify it: its manifest's format and step, every listed
 /// tensor present with its shape and checksum, nothing unlisted.
 pub fn load(path: &Path) -> Res<(Manifest, Arrays)> {
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(CheckpointError::Untrusted {
+            path: path.to_path_buf(),
+            why: Untrusted::Link,
+        });
+    }
+    own_files(path)?;
     let manifest = read_manifest(path)?;
     if manifest.format != FORMAT {
         return Err(CheckpointError::Format {
@@ -235,9 +299,7 @@ pub fn load(path: &Path) -> Res<(Manifest, Arrays)> {
             found: manifest.format,
         });
     }
-    let named = path
-        .file_name()
-        .and_then(|n| n.to_str()?.strip_prefix("step-")?.parse::<usize>().ok());
+    let named = path.file_name().and_then(|n| named_step(n.to_str()?));
     if let Some(named) = named.filter(|n| *n != manifest.step) {
         return Err(CheckpointError::StepMismatch {
             path: path.to_path_buf(),
@@ -359,8 +421,25 @@ pub fn resume_with(
     all.sort();
     let mut skipped: Vec<(PathBuf, CheckpointError)> = Vec::new();
     let mut newest_error = None;
+    for (path, why) in suspects(&dir) {
+        let e = CheckpointError::Untrusted {
+            path: path.clone(),
+            why,
+        };
+        if fallback == Fallback::Refuse {
+            return Err(e);
+        }
+        skipped.push((path, e));
+    }
     while let Some((_, path)) = all.pop() {
         let checked = load(&path).and_then(|(m, a)| {
+            if m.step > cfg.steps {
+                return Err(CheckpointError::BeyondRun {
+                    path: path.clone(),
+                    step: m.step,
+                    steps: cfg.steps,
+                });
+            }
             verify::fits(&path, &m, &a, prog, cfg)?;
             Ok((m, a))
         });
