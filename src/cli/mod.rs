@@ -62,6 +62,11 @@ pub struct LspArgs {
     /// Every collective must be written explicitly (like `pragma strict`).
     #[arg(long)]
     pub strict: bool,
+    /// Buffers longer than this are not analysed; a warning at the top of
+    /// the buffer says so (a client's `maxDocumentBytes` initialization
+    /// option overrides it).
+    #[arg(long, value_name = "BYTES", default_value_t = crate::lsp::DEFAULT_MAX_DOCUMENT)]
+    pub max_document_bytes: usize,
 }
 
 #[derive(Subcommand, Debug)]
@@ -257,10 +262,13 @@ pub fn main() -> ExitCode {
 /// `shardc lsp`: every file is checked with the command line's options
 /// (`--strict`, like `pragma strict` in each file).
 fn lsp(args: &LspArgs) -> ExitCode {
-    crate::lsp::run_with(crate::world::Options {
-        strict: args.strict,
-        ..Default::default()
-    })
+    crate::lsp::run_with(
+        crate::world::Options {
+            strict: args.strict,
+            ..Default::default()
+        },
+        args.max_document_bytes,
+    )
 }
 
 /// `shardc fmt`: exit 0 when all is formatted (or was rewritten), 1 when

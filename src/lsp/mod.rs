@@ -23,6 +23,7 @@ pub mod index;
 pub mod nav;
 pub mod outline;
 pub mod state;
+pub use state::DEFAULT_MAX_DOCUMENT;
 pub mod text;
 pub mod transport;
 pub mod workspace;
@@ -95,18 +96,20 @@ impl Session {
 
 /// `shardc lsp`: serves stdin and stdout, logging to stderr.
 pub fn run() -> ExitCode {
-    run_with(Options::default())
+    run_with(Options::default(), state::DEFAULT_MAX_DOCUMENT)
 }
 
 /// `shardc lsp` with the command line's options (`--strict`): every file is
-/// checked with them.
-pub fn run_with(opts: Options) -> ExitCode {
+/// checked with them; buffers over `max_document` bytes are not analysed
+/// (unless the client's `maxDocumentBytes` says otherwise).
+pub fn run_with(opts: Options, max_document: usize) -> ExitCode {
     let input = std::io::BufReader::with_capacity(64 << 10, std::io::stdin());
     let session = serve_with(
         input,
         std::io::stdout().lock(),
         &mut std::io::stderr(),
         opts,
+        max_document,
     );
     // A reader still blocked on stdin (after an `exit`, or a closed stdout)
     // ends with the process.
@@ -125,11 +128,24 @@ where
     R: BufRead + Send + 'static,
     W: Write,
 {
-    serve_with(input, output, log, Options::default())
+    serve_with(
+        input,
+        output,
+        log,
+        Options::default(),
+        state::DEFAULT_MAX_DOCUMENT,
+    )
 }
 
-/// [`serve`], checking every file with `opts`.
-pub fn serve_with<R, W>(input: R, output: W, log: &mut dyn Write, opts: Options) -> Session
+/// [`serve`], checking every file with `opts` and analysing buffers of at most
+/// `max_document` bytes.
+pub fn serve_with<R, W>(
+    input: R,
+    output: W,
+    log: &mut dyn Write,
+    opts: Options,
+    max_document: usize,
+) -> Session
 where
     R: BufRead + Send + 'static,
     W: Write,
@@ -152,10 +168,12 @@ where
             return session;
         }
     };
+    let mut st = state::State::new(opts);
+    st.max_document = max_document;
     let mut server = Server {
         out: output,
         log,
-        st: state::State::new(opts),
+        st,
         phase: Phase::Uninitialized,
         output_closed: false,
     };
@@ -416,6 +434,14 @@ impl<W: Write> Server<'_, W> {
                     .unwrap_or_default();
                 self.st.enc = text::Encoding::negotiate(&caps);
                 self.st.roots = workspace::roots_of(&req.params);
+                if let Some(n) = req
+                    .params
+                    .pointer("/initializationOptions/maxDocumentBytes")
+                    .and_then(Value::as_u64)
+                    .filter(|n| *n > 0)
+                {
+                    self.st.max_document = usize::try_from(n).unwrap_or(usize::MAX);
+                }
                 self.phase = Phase::Running;
                 capabilities(self.st.enc)
             }

@@ -53,9 +53,18 @@ impl Analysis {
     }
 }
 
+/// The largest buffer analysed unless the client or the command line says
+/// otherwise (`maxDocumentBytes`, `--max-document-bytes`): a `.shard` file is a
+/// few kilobytes; a huge one would hold the server's memory and a core for
+/// minutes at every keystroke.
+pub const DEFAULT_MAX_DOCUMENT: usize = 4 << 20;
+
 pub struct State {
     pub enc: Encoding,
     pub opts: Options,
+    /// Buffers longer than this many bytes are not analysed ([`State::flush`]
+    /// shows one diagnostic saying so).
+    pub max_document: usize,
     /// Open buffers by file key.
     pub docs: HashMap<PathBuf, Doc>,
     pub analyses: HashMap<PathBuf, Analysis>,
@@ -77,6 +86,7 @@ impl State {
         State {
             enc: Encoding::Utf16,
             opts,
+            max_document: DEFAULT_MAX_DOCUMENT,
             docs: HashMap::new(),
             analyses: HashMap::new(),
             dirty: BTreeSet::new(),
@@ -211,8 +221,18 @@ impl State {
 
     fn analyze(&self, key: &Path) -> Analysis {
         let mut files = Overlay::new(&Disk);
-        for (k, d) in &self.docs {
+        // An oversized buffer is not laid over the disk: an importer reads the
+        // file as `shardc check` would (at most 16 MiB).
+        for (k, d) in self
+            .docs
+            .iter()
+            .filter(|(_, d)| d.text.len() <= self.max_document)
+        {
             files.insert(k, d.text.clone());
+        }
+        let len = self.docs.get(key).map_or(0, |d| d.text.len());
+        if len > self.max_document {
+            return self.oversized(&files, key, len);
         }
         let text = self
             .docs
@@ -235,6 +255,26 @@ impl State {
                 Err(_) => analyze(&files, key, String::new(), &self.opts, None, enc),
             }
         })
+    }
+
+    /// A buffer over [`State::max_document`]: nothing of it is analysed (an
+    /// empty analysis, so requests on it answer emptily), and one diagnostic
+    /// at its start says why and how to raise the limit.
+    fn oversized(&self, files: &Overlay, key: &Path, len: usize) -> Analysis {
+        let mut a = analyze(files, key, String::new(), &self.opts, None, self.enc);
+        a.parses = false;
+        let diagnostic = Diagnostic {
+            range: lsp_types::Range::default(),
+            severity: Some(DiagnosticSeverity::WARNING),
+            source: Some("shardc".into()),
+            message: format!(
+                "this document is {len} bytes, more than the {} bytes the editor analyses; it is not checked (raise the limit with the `maxDocumentBytes` initialization option or `shardc lsp --max-document-bytes`, or run `shardc check` on it)",
+                self.max_document
+            ),
+            ..Diagnostic::default()
+        };
+        a.shown = HashMap::from([(key.to_path_buf(), vec![diagnostic])]);
+        a
     }
 
     /// The union of what every compilation shows each file, sent for the

@@ -37,7 +37,7 @@ vocabulary! {
         }
         Text {
             name: "text",
-            doc: "any UTF-8 text file (`path` a string, relative to the `.shard` file), as word ids formed like `shakespeare_words`",
+            doc: "any UTF-8 text file of up to 2 GiB (`path` a string, relative to the `.shard` file), read a megabyte at a time, as word ids formed like `shakespeare_words` (a word of over 256 letters is unknown; a NUL byte is refused)",
             args: &[PATH, SEQ16, WORDS_VOCAB],
         }
         Arrays {
