@@ -21,14 +21,25 @@ pub fn parse(file: FileId, text: &str) -> Result<File, Box<Problem>> {
     pest::set_call_limit(std::num::NonZeroUsize::new(
         5_000_000usize.saturating_add(text.len().saturating_mul(64)),
     ));
-    // Deeply nested input would overflow the stack in pest's recursive descent.
-    if let Some((depth, at)) = nesting_depth(text) {
-        return Err(Box::new(Problem::TooDeep {
-            span: Span::new(file, at, at + 1),
-            what: "brackets",
-            depth,
-            limit: MAX_NESTING,
-        }));
+    // Deeply nested input would overflow the stack in pest's recursive descent;
+    // a huge name would be copied into every type and diagnostic that holds it.
+    match prescan(text) {
+        Some(Limit::Nesting { depth, at }) => {
+            return Err(Box::new(Problem::TooDeep {
+                span: Span::new(file, at, at + 1),
+                what: "brackets",
+                depth,
+                limit: MAX_NESTING,
+            }))
+        }
+        Some(Limit::Name { len, at }) => {
+            return Err(Box::new(Problem::NameTooLong {
+                span: Span::new(file, at, at + len),
+                len,
+                limit: MAX_NAME,
+            }))
+        }
+        None => {}
     }
     let mut pairs =
         ShardParser::parse(Rule::file, text).map_err(|e| Box::new(syntax_error(file, text, e)))?;
@@ -56,13 +67,46 @@ pub const MAX_NESTING: usize = 200;
 /// of the tree every later stage walks, so it is bounded here, where it is cheap.
 pub const MAX_CHAIN: usize = 1_000;
 
-/// The first place brackets nest past [`MAX_NESTING`] (skipping comments and
-/// strings), as (depth, byte offset).
-fn nesting_depth(text: &str) -> Option<(usize, usize)> {
+/// The longest name (identifier) a file may use, in bytes. Names are copied into
+/// types, the index and diagnostics wherever they are used; bounding them keeps
+/// the front end's memory a small multiple of the source's.
+pub const MAX_NAME: usize = 1_024;
+
+/// A limit the source passes before pest sees it.
+#[derive(Debug, PartialEq, Eq)]
+enum Limit {
+    Nesting { depth: usize, at: usize },
+    Name { len: usize, at: usize },
+}
+
+/// The first place brackets nest past [`MAX_NESTING`] or a name is longer than
+/// [`MAX_NAME`] (skipping comments and strings).
+fn prescan(text: &str) -> Option<Limit> {
     let b = text.as_bytes();
     let (mut d, mut i) = (0usize, 0usize);
+    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
     while i < b.len() {
         match b[i] {
+            c if (c.is_ascii_alphabetic() || c == b'_') => {
+                let start = i;
+                while i < b.len() && word(b[i]) {
+                    i += 1;
+                }
+                if i - start > MAX_NAME {
+                    return Some(Limit::Name {
+                        len: i - start,
+                        at: start,
+                    });
+                }
+                continue;
+            }
+            c if c.is_ascii_digit() => {
+                // A number's digits (and a suffix such as `e5`) are not a name.
+                while i < b.len() && word(b[i]) {
+                    i += 1;
+                }
+                continue;
+            }
             b'/' if b.get(i + 1) == Some(&b'/') => {
                 while i < b.len() && b[i] != b'\n' {
                     i += 1;
@@ -84,7 +128,7 @@ fn nesting_depth(text: &str) -> Option<(usize, usize)> {
             b'(' | b'[' | b'{' => {
                 d += 1;
                 if d > MAX_NESTING {
-                    return Some((d, i));
+                    return Some(Limit::Nesting { depth: d, at: i });
                 }
             }
             b')' | b']' | b'}' => d = d.saturating_sub(1),

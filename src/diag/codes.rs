@@ -30,6 +30,7 @@ codes! {
     E0002 => "invalid literal",
     E0003 => "nested or chained too deeply",
     E0004 => "source is not UTF-8 text",
+    E0005 => "name too long",
     E0100 => "unknown name",
     E0101 => "duplicate definition",
     E0102 => "import not found",

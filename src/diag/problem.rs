@@ -43,6 +43,12 @@ pub enum Problem {
         depth: usize,
         limit: usize,
     },
+    /// A name longer than the parser's limit.
+    NameTooLong {
+        span: Span,
+        len: usize,
+        limit: usize,
+    },
     /// An output directory in a model file that would leave the run directory.
     OutputEscapes {
         span: Span,
@@ -458,6 +464,7 @@ impl Problem {
                 d(Code::E0307, format!("the {what} directory `{dir}` is outside the run directory"), *span, why.into())
                     .help("name a directory inside the run directory (e.g. `\"ckpt\"`, placed under `--out`); to write elsewhere, grant the place on the command line with `--allow-path DIR` and name it absolutely")
             }
+            NameTooLong { span, len, limit } => d(Code::E0005, format!("a name of {len} characters; names are at most {limit}"), *span, "this name".into()).help("use a shorter name"),
             TooDeep { span, what, depth, limit } => d(Code::E0003, format!("{what} nested too deeply: {depth} levels, at most {limit}"), *span, format!("{what} past the limit start here")).help("split the expression with `let` bindings, or the declarations into fewer levels"),
             NotUtf8 { span, offset } => d(Code::E0004, format!("the file is not UTF-8 text: byte {offset} is not valid UTF-8"), *span, "here".into()).help("save the file as UTF-8"),
             BadLiteral { span, text } => d(Code::E0002, format!("invalid number `{text}`"), *span, "does not fit in 64 bits".into())
