@@ -614,3 +614,93 @@ fn device_cuda_without_the_feature_exits_2_with_one_line() {
         "{err}"
     );
 }
+
+/// `--init` from a bf16 file (as most pretrained checkpoints are): widened to
+/// the run's floats, the same losses as the f32 file rounded to bf16. A file that
+/// misses parameters names every one of them; tensors the model does not have
+/// are named in a warning, with the nearest parameter.
+#[test]
+fn init_reads_bf16_and_names_every_missing_and_extra_tensor() {
+    use safetensors::tensor::{Dtype, TensorView};
+    let dir = temp("init");
+    let model = dir.join("c.shard");
+    std::fs::write(&model, format!("{CLS}train C on m {{ data: synthetic(classes: 3), batch: 4, steps: 3, optimizer: sgd(lr: 0.3) }}\n")).expect("write");
+    let run = |extra: &[&std::ffi::OsStr], losses: &str| {
+        shardc()
+            .args(["run", "--quiet", "--dump-losses"])
+            .arg(dir.join(losses))
+            .args(extra)
+            .arg("--out")
+            .arg(dir.join(losses).with_extension("run"))
+            .arg(&model)
+            .output()
+            .expect("spawn")
+    };
+    let f32_file = dir.join("init.safetensors");
+    let out = run(&["--dump-init".as_ref(), f32_file.as_os_str()], "a.json");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The same tensors rounded to bf16 (round to nearest even), plus one the
+    // model does not have.
+    let bytes = std::fs::read(&f32_file).expect("read");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    let bf16 = |v: &TensorView| -> Vec<u8> {
+        v.data()
+            .chunks_exact(4)
+            .flat_map(|c| {
+                let x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]).to_bits();
+                let r = ((x + 0x7fff + ((x >> 16) & 1)) >> 16) as u16;
+                r.to_le_bytes()
+            })
+            .collect()
+    };
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.shape().to_vec(), bf16(&v)))
+        .collect();
+    tensors.push(("a.bb".into(), vec![3], vec![0; 6]));
+    let write = |path: &Path, tensors: &[(String, Vec<usize>, Vec<u8>)]| {
+        let views: Vec<(String, TensorView)> = tensors
+            .iter()
+            .map(|(n, s, b)| {
+                (
+                    n.clone(),
+                    TensorView::new(Dtype::BF16, s.clone(), b).expect("view"),
+                )
+            })
+            .collect();
+        safetensors::tensor::serialize_to_file(views, None, path).expect("write");
+    };
+    let half = dir.join("bf16.safetensors");
+    write(&half, &tensors);
+    let out = run(&["--init".as_ref(), half.as_os_str()], "b.json");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("1 tensor(s) the model has no parameter for")
+            && err.contains("`a.bb` (did you mean `a.b`?)"),
+        "{err}"
+    );
+    let (a, b) = (losses(&dir.join("a.json")), losses(&dir.join("b.json")));
+    for (x, y) in a.iter().zip(&b) {
+        assert!(((x - y) / x).abs() < 2e-2, "{x} vs {y}");
+    }
+    assert_ne!(a, b, "bf16 rounding changes the start");
+    // Every parameter the file lacks, in one error.
+    tensors.retain(|(n, _, _)| n == "a.bb");
+    write(&half, &tensors);
+    let out = run(&["--init".as_ref(), half.as_os_str()], "c.json");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("no tensor for 2 parameter(s)")
+            && err.contains("`a.w` [6, 3]")
+            && err.contains("`a.b` [3] (the file has `a.bb`)"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

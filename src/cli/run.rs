@@ -422,7 +422,12 @@ impl Ctx<'_> {
         }
         if let Some(path) = &args.init {
             match crate::runtime::checkpoint::load_init(prog, path) {
-                Ok(m) => cfg.init = m,
+                Ok(m) => {
+                    if let Some(w) = m.warning(path).filter(|_| self.lead) {
+                        eprintln!("warning: --init: {w}");
+                    }
+                    cfg.init = m.params;
+                }
                 Err(e) => {
                     eprintln!("error: --init: {e}");
                     return Err(ExitCode::from(2));

@@ -265,6 +265,16 @@ fn reshape(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
         if sharded.is_empty() {
             continue;
         }
+        if j == j0 {
+            // Trailing input dims of size 1 with no output dim left: a split
+            // one would vanish (and a size-1 dim split over devices is no data).
+            let k = sharded[0];
+            cx.report_traced(
+                Problem::ReshapeSharding { span: args.pos[1].span, message: format!("reshape drops dimension {k} (size 1, split over {})", axes_text(&t.dims[k].axes)), help: "a dimension split over devices cannot be dropped; all_gather it first, or keep it in the target shape".into() },
+                args.pos[0],
+            );
+            return None;
+        }
         let one_to_one = i - i0 == 1 && j - j0 == 1;
         if one_to_one {
             out_axes[j0] = t.dims[i0].axes.clone();
