@@ -99,15 +99,6 @@ impl Words {
         self.long = false;
     }
 
-    /// Words so far.
-    pub fn len(&self) -> usize {
-        self.seq.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.seq.is_empty()
-    }
-
     /// The ids: the `vocab − 1` most frequent words (ties alphabetical) are
     /// 1, 2, …; every other word is 0.
     pub fn finish(mut self, vocab: usize) -> Vec<u32> {

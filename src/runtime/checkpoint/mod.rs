@@ -208,6 +208,31 @@ fn named_step(name: &str) -> Option<usize> {
     (format!("step-{step:08}") == name).then_some(step)
 }
 
+/// What a directory entry named `step-…` is.
+enum Found {
+    /// A directory (not a link to one) named exactly as [`step_dir`] names it.
+    Step(usize),
+    Suspect(Untrusted),
+}
+
+/// The one rule [`list`] and [`suspects`] share; `None` for entries not named
+/// like a checkpoint (temporary directories, anything else).
+fn classify(e: &std::fs::DirEntry) -> Option<Found> {
+    let name = e.file_name();
+    let name = name.to_string_lossy();
+    if !name.starts_with("step-") {
+        return None;
+    }
+    let kind = e.file_type().ok()?;
+    Some(if kind.is_symlink() {
+        Found::Suspect(Untrusted::Link)
+    } else if !kind.is_dir() {
+        Found::Suspect(Untrusted::NotDirectory)
+    } else {
+        named_step(&name).map_or(Found::Suspect(Untrusted::Name), Found::Step)
+    })
+}
+
 /// Complete checkpoints in `dir`, by step: directories (not links to one) whose
 /// name is one shardc writes, holding a manifest. Temporary directories are
 /// ignored; anything else named like a checkpoint is one of [`suspects`].
@@ -216,10 +241,13 @@ pub fn list(dir: &Path) -> Vec<(usize, PathBuf)> {
         return vec![];
     };
     rd.filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let step = named_step(e.file_name().to_str()?)?;
-            let real_dir = e.file_type().ok()?.is_dir();
-            (real_dir && e.path().join("manifest.json").exists()).then(|| (step, e.path()))
+        .filter_map(|e| match classify(&e)? {
+            Found::Step(step) => e
+                .path()
+                .join("manifest.json")
+                .exists()
+                .then(|| (step, e.path())),
+            Found::Suspect(_) => None,
         })
         .collect()
 }
@@ -233,23 +261,9 @@ pub fn suspects(dir: &Path) -> Vec<(PathBuf, Untrusted)> {
     };
     let mut out: Vec<(PathBuf, Untrusted)> = rd
         .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            if !name.starts_with("step-") {
-                return None;
-            }
-            let kind = e.file_type().ok()?;
-            let why = if kind.is_symlink() {
-                Untrusted::Link
-            } else if !kind.is_dir() {
-                Untrusted::NotDirectory
-            } else if named_step(&name).is_none() {
-                Untrusted::Name
-            } else {
-                return None;
-            };
-            Some((e.path(), why))
+        .filter_map(|e| match classify(&e)? {
+            Found::Suspect(why) => Some((e.path(), why)),
+            Found::Step(_) => None,
         })
         .collect();
     out.sort();
