@@ -13,7 +13,7 @@
 //! 5. ir: [`prim`], [`spmd`], [`optim`]
 //! 6. check: [`check`]
 //! 7. lower: [`lower`], [`step`]
-//! 8. plan: [`plan`]
+//! 8. plan: [`plan`], [`weights`]
 //! 9. data: [`data`]
 //! 10. runtime: [`runtime`]
 //! 11. driver: [`world`]
@@ -67,4 +67,5 @@ pub mod types;
 pub mod units;
 pub mod vocab;
 pub mod watch;
+pub mod weights;
 pub mod world;

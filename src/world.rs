@@ -24,6 +24,8 @@ pub struct Options {
     pub grants: Vec<PathBuf>,
     /// `shardc run --f64`: the run holds every float in f64 (W0002 does not apply).
     pub f64: bool,
+    /// `--map FILE.toml`: a weight map, checked against every trained model.
+    pub map: Option<PathBuf>,
 }
 
 pub struct Compilation {
@@ -43,6 +45,8 @@ pub struct Compilation {
     pub read: Vec<PathBuf>,
     /// The data each `train` reads from files, checked against its program.
     pub data: Vec<crate::data::TrainData>,
+    /// `--map`: the weight map, when it read and bound without errors.
+    pub map: Option<crate::weights::WeightMap>,
 }
 
 impl Compilation {
@@ -177,6 +181,7 @@ fn not_utf8(path: &Path, e: std::string::FromUtf8Error) -> Compilation {
         plans: vec![],
         read: vec![path.to_path_buf()],
         data: vec![],
+        map: None,
     }
 }
 
@@ -226,7 +231,8 @@ fn compile_here(files: &dyn Files, path: &Path, text: String, opts: &Options) ->
         files,
         std::iter::once(own)
             .chain(opts.grants.iter().cloned())
-            .chain(opts.data.iter().cloned()),
+            .chain(opts.data.iter().cloned())
+            .chain(opts.map.iter().cloned()),
     );
     let confined = crate::access::Confined::new(files, allowed);
     let files: &dyn Files = &confined;
@@ -291,6 +297,13 @@ fn compile_here(files: &dyn Files, path: &Path, text: String, opts: &Options) ->
         crate::data::check(&spec, &programs, opts.data.as_deref(), files);
     diagnostics.extend(diags);
     read.append(&mut data_read);
+    let map = opts
+        .map
+        .as_deref()
+        .and_then(|m| weight_map(m, root, files, &mut sources, &programs, &mut diagnostics));
+    if let Some(m) = &opts.map {
+        read.push(m.clone());
+    }
     // Stable order: by file, then position, errors before notes at the same place.
     diagnostics.sort_by_key(|d| (d.primary.span.file, d.primary.span.start, d.severity));
     Compilation {
@@ -303,7 +316,51 @@ fn compile_here(files: &dyn Files, path: &Path, text: String, opts: &Options) ->
         plans,
         read,
         data,
+        map,
     }
+}
+
+/// `--map`: the weight map read, parsed and bound to every program (its
+/// problems as diagnostics); `None` when it cannot be read or has errors.
+fn weight_map(
+    path: &Path,
+    root: crate::source::FileId,
+    files: &dyn Files,
+    sources: &mut SourceMap,
+    programs: &[crate::spmd::Program],
+    diagnostics: &mut Vec<Diagnostic>,
+) -> Option<crate::weights::WeightMap> {
+    let text = match files.read_text(path) {
+        Ok(t) => t,
+        Err(e) => {
+            let span = crate::source::Span::new(root, 0, 0);
+            diagnostics.push(Diagnostic::new(
+                crate::diag::Code::E0600,
+                format!("cannot read the weight map `{}`: {e}", path.display()),
+                crate::diag::Label::new(span, "checked against this model"),
+            ));
+            return None;
+        }
+    };
+    let file = sources.add(SourceFile::new(
+        path.to_path_buf(),
+        display_name(path),
+        text,
+    ));
+    let map = match crate::weights::parse(file, path, &sources.get(file).text) {
+        Ok(m) => m,
+        Err(problems) => {
+            diagnostics.extend(problems.into_iter().map(|p| p.diagnostic()));
+            return None;
+        }
+    };
+    let before = diagnostics.len();
+    for p in programs {
+        let (_, problems) = crate::weights::bind(&map, p);
+        diagnostics.extend(problems.into_iter().map(|p| p.diagnostic()));
+    }
+    let clean = !diagnostics[before..].iter().any(|d| d.is_error());
+    clean.then_some(map)
 }
 
 /// The access policy's write side: each `train`'s checkpoint and FDO directory

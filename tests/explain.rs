@@ -1,5 +1,6 @@
 //! Every explanation's example (`docs/errors/CODE.md`, served by `shardc
-//! explain`) produces its own code, and its fix checks without errors.
+//! explain`) produces its own code, and its fix checks without errors. A
+//! section's ```toml block is a weight map, checked as `--map` is.
 
 use shardc::diag::Code;
 use shardc::files::Memory;
@@ -8,6 +9,12 @@ use std::path::Path;
 
 /// The ```shard blocks of a section (`## Example`, `## Fix`).
 fn blocks(text: &str, section: &str) -> Vec<String> {
+    fenced(text, section, "shard")
+}
+
+/// The blocks of one language in a section.
+fn fenced(text: &str, section: &str, lang: &str) -> Vec<String> {
+    let fence = format!("```{lang}\n");
     let Some(start) = text.find(&format!("## {section}")) else {
         return vec![];
     };
@@ -16,8 +23,8 @@ fn blocks(text: &str, section: &str) -> Vec<String> {
     let body = &body[..end];
     let mut out = Vec::new();
     let mut rest = body;
-    while let Some(i) = rest.find("```shard\n") {
-        let after = &rest[i + 9..];
+    while let Some(i) = rest.find(&fence) {
+        let after = &rest[i + fence.len()..];
         let Some(j) = after.find("```") else { break };
         out.push(after[..j].to_string());
         rest = &after[j..];
@@ -28,8 +35,14 @@ fn blocks(text: &str, section: &str) -> Vec<String> {
 /// The codes of compiling a section's blocks as files in memory: a block whose
 /// first line is `// NAME.shard` is that file (imports find it); the first
 /// block is the one compiled.
-fn codes(dir: &Path, blocks: &[String]) -> Vec<String> {
+fn codes(dir: &Path, blocks: &[String], map: Option<&String>) -> Vec<String> {
     let mut files = Memory::new();
+    let mut opts = Options::default();
+    if let Some(m) = map {
+        let path = dir.join("map.toml");
+        files.insert(&path, m.as_str());
+        opts.map = Some(path);
+    }
     let mut root = None;
     for (i, b) in blocks.iter().enumerate() {
         let name = b
@@ -47,7 +60,7 @@ fn codes(dir: &Path, blocks: &[String]) -> Vec<String> {
         root.get_or_insert(path);
     }
     let Some(root) = root else { return vec![] };
-    match world::compile_in(&files, &root, &Options::default()) {
+    match world::compile_in(&files, &root, &opts) {
         Ok(c) => c
             .diagnostics
             .iter()
@@ -74,13 +87,13 @@ fn every_explanation_example_produces_its_code() {
             errs.push(format!("{name}: no ```shard example under `## Example`"));
             continue;
         }
-        let got = codes(&dir, &examples);
+        let got = codes(&dir, &examples, fenced(text, "Example", "toml").first());
         if !got.iter().any(|c| c == name) {
             errs.push(format!("{name}: its example produces {got:?}, not {name}"));
         }
         let fix = blocks(text, "Fix");
         if !fix.is_empty() {
-            let got = codes(&dir, &fix);
+            let got = codes(&dir, &fix, fenced(text, "Fix", "toml").first());
             if got.iter().any(|c| c == name || c.starts_with('E')) {
                 errs.push(format!("{name}: its fix produces {got:?}"));
             }

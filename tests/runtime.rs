@@ -700,7 +700,7 @@ fn dump_init_then_init_reproduces_the_run() {
         .losses;
     shardc::runtime::checkpoint::dump_init(&prog, cfg.seed, &path).expect("dump");
     let mut c2 = cfg.clone();
-    let init = shardc::runtime::checkpoint::load_init(&prog, &path).expect("load");
+    let init = shardc::runtime::checkpoint::load_init(&prog, &path, None).expect("load");
     assert!(init.unused.is_empty(), "{:?}", init.unused);
     c2.init = init.params;
     let b = train::run(&prog, &c2, &src, false, &mut |_| {})
@@ -711,7 +711,7 @@ fn dump_init_then_init_reproduces_the_run() {
         b.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
     );
     let (other, _, _) = setup("tests/models/gptj_small.shard", &[], None);
-    let err = shardc::runtime::checkpoint::load_init(&other, &path)
+    let err = shardc::runtime::checkpoint::load_init(&other, &path, None)
         .expect_err("wrong model")
         .to_string();
     assert!(err.contains("embed.w"), "{err}");

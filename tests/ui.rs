@@ -3,6 +3,9 @@
 //! starts (several codes may follow one `//~`). `//~? CODE` expects a diagnostic
 //! outside the file (in an import or the stdlib). A file with no `//~` must be clean.
 //!
+//! A file with a `NAME.map.toml` beside it is checked with that weight map
+//! (`--map`); the map's own diagnostics are outside the file (`//~?`).
+//!
 //! The rendered output is compared with `NAME.stderr` beside the file; run with
 //! `SHARDC_BLESS=1` to (re)write those golden files.
 
@@ -48,10 +51,18 @@ fn run_one(path: &Path) -> Result<(), String> {
     let rel = path
         .strip_prefix(env!("CARGO_MANIFEST_DIR"))
         .unwrap_or(path);
+    let map = rel.with_extension("map.toml");
+    let opts = Options {
+        map: Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(&map)
+            .is_file()
+            .then_some(map),
+        ..Options::default()
+    };
     // A file that is not UTF-8 (E0004) is compiled from its bytes, as the CLI does.
     let c = match String::from_utf8(bytes.clone()) {
-        Ok(text) => world::compile_source(rel, text, &Options::default()),
-        Err(_) => world::compile(rel, &Options::default()).map_err(|e| e.to_string())?,
+        Ok(text) => world::compile_source(rel, text, &opts),
+        Err(_) => world::compile(rel, &opts).map_err(|e| e.to_string())?,
     };
     let text = String::from_utf8_lossy(&bytes).into_owned();
     let root = c.program.root;

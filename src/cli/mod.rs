@@ -99,6 +99,11 @@ pub enum Command {
         /// every `train`'s data, as `run --data` would use it.
         #[arg(long)]
         data: Option<PathBuf>,
+        /// Check this weight map (TOML, e.g. `models/maps/llama_hf.toml`)
+        /// against every trained model: each parameter named by exactly one
+        /// rule, each layout fitting its parameter.
+        #[arg(long)]
+        map: Option<PathBuf>,
     },
     /// Re-check a file on every save of it or anything it imports.
     Watch {
@@ -145,6 +150,9 @@ pub enum Command {
     },
     /// Train a model on a mesh of virtual devices (or one device per MPI process).
     Run(RunArgs),
+    /// Write a run's parameters as another library's checkpoint (through a
+    /// weight map: `model.safetensors` for Hugging Face's `from_pretrained`).
+    Export(weights::ExportArgs),
     /// Language server on stdio (diagnostics on every edit, types on hover).
     Lsp(LspArgs),
     /// Feedback-directed optimization files of embedding tables.
@@ -183,6 +191,7 @@ pub fn main() -> ExitCode {
             strict,
             no_color,
             data,
+            map,
         } => {
             let style = if !no_color && std::io::stderr().is_terminal() {
                 Style::Color
@@ -196,6 +205,7 @@ pub fn main() -> ExitCode {
                 &Options {
                     strict,
                     data,
+                    map,
                     grants,
                     ..Options::default()
                 },
@@ -229,6 +239,7 @@ pub fn main() -> ExitCode {
             }
         },
         Command::Run(args) => run::run(args, grants),
+        Command::Export(args) => weights::export(&args, &grants),
         Command::Show {
             file,
             names,
@@ -531,6 +542,7 @@ fn compile_clean(
 }
 
 mod run;
+mod weights;
 pub use run::{Backend, RunArgs};
 
 fn plan(

@@ -53,9 +53,20 @@ pub struct RunArgs {
     /// file, then train as usual.
     #[arg(long)]
     dump_init: Option<PathBuf>,
-    /// Start from the parameters in this safetensors file (same names and shapes).
+    /// Start from the parameters in this checkpoint: a safetensors file, a
+    /// sharded checkpoint's `model.safetensors.index.json`, or a directory
+    /// holding either (a Hugging Face model directory). Names and shapes are
+    /// the model's own, or a weight map's (`--map`).
     #[arg(long)]
     init: Option<PathBuf>,
+    /// A weight map (TOML): the names and layouts of another library's
+    /// checkpoints (`models/maps/`), for `--init` and `--dump-grads`.
+    #[arg(long)]
+    map: Option<PathBuf>,
+    /// Write the first step's global gradients to a safetensors file (by the
+    /// model's names, or the map's with `--map`), then train as usual.
+    #[arg(long)]
+    dump_grads: Option<PathBuf>,
     /// Train on the arrays in this file instead of the `data:` source: `x` and
     /// `y` shaped [steps, batch, ...] or [batch, ...] (.safetensors, .npz, or a
     /// directory of .npy files).
@@ -233,6 +244,7 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
         data: args.data.clone(),
         grants: grants.clone(),
         f64: args.f64,
+        map: args.map.clone(),
         ..Options::default()
     };
     let c = match compile_clean(&args.file, &opts, lead) {
@@ -281,6 +293,7 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
         .check_devices()
         .and_then(|_| {
             cx.over.apply(&mut cfg);
+            cfg.keep_final = true;
             cx.check_memory()
         })
         .and_then(|_| cx.prepare_dirs(&cfg))
@@ -421,10 +434,13 @@ impl Ctx<'_> {
             }
         }
         if let Some(path) = &args.init {
-            match crate::runtime::checkpoint::load_init(prog, path) {
+            match crate::runtime::checkpoint::load_init(prog, path, self.c.map.as_ref()) {
                 Ok(m) => {
                     if let Some(w) = m.warning(path).filter(|_| self.lead) {
                         eprintln!("warning: --init: {w}");
+                    }
+                    if let Some(n) = m.note().filter(|_| self.lead && !self.quiet) {
+                        eprintln!("note: --init: {n}");
                     }
                     cfg.init = m.params;
                 }
@@ -634,7 +650,7 @@ impl Ctx<'_> {
                 self.prog,
                 cfg,
                 src,
-                false,
+                self.args.dump_grads.is_some(),
                 self.args.watch.then_some(reloads),
                 &mut |r| progress.step(r),
             );
@@ -709,6 +725,10 @@ impl Ctx<'_> {
             Ok(out) => out,
             Err(e) => return self.stopped(e, live),
         };
+        let mut out = out;
+        if let Err(code) = self.keep(&mut out, cfg) {
+            return code;
+        }
         if let Some(path) = &self.args.dump_losses {
             let json = serde_json::json!({ "losses": out.losses });
             if let Err(e) = std::fs::write(path, json.to_string()) {
@@ -819,6 +839,70 @@ impl Ctx<'_> {
     /// Why the run stopped, pointing at the source of the op a runtime
     /// error names, in the program in force then (the file's, or a
     /// reload's), or at the table a SparseCore limit belongs to.
+    /// The run's parameters out: `final/` always, the first step's
+    /// gradients with `--dump-grads`.
+    fn keep(
+        &self,
+        out: &mut crate::runtime::train::RunOutput,
+        cfg: &crate::runtime::train::Config,
+    ) -> Result<(), ExitCode> {
+        let f64 = cfg.dtype == candle_core::DType::F64;
+        if let Some(last) = out.last.take() {
+            let dir = &self.over.dir;
+            match super::weights::save_final(dir, self.prog, last, f64, cfg.steps) {
+                Ok(p) if !self.quiet => {
+                    eprintln!("saved the final parameters to `{}`", p.display())
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    eprintln!("error: the final parameters were not saved: {e}");
+                    return Err(ExitCode::from(2));
+                }
+            }
+        }
+        let Some(path) = &self.args.dump_grads else {
+            return Ok(());
+        };
+        let Some(grads) = out.first_grads.take() else {
+            eprintln!(
+                "warning: --dump-grads: this run did not compute step 1 (it resumed at step {}); nothing written",
+                cfg.start_step + 1
+            );
+            return Ok(());
+        };
+        let bound = self
+            .c
+            .map
+            .as_ref()
+            .map(|m| crate::weights::bind(m, self.prog).0);
+        let dtype = if f64 {
+            super::weights::OutDtype::F64
+        } else {
+            super::weights::OutDtype::F32
+        };
+        let meta = std::collections::HashMap::from([
+            ("format".to_string(), "shardc-grads-1".to_string()),
+            ("model".to_string(), self.prog.model.clone()),
+            ("step".to_string(), "1".to_string()),
+        ]);
+        let wrote = super::weights::tensors(self.prog, grads, bound.as_ref())
+            .and_then(|t| super::weights::write(path, &t, dtype, meta).map(|_| t.len()));
+        match wrote {
+            Ok(n) if !self.quiet => {
+                eprintln!(
+                    "wrote the first step's gradients of {n} parameters to `{}`",
+                    path.display()
+                )
+            }
+            Ok(_) => {}
+            Err(e) => {
+                eprintln!("error: --dump-grads: {e}");
+                return Err(ExitCode::from(2));
+            }
+        }
+        Ok(())
+    }
+
     fn stopped(
         &self,
         e: crate::runtime::train::RunError,

@@ -84,10 +84,15 @@ codes! {
     E0402 => "feature inconsistent with its table",
     E0403 => "frozen table given an optimizer",
     E0500 => "invalid layer directive",
+    E0600 => "invalid weight map",
+    E0601 => "parameter no weight-map rule names",
+    E0602 => "parameter two weight-map rules name",
+    E0603 => "weight-map layout does not fit its parameter",
     N0001 => "collective inserted by the compiler",
     W0001 => "fewer microbatches than pipeline stages",
     W0002 => "a weight declared in a float type the run does not hold",
     W0003 => "a parameter group names no parameter",
+    W0004 => "a weight-map rule names no parameter",
 }
 
 impl Code {

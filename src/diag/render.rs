@@ -140,7 +140,8 @@ fn quotable(d: &Diagnostic, sources: &SourceMap) -> bool {
         let line_end = text
             .get(end.min(text.len())..)
             .map_or(text.len(), |t| t.find('\n').map_or(text.len(), |i| end + i));
-        f.name.ends_with(".shard") && line_end.saturating_sub(line_start) <= MAX_QUOTED_LINE
+        (f.name.ends_with(".shard") || f.name.ends_with(".toml"))
+            && line_end.saturating_sub(line_start) <= MAX_QUOTED_LINE
     })
 }
 

@@ -34,6 +34,9 @@ pub struct Config {
     pub compute: Option<DType>,
     /// Initial values for some parameters (global arrays), instead of their initializers.
     pub init: HashMap<String, Vec<f64>>,
+    /// Gather the parameters after the last step ([`super::train::RunOutput::last`]):
+    /// `shardc run` saves them in the run directory's `final/`.
+    pub keep_final: bool,
     /// Optimizers of particular parameters (embedding tables have their own).
     pub per_param: HashMap<String, Optimizer>,
     pub eval: Option<spec::Eval>,
@@ -78,6 +81,7 @@ impl Config {
                 Precision::F16 => Some(DType::F16),
             },
             init: Default::default(),
+            keep_final: false,
             per_param: spec
                 .tables
                 .iter()

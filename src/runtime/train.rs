@@ -58,6 +58,9 @@ pub struct RunOutput {
     pub losses: Vec<f64>,
     /// Gradients at the first step, gathered to global arrays, when asked for.
     pub first_grads: Option<Named>,
+    /// The parameters after the last step (global arrays, by name), when
+    /// [`Config::keep_final`] asks for them.
+    pub last: Option<Named>,
 }
 
 /// The shapes of a step's data, from the program and the configuration.
@@ -343,14 +346,15 @@ fn devices(run: &Run, on_step: &mut dyn FnMut(&StepReport)) -> Result<RunOutput,
             on_step(&r);
             losses.push(r.loss);
         }
-        let (mut first, mut memory) = (None, None);
+        let (mut first, mut memory, mut last) = (None, None, None);
         let mut errors: Vec<RunError> = Vec::new();
         for (&rank, h) in run.local_ranks.iter().zip(handles) {
             match h.join() {
-                Ok(Ok((g, m))) => {
+                Ok(Ok(g)) => {
                     if rank == 0 {
-                        first = g;
-                        memory = m;
+                        first = g.first_grads;
+                        memory = g.memory;
+                        last = g.last;
                     }
                 }
                 Ok(Err(e)) => {
@@ -376,6 +380,7 @@ fn devices(run: &Run, on_step: &mut dyn FnMut(&StepReport)) -> Result<RunOutput,
                 .map(|h| h.values().sum()),
             losses,
             first_grads: first,
+            last,
         })
     })
 }

@@ -34,6 +34,15 @@ struct Active {
     step: Option<std::rc::Rc<Step>>,
 }
 
+/// What device 0 gathers over a run (`None` on the other devices).
+pub(crate) struct Gathered {
+    /// The first step's gradients, when asked for.
+    pub first_grads: Option<Named>,
+    pub memory: Option<Memory>,
+    /// The parameters after the last step, when kept.
+    pub last: Option<Named>,
+}
+
 /// One device of the mesh, training.
 pub struct Worker<'r, 'a> {
     run: &'r Run<'a>,
@@ -48,6 +57,8 @@ pub struct Worker<'r, 'a> {
     active: Active,
     memory: Option<Memory>,
     first: Option<Named>,
+    /// The parameters after the run's last step, when kept.
+    last: Option<Named>,
     tx: mpsc::Sender<StepReport>,
 }
 
@@ -98,6 +109,7 @@ impl<'r, 'a> Worker<'r, 'a> {
             active: Active::default(),
             memory: None,
             first: None,
+            last: None,
             tx,
         };
         w.resume_slots()?;
@@ -185,14 +197,17 @@ impl<'r, 'a> Worker<'r, 'a> {
         Ok(())
     }
 
-    /// Every step of the run; returns the first step's gradients (when asked
-    /// for) and memory (device 0).
-    pub fn train(mut self) -> Result<(Option<Named>, Option<Memory>), RunError> {
+    /// Every step of the run; returns what device 0 gathered.
+    pub fn train(mut self) -> Result<Gathered, RunError> {
         crate::heap::steps_begin();
         for step in self.run.cfg.start_step..self.run.end {
             self.step(step)?;
         }
-        Ok((self.first, self.memory))
+        Ok(Gathered {
+            first_grads: self.first,
+            memory: self.memory,
+            last: self.last,
+        })
     }
 
     /// Every device takes the newest reload any of them has seen.
@@ -304,6 +319,9 @@ impl<'r, 'a> Worker<'r, 'a> {
             self.first = gather_global(&ex, &grads)?;
         }
         let norm = self.update(&ex, step_prog, cfg_now, step, &grads)?;
+        if cfg.keep_final && step + 1 == run.end {
+            self.last = gather_global(&ex, &self.params)?;
+        }
         if cfg.checkpoint.is_some() {
             self.save_checkpoint(&ex, step, cfg_now)?;
         }

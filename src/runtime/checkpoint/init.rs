@@ -45,12 +45,14 @@ pub fn dump_init(prog: &crate::spmd::Program, seed: u64, path: &Path) -> Result<
     Ok(arrays.len())
 }
 
-/// What `--init` read: every parameter's values, and the file's tensors the
-/// model has no parameter for (with the nearest parameter name, if any).
+/// What `--init` read: every parameter's values, the file's tensors the
+/// model has no parameter for (with the nearest parameter name, if any), and
+/// the computed buffers the file lacks (computed as the model says).
 #[derive(Debug, Default)]
 pub struct Init {
     pub params: HashMap<String, Vec<f64>>,
     pub unused: Vec<(String, Option<String>)>,
+    pub recomputed: Vec<String>,
 }
 
 impl Init {
@@ -69,26 +71,55 @@ impl Init {
             })
         ))
     }
+
+    /// One note naming the computed buffers the file did not hold.
+    pub fn note(&self) -> Option<String> {
+        (!self.recomputed.is_empty()).then(|| {
+            format!(
+                "{} computed buffer(s) not in the file are computed as the model says: {}",
+                self.recomputed.len(),
+                names(&self.recomputed, |n| format!("`{n}`"))
+            )
+        })
+    }
+}
+
+/// A parameter's tensor as the file should hold it: the parameter, the
+/// file's name for it (the same without a map), and the shape.
+#[derive(Debug)]
+pub struct Wanted {
+    pub param: String,
+    pub source: String,
+    pub shape: Vec<usize>,
+    /// The map's layout that gives `shape`, if any.
+    pub layout: Option<String>,
+}
+
+impl std::fmt::Display for Wanted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.param == self.source {
+            write!(f, "`{}` {:?}", self.param, self.shape)
+        } else {
+            write!(
+                f,
+                "`{}` {:?} (for `{}`)",
+                self.source, self.shape, self.param
+            )
+        }
+    }
 }
 
 /// Why `--init` could not use a file.
 #[derive(Debug)]
 pub enum InitError {
-    Unreadable {
-        path: PathBuf,
-        error: String,
-    },
-    NotSafetensors {
-        path: PathBuf,
-        error: String,
-    },
-    /// The file does not fit the model: parameters without a tensor (name,
-    /// shape, nearest tensor name), tensors of another shape (name, file's,
-    /// model's), tensors of a dtype that is not a float.
+    Store(crate::weights::StoreError),
+    /// The file does not fit the model: parameters without a tensor (with
+    /// the nearest unclaimed tensor name), tensors of another shape (the
+    /// file's), tensors of a dtype that is not a float.
     Mismatch {
         path: PathBuf,
-        missing: Vec<(String, Vec<usize>, Option<String>)>,
-        shapes: Vec<(String, Vec<usize>, Vec<usize>)>,
+        missing: Vec<(Wanted, Option<String>)>,
+        shapes: Vec<(Wanted, Vec<usize>)>,
         dtypes: Vec<(String, String)>,
     },
 }
@@ -107,12 +138,7 @@ fn names<T>(items: &[T], show: impl Fn(&T) -> String) -> String {
 impl std::fmt::Display for InitError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            InitError::Unreadable { path, error } => {
-                write!(f, "cannot read `{}`: {error}", path.display())
-            }
-            InitError::NotSafetensors { path, error } => {
-                write!(f, "`{}` is not a safetensors file: {error}", path.display())
-            }
+            InitError::Store(e) => e.fmt(f),
             InitError::Mismatch {
                 path,
                 missing,
@@ -121,15 +147,24 @@ impl std::fmt::Display for InitError {
             } => {
                 write!(f, "`{}` does not fit the model", path.display())?;
                 if !missing.is_empty() {
-                    let list = names(missing, |(n, s, near)| match near {
-                        Some(m) => format!("`{n}` {s:?} (the file has `{m}`)"),
-                        None => format!("`{n}` {s:?}"),
+                    let list = names(missing, |(w, near)| match near {
+                        Some(m) => format!("{w} (the file has `{m}`)"),
+                        None => w.to_string(),
                     });
                     write!(f, "; no tensor for {} parameter(s): {list}", missing.len())?;
                 }
                 if !shapes.is_empty() {
-                    let list = names(shapes, |(n, file, model)| {
-                        format!("`{n}` is {file:?} in the file, {model:?} in the model")
+                    let list = names(shapes, |(w, file)| {
+                        match &w.layout {
+                        Some(l) => format!(
+                            "`{}` is {file:?} in the file; the map's layout \"{l}\" for `{}` gives {:?}",
+                            w.source, w.param, w.shape
+                        ),
+                        None => format!(
+                            "`{}` is {file:?} in the file, {:?} in the model",
+                            w.source, w.shape
+                        ),
+                    }
                     });
                     write!(f, "; {} of another shape: {list}", shapes.len())?;
                 }
@@ -149,65 +184,62 @@ impl std::fmt::Display for InitError {
 
 impl std::error::Error for InitError {}
 
-/// A float tensor's values; `Err` names its dtype when it holds no floats.
-fn floats(v: &TensorView) -> Result<Vec<f64>, String> {
-    let d = v.data();
-    let halves = |f: fn(u16) -> f64| -> Vec<f64> {
-        d.chunks_exact(2)
-            .map(|c| f(u16::from_le_bytes([c[0], c[1]])))
-            .collect()
+/// `--init`: initial parameters from a checkpoint (a safetensors file, a
+/// sharded checkpoint's index, or a directory holding either), by the model's
+/// own names or through a weight map. Every parameter must be there with its
+/// shape, in a float dtype; a computed buffer the file lacks is computed;
+/// tensors nothing claims are reported in [`Init::unused`].
+pub fn load_init(
+    prog: &crate::spmd::Program,
+    path: &Path,
+    map: Option<&crate::weights::WeightMap>,
+) -> Result<Init, InitError> {
+    let store = crate::weights::Store::open(path).map_err(InitError::Store)?;
+    let bound = match map {
+        Some(m) => crate::weights::bind(m, prog).0,
+        None => crate::weights::identity(prog),
     };
-    match v.dtype() {
-        Dtype::BF16 => Ok(halves(|b| half::bf16::from_bits(b).to_f64())),
-        Dtype::F16 => Ok(halves(|b| half::f16::from_bits(b).to_f64())),
-        Dtype::F32 | Dtype::F64 => crate::arrays::decode_float(v, ""),
-        other => Err(format!("{other:?}")),
-    }
-}
-
-/// `--init`: initial parameters from a safetensors file with the model's
-/// names. Every parameter must be there with its global shape, in a float
-/// dtype; tensors the model does not have are reported in [`Init::unused`].
-pub fn load_init(prog: &crate::spmd::Program, path: &Path) -> Result<Init, InitError> {
-    let buf = crate::files::read_regular(path, crate::files::DATA_CAP).map_err(|e| {
-        InitError::Unreadable {
-            path: path.to_path_buf(),
-            error: e.to_string(),
-        }
-    })?;
-    let st =
-        safetensors::SafeTensors::deserialize(&buf).map_err(|e| InitError::NotSafetensors {
-            path: path.to_path_buf(),
-            error: e.to_string(),
-        })?;
-    let in_file: Vec<String> = {
-        let mut n: Vec<String> = st.names().into_iter().map(str::to_string).collect();
-        n.sort();
-        n
-    };
-    let params: Vec<&str> = prog.params.iter().map(|p| p.name.as_str()).collect();
+    let claimed: std::collections::HashSet<&str> =
+        bound.bindings.iter().map(|b| b.source.as_str()).collect();
     let (mut missing, mut shapes, mut dtypes) = (vec![], vec![], vec![]);
     let mut out = Init::default();
-    for p in &prog.params {
-        let shape: Vec<usize> = p.stored.known_shape();
-        let Ok(v) = st.tensor(&p.name) else {
-            let unclaimed = in_file
-                .iter()
-                .map(String::as_str)
-                .filter(|n| !params.contains(n));
-            let near = crate::diag::did_you_mean(&p.name, unclaimed);
-            missing.push((p.name.clone(), shape, near));
+    for b in &bound.bindings {
+        let p = &prog.params[b.param];
+        let want = || Wanted {
+            param: p.name.clone(),
+            source: b.source.clone(),
+            shape: b.file_shape.clone(),
+            layout: b.layout.as_ref().map(|l| l.text().to_string()),
+        };
+        let Some(stored) = store.stored(&b.source) else {
+            if b.optional {
+                out.recomputed.push(p.name.clone());
+                continue;
+            }
+            let unclaimed = store.names().filter(|n| !claimed.contains(n));
+            let near = crate::diag::did_you_mean(&b.source, unclaimed);
+            missing.push((want(), near));
             continue;
         };
-        if v.shape() != shape.as_slice() {
-            shapes.push((p.name.clone(), v.shape().to_vec(), shape));
+        if stored.shape != b.file_shape {
+            shapes.push((want(), stored.shape));
             continue;
         }
-        match floats(&v) {
-            Ok(data) => {
-                out.params.insert(p.name.clone(), data);
+        match store.floats(&b.source) {
+            Some(Ok(data)) => {
+                let values = b.to_param(data, &p.stored.known_shape()).map_err(|e| {
+                    InitError::Store(crate::weights::StoreError::NotSafetensors {
+                        path: path.to_path_buf(),
+                        why: e.0,
+                    })
+                })?;
+                out.params.insert(p.name.clone(), values);
             }
-            Err(dtype) => dtypes.push((p.name.clone(), dtype)),
+            Some(Err(crate::weights::StoreError::NotFloat { tensor, dtype })) => {
+                dtypes.push((tensor, format!("{dtype:?}")))
+            }
+            Some(Err(e)) => return Err(InitError::Store(e)),
+            None => missing.push((want(), None)),
         }
     }
     if !(missing.is_empty() && shapes.is_empty() && dtypes.is_empty()) {
@@ -218,13 +250,22 @@ pub fn load_init(prog: &crate::spmd::Program, path: &Path) -> Result<Init, InitE
             dtypes,
         });
     }
-    out.unused = in_file
-        .iter()
-        .filter(|n| !params.contains(&n.as_str()))
+    // Computed buffers no rule names (a map leaves RoPE tables out).
+    for (i, p) in prog.params.iter().enumerate() {
+        if matches!(p.init, crate::init::Init::Computed(_))
+            && !bound.bindings.iter().any(|b| b.param == i)
+        {
+            out.recomputed.push(p.name.clone());
+        }
+    }
+    let sources: Vec<&str> = bound.bindings.iter().map(|b| b.source.as_str()).collect();
+    out.unused = store
+        .names()
+        .filter(|n| !claimed.contains(n))
         .map(|n| {
             (
-                n.clone(),
-                crate::diag::did_you_mean(n, params.iter().copied()),
+                n.to_string(),
+                crate::diag::did_you_mean(n, sources.iter().copied()),
             )
         })
         .collect();
