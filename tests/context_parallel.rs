@@ -20,8 +20,8 @@ fn llama_cp() -> String {
     let swaps = [
         ("mesh pod(dp: 2, tp: 2)", "mesh pod(dp: 2, cp: 4)"),
         (
-            "LlamaLM(VOCAB@tp, T, D, H@tp, KV@tp, E, F@tp, L)",
-            "LlamaLM(VOCAB, T@cp, D, H, KV, E, F, L)",
+            "LlamaLM(VOCAB@tp, T, D, H@tp, KV@tp, E, F@tp, L, ROPE_BASE)",
+            "LlamaLM(VOCAB, T@cp, D, H, KV, E, F, L, ROPE_BASE)",
         ),
         (
             "ids: i32[B@dp, T]) -> f32[B@dp, T, VOCAB@tp]",

@@ -108,11 +108,18 @@ fn values(n: usize, salt: f64) -> Vec<f64> {
         .collect()
 }
 
+/// RoPE with Llama 2's base (10000) and Llama 3's (500000).
 #[test]
 fn rope_equals_the_rotation_computed_directly() {
+    for base in [10000.0, 500000.0] {
+        rope_with_base(base);
+    }
+}
+
+fn rope_with_base(base: f64) {
     let (t, n, e) = (5usize, 2usize, 8usize);
     let prog = program(
-        "  rope = Rope(5, 8)\n  x: f32[1, 5, 2@tp, 8] init normal(1.0)",
+        &format!("  rope = Rope(5, 8, {base})\n  x: f32[1, 5, 2@tp, 8] init normal(1.0)"),
         "rope(x)",
     );
     let x = values(t * n * e, 3.0);
@@ -124,14 +131,14 @@ fn rope_equals_the_rotation_computed_directly() {
         for h in 0..n {
             let at = |i: usize| x[(ti * n + h) * e + i];
             for i in 0..half {
-                let angle = ti as f64 * 10000f64.powf(-2.0 * i as f64 / e as f64);
+                let angle = ti as f64 * base.powf(-2.0 * i as f64 / e as f64);
                 let (c, s) = (angle.cos(), angle.sin());
                 let want = [at(i) * c - at(i + half) * s, at(i + half) * c + at(i) * s];
                 for (j, w) in [(i, want[0]), (i + half, want[1])] {
                     let g = got.output[(ti * n + h) * e + j];
                     assert!(
                         (g - w).abs() < 1e-12,
-                        "t {ti} head {h} feature {j}: {g} vs {w}"
+                        "base {base}, t {ti} head {h} feature {j}: {g} vs {w}"
                     );
                 }
             }
