@@ -73,6 +73,27 @@ fn the_language_reference_has_a_row_for_every_op() {
     assert!(errs.is_empty(), "{}", errs.join("\n\n"));
 }
 
+/// The weight-map keys' table is the registry's (`shardc::weights::MAP_KEYS`,
+/// `RULE_KEYS`).
+#[test]
+fn the_language_reference_lists_every_weight_map_key() {
+    let mut body = String::from("| key | meaning |\n|---|---|\n");
+    for (k, what) in shardc::weights::MAP_KEYS {
+        body.push_str(&format!("| `{k}` | {what} |\n"));
+    }
+    for (k, what) in shardc::weights::RULE_KEYS {
+        body.push_str(&format!("| `[[tensor]]` `{k}` | {what} |\n"));
+    }
+    let doc = root().join("docs/language.md");
+    let got = region(
+        &doc,
+        "<!-- registry: weight map keys ",
+        "<!-- /registry -->",
+        &body,
+    );
+    assert!(got.is_ok(), "{}", got.err().unwrap_or_default());
+}
+
 /// `words` as lines of `prefix` followed by names, at most ~90 columns.
 fn wrapped(prefix: &str, words: &[&str], sep: &str, quote: bool) -> String {
     let mut out = String::new();

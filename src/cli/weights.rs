@@ -279,10 +279,13 @@ pub fn export(args: &ExportArgs, grants: &[PathBuf]) -> std::process::ExitCode {
             return fail(e);
         }
     }
+    let dtype = args
+        .dtype
+        .to_possible_value()
+        .map_or_else(String::new, |v| v.get_name().to_string());
     eprintln!(
-        "wrote {} tensors ({:?}) to `{}`",
+        "wrote {} tensors ({dtype}) to `{}`",
         tensors.len(),
-        args.dtype,
         dest.display()
     );
     ExitCode::SUCCESS

@@ -34,19 +34,19 @@ pub const MAP_KEYS: &[(&str, &str)] = &[
         "root",
         "the model path the rules' `to` names are under (`lm` for `lm.blocks.0.wq`); default: the model itself",
     ),
-    ("tensor", "the rules, one `[[tensor]]` table each"),
+    ("tensor", "the rules, one `[[tensor]]` table each, with the keys below"),
 ];
 
 /// The keys of one `[[tensor]]` rule.
 pub const RULE_KEYS: &[(&str, &str)] = &[
     (
         "from",
-        "the checkpoint's tensor name, with `{capture}`s for the parts that vary",
+        "the checkpoint's tensor name, with `{capture}`s for the parts that vary (`model.layers.{i}.mlp.up_proj.weight`); a capture is one or more characters other than `.`",
     ),
-    ("to", "the model's parameter name (under `root`), with the same captures"),
+    ("to", "the model's parameter name under `root`, with the same captures (`blocks.{i}.w_up`)"),
     (
         "layout",
-        "how the file stores the parameter, in einops notation `FILE -> PARAMETER` (default: as the model does)",
+        "how the file stores the parameter, einops-style `FILE -> PARAMETER`: the right side names the parameter's dimensions in order, the left side may group (`(h e)`) and reorder them; `\"(h e) d -> d h e\"` is an `nn.Linear` weight of an `f32[D, H, E]` parameter. Default: as the model stores it",
     ),
 ];
 
@@ -470,4 +470,31 @@ pub fn bind(map: &WeightMap, prog: &crate::spmd::Program) -> (Bound, Vec<MapProb
         }
     }
     (bound, problems)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The keys serde accepts are the registry's (its "expected one of" list).
+    #[test]
+    fn the_parsed_keys_are_the_registrys() {
+        let expect = |keys: &[(&str, &str)]| {
+            keys.iter()
+                .map(|(k, _)| format!("`{k}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let problem = |text: &str| match parse(FileId(0), Path::new("m.toml"), text) {
+            Err(p) => match &p[0] {
+                MapProblem::Syntax { message, .. } => message.clone(),
+                other => format!("{other:?}"),
+            },
+            Ok(_) => String::new(),
+        };
+        let m = problem("nope = 1\n");
+        assert!(m.ends_with(&expect(MAP_KEYS)), "{m}");
+        let r = problem("[[tensor]]\nfrom = \"a\"\nto = \"b\"\nnope = 1\n");
+        assert!(r.ends_with(&expect(RULE_KEYS)), "{r}");
+    }
 }
