@@ -117,9 +117,38 @@ fn rope_equals_the_rotation_computed_directly() {
 }
 
 fn rope_with_base(base: f64) {
+    let layer = format!("Rope(5, 8, {base})");
+    rope_check(&layer, &|i| base.powf(-2.0 * i as f64 / 8.0));
+}
+
+/// Llama 3.1's scaled RoPE against Hugging Face's formula
+/// (`_compute_llama3_parameters`): at E = 8 and base 500000 the four
+/// frequencies' wavelengths (6, 167, 4443, 118,000) are one short, one
+/// short, one between ORIG / HIGH = 2048 and ORIG / LOW = 8192, one long.
+#[test]
+fn scaled_rope_follows_llama_3_1() {
+    let (factor, low, high, orig) = (8.0, 1.0, 4.0, 8192.0);
+    let hf = |i: usize| {
+        let f = 500000f64.powf(-2.0 * i as f64 / 8.0);
+        let wavelen = 2.0 * std::f64::consts::PI / f;
+        if wavelen > orig / low {
+            f / factor
+        } else if wavelen < orig / high {
+            f
+        } else {
+            let s = (orig / wavelen - low) / (high - low);
+            (1.0 - s) * f / factor + s * f
+        }
+    };
+    rope_check("ScaledRope(5, 8, 500000, 8, 1, 4, 8192)", &hf);
+}
+
+/// A rotary layer `layer` (T = 5, E = 8) rotates feature pairs by `t ·
+/// freq(i)`.
+fn rope_check(layer: &str, freq: &dyn Fn(usize) -> f64) {
     let (t, n, e) = (5usize, 2usize, 8usize);
     let prog = program(
-        &format!("  rope = Rope(5, 8, {base})\n  x: f32[1, 5, 2@tp, 8] init normal(1.0)"),
+        &format!("  rope = {layer}\n  x: f32[1, 5, 2@tp, 8] init normal(1.0)"),
         "rope(x)",
     );
     let x = values(t * n * e, 3.0);
@@ -131,14 +160,14 @@ fn rope_with_base(base: f64) {
         for h in 0..n {
             let at = |i: usize| x[(ti * n + h) * e + i];
             for i in 0..half {
-                let angle = ti as f64 * base.powf(-2.0 * i as f64 / e as f64);
+                let angle = ti as f64 * freq(i);
                 let (c, s) = (angle.cos(), angle.sin());
                 let want = [at(i) * c - at(i + half) * s, at(i + half) * c + at(i) * s];
                 for (j, w) in [(i, want[0]), (i + half, want[1])] {
                     let g = got.output[(ti * n + h) * e + j];
                     assert!(
                         (g - w).abs() < 1e-12,
-                        "base {base}, t {ti} head {h} feature {j}: {g} vs {w}"
+                        "{layer}: t {ti} head {h} feature {j}: {g} vs {w}"
                     );
                 }
             }
