@@ -127,7 +127,7 @@ impl std::error::Error for ArrayError {}
 impl Problem {
     /// The problem as a predicate of the file or member (`subject`: it follows its
     /// name), or standing alone.
-    fn phrase(&self, subject: bool) -> String {
+    pub fn phrase(&self, subject: bool) -> String {
         let is = |s: &str| {
             if subject {
                 format!("is {s}")

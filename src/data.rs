@@ -5,6 +5,8 @@
 //! (or a silent zero embedding) in step 1. `shardc run` trains on exactly what this
 //! stage loaded.
 
+pub mod stream;
+
 use crate::arrays::Array;
 use crate::diag::{Diagnostic, Problem};
 use crate::files::Files;
@@ -225,6 +227,8 @@ pub enum Loaded {
         ids: Vec<u32>,
         seq: usize,
     },
+    /// A token stream, opened and checked (`data: tokens(...)`).
+    Stream(std::sync::Arc<stream::Stream>),
 }
 
 #[derive(Clone, Debug)]
@@ -382,6 +386,7 @@ impl Cx<'_> {
             return;
         }
         match data {
+            spec::Data::Tokens { .. } => self.tokens(&model, data, shape),
             spec::Data::Arrays {
                 path,
                 written,

@@ -742,7 +742,7 @@ fn runtime_source(s: vocab::DataSource) -> Option<&'static str> {
         vocab::DataSource::ShakespeareWords | vocab::DataSource::ShakespeareChars => Some("Tokens"),
         vocab::DataSource::Synthetic => Some("Synthetic"),
         vocab::DataSource::Clicks => Some("Clicks"),
-        vocab::DataSource::Text | vocab::DataSource::Arrays => None,
+        vocab::DataSource::Text | vocab::DataSource::Arrays | vocab::DataSource::Tokens => None,
     }
 }
 
@@ -796,6 +796,7 @@ fn every_data_source_builds_its_kind_and_the_run_reads_it() {
             Source::Clicks { .. } => "Clicks",
             Source::Tokens { .. } => "Tokens",
             Source::Arrays(_) => "Arrays",
+            Source::Stream(_) => "Stream",
         });
         if got != runtime_source(w.tag) {
             errs.push(format!(

@@ -11,6 +11,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
+
+use common::measured;
 #[path = "common/lsp.rs"]
 mod lsp;
 
@@ -25,60 +27,6 @@ fn shardc() -> Command {
 
 fn temp(name: &str) -> PathBuf {
     common::temp("untrusted", name)
-}
-
-/// What a finished child did: exit code, stderr, stdout, peak RSS in MiB.
-struct Ran {
-    code: Option<i32>,
-    err: String,
-    out: String,
-    peak_mib: f64,
-}
-
-/// Runs `cmd` to its end (at most 10 minutes: a hang fails, it is not timed)
-/// and measures its peak resident memory. The child is reaped by `wait4`,
-/// which also gives its resource usage, not by `Child::wait`.
-#[allow(clippy::zombie_processes)]
-fn measured(cmd: &mut Command) -> Ran {
-    use std::io::Read;
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let pipe = |mut r: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = r.read_to_string(&mut s);
-            s
-        })
-    };
-    let out = pipe(Box::new(child.stdout.take().expect("stdout")));
-    let err = pipe(Box::new(child.stderr.take().expect("stderr")));
-    let pid = child.id() as libc::pid_t;
-    let deadline = Instant::now() + Duration::from_secs(600);
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is a valid value for wait4 to fill in.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    loop {
-        // SAFETY: our own child's pid and pointers to live locals.
-        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
-        if r == pid {
-            break;
-        }
-        assert!(r == 0, "wait4 failed");
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the child did not finish in 10 minutes");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ran {
-        code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
-        err: err.join().expect("stderr"),
-        out: out.join().expect("stdout"),
-        peak_mib: usage.ru_maxrss as f64 / 1024.0,
-    }
 }
 
 /// A file of `len` bytes that takes no disk (a hole).

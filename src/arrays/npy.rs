@@ -85,6 +85,28 @@ impl Dtype {
         self.kind != Kind::Float
     }
 
+    /// One integer element (`None` for a float type): a token id. `c`
+    /// holds exactly `size` bytes; a uint64 past `i64::MAX` saturates.
+    pub fn integer(&self, c: &[u8]) -> Option<i64> {
+        let mut b = [0u8; 8];
+        for (d, s) in b.iter_mut().zip(c) {
+            *d = *s;
+        }
+        if self.big_endian {
+            b[..self.size.min(8)].reverse();
+        }
+        let u = u64::from_le_bytes(b);
+        match (self.kind, self.size) {
+            (Kind::Float, _) => None,
+            (Kind::Int, 1) => Some(i64::from(u as u8 as i8)),
+            (Kind::Int, 2) => Some(i64::from(u as u16 as i16)),
+            (Kind::Int, 4) => Some(i64::from(u as u32 as i32)),
+            (Kind::Int, _) => Some(u as i64),
+            (Kind::Uint, _) => Some(i64::try_from(u).unwrap_or(i64::MAX)),
+            (Kind::Bool, _) => Some(i64::from(u != 0)),
+        }
+    }
+
     /// One element's value; `c` holds exactly `size` bytes.
     fn value(&self, c: &[u8]) -> f64 {
         let mut b = [0u8; 8];
@@ -134,6 +156,34 @@ pub struct Npy<'a> {
 /// Parse and verify a `.npy` file's bytes. Nothing is allocated by the size the
 /// header declares: the data must already be there, byte for byte.
 pub fn parse(bytes: &[u8]) -> Result<Npy<'_>, Problem> {
+    let (head, start) = header(bytes)?;
+    let data = &bytes[start..];
+    verify_size(
+        &head.shape,
+        head.dtype.size,
+        head.dtype.name(),
+        data.len() as u64,
+    )?;
+    Ok(Npy {
+        dtype: head.dtype,
+        fortran_order: head.fortran_order,
+        shape: head.shape,
+        data,
+    })
+}
+
+/// A `.npy` header: the array's dtype, order and shape.
+#[derive(Clone, Debug)]
+pub struct Head {
+    pub dtype: Dtype,
+    pub fortran_order: bool,
+    pub shape: Vec<u64>,
+}
+
+/// The header of a `.npy` file from its first bytes (at least the whole
+/// header), and where the data starts; for files read in pieces. The caller
+/// checks the data's size with [`verify_size`].
+pub fn header(bytes: &[u8]) -> Result<(Head, usize), Problem> {
     let not = |why: String| Err(Problem::NotNpy(why));
     if bytes.len() < 10 || !bytes.starts_with(MAGIC) {
         return not("it does not start with numpy's `\\x93NUMPY` magic".into());
@@ -171,17 +221,17 @@ pub fn parse(bytes: &[u8]) -> Result<Npy<'_>, Problem> {
         _ => return not("its header is not text".into()),
     };
     let header = Header::parse(text).map_err(Problem::NotNpy)?;
-    let data = &bytes[start + header_len..];
     let Some(dtype) = Dtype::parse(&header.descr) else {
         return Err(Problem::Dtype(header.descr));
     };
-    verify_size(&header.shape, dtype.size, dtype.name(), data.len() as u64)?;
-    Ok(Npy {
-        dtype,
-        fortran_order: header.fortran_order,
-        shape: header.shape,
-        data,
-    })
+    Ok((
+        Head {
+            dtype,
+            fortran_order: header.fortran_order,
+            shape: header.shape,
+        },
+        start + header_len,
+    ))
 }
 
 /// `shape` of `itemsize`-byte elements must take exactly `holds` bytes (checked

@@ -260,6 +260,12 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(e) = validate_data(&src, lead && !args.quiet) {
+        if lead {
+            eprintln!("error: {e}");
+        }
+        return ExitCode::from(2);
+    }
     let cx = Ctx {
         args: &args,
         grants: &grants,
@@ -309,6 +315,31 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
     let compiled: std::sync::Mutex<Vec<crate::source::SourceMap>> = Default::default();
     let (res, records) = cx.train(&cfg, &src, &reloads, &compiled);
     cx.finish(res, &records, &cfg, start, (&reloads, &compiled))
+}
+
+/// A token stream's ids, every one checked before the first step (a bar on
+/// a terminal for a large stream).
+fn validate_data(src: &crate::runtime::data::Source, speak: bool) -> Result<(), String> {
+    let bar = (speak && std::io::stderr().is_terminal()).then(|| {
+        let b = indicatif::ProgressBar::new(0);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "checking token ids {bar:30} {percent}%  [{elapsed} < {eta}]",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    });
+    let r = src.validate(&mut |done, all| {
+        if let Some(b) = &bar {
+            b.set_length(all);
+            b.set_position(done);
+        }
+    });
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    r
 }
 
 impl Ctx<'_> {

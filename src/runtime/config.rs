@@ -157,6 +157,7 @@ pub fn source(
 ) -> Result<Source, String> {
     match loaded {
         Some(crate::data::Loaded::Arrays(a)) => return Ok(Source::Arrays(a.clone())),
+        Some(crate::data::Loaded::Stream(s)) => return Ok(Source::Stream(s.clone())),
         Some(crate::data::Loaded::Text { ids, seq }) => {
             return Ok(Source::Tokens {
                 ids: ids.clone(),
@@ -201,9 +202,9 @@ pub fn source(
             targets,
         },
         Some(spec::Data::Clicks { vocab, .. }) => Source::Clicks { vocab: *vocab },
-        Some(d @ (spec::Data::Text { .. } | spec::Data::Arrays { .. })) => {
-            return Err(format!("the `{}` data could not be loaded", d.name()))
-        }
+        Some(
+            d @ (spec::Data::Text { .. } | spec::Data::Arrays { .. } | spec::Data::Tokens { .. }),
+        ) => return Err(format!("the `{}` data could not be loaded", d.name())),
         None => Source::Synthetic {
             classes,
             vocab: None,

@@ -35,6 +35,8 @@ pub enum Source {
     Clicks { vocab: Option<usize> },
     /// Token windows: inputs `seq` ids, labels the next `seq` ids.
     Tokens { ids: Vec<u32>, seq: usize },
+    /// Windows of a token stream read by position (`data: tokens(...)`).
+    Stream(std::sync::Arc<crate::data::stream::Stream>),
     /// Batches from an array file, checked by the data stage: inputs, labels and
     /// the held-out pair, each `[batch, ...]` (reused) or `[steps, batch, ...]`.
     Arrays(Box<crate::data::ArrayData>),
@@ -52,6 +54,28 @@ fn slice(a: &Array, step: usize, per_batch: usize) -> Vec<f64> {
 }
 
 impl Source {
+    /// Before a run: every id of a token stream (and of its held-out stream)
+    /// read once, stopping at the first outside the vocabulary with its
+    /// position; `progress` sees (ids done, ids in all). Other sources were
+    /// read whole by the data stage already.
+    pub fn validate(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<(), String> {
+        let Source::Stream(s) = self else {
+            return Ok(());
+        };
+        let mut files = vec![&s.train];
+        if !std::sync::Arc::ptr_eq(&s.train, &s.eval) {
+            files.push(&s.eval);
+        }
+        let all: u64 = files.iter().map(|f| f.len).sum();
+        let mut before = 0;
+        for f in files {
+            f.scan(s.vocab, &mut |done| progress(before + done, all))
+                .map_err(|e| e.to_string())?;
+            before += f.len;
+        }
+        Ok(())
+    }
+
     /// Whether every step's batch is the same (the synthetic source's one batch).
     pub fn same_every_step(&self) -> bool {
         // (Clicks draw a new batch every step.)
@@ -73,8 +97,8 @@ impl Source {
         rows: usize,
         per_position: bool,
         held_out: bool,
-    ) -> Batch {
-        match self {
+    ) -> Result<Batch, String> {
+        Ok(match self {
             Source::Synthetic {
                 classes,
                 vocab: ids_below,
@@ -132,6 +156,15 @@ impl Source {
                     labels: slice(y, step, rows),
                 }
             }
+            Source::Stream(s) => {
+                let (x, y) = s
+                    .batch(seed, step, batch, per_position, held_out)
+                    .map_err(|e| e.to_string())?;
+                Batch {
+                    inputs: vec![x],
+                    labels: y,
+                }
+            }
             Source::Tokens { ids, seq } => {
                 // Consecutive windows, wrapping around the first 90% of the corpus;
                 // the last 10% is held out for `eval`.
@@ -162,7 +195,7 @@ impl Source {
                     labels: y,
                 }
             }
-        }
+        })
     }
 }
 

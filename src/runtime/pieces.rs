@@ -145,10 +145,16 @@ pub(crate) struct StepBatches {
 }
 
 impl StepBatches {
-    pub fn get(&self, step: usize, make: &dyn Fn(usize) -> Batch) -> R<Arc<Batch>> {
+    pub fn get(&self, step: usize, make: &dyn Fn(usize) -> Result<Batch, String>) -> R<Arc<Batch>> {
         let key = if self.same { 0 } else { step };
         let mut m = self.slots.lock().map_err(|_| "a device panicked")?;
-        let slot = m.entry(key).or_insert_with(|| (Arc::new(make(step)), 0));
+        let slot = match m.entry(key) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => v.insert((
+                Arc::new(make(step).map_err(|e| format!("step {}: {e}", step + 1))?),
+                0,
+            )),
+        };
         slot.1 += 1;
         let b = slot.0.clone();
         if slot.1 == self.takers && !self.same {

@@ -185,7 +185,7 @@ impl Run<'_> {
 
     /// A step's global batch: a function of the seed and the step, formed
     /// when the devices get there.
-    pub fn batch_at(&self, s: usize) -> Batch {
+    pub fn batch_at(&self, s: usize) -> Result<Batch, String> {
         batch_of(self.src, self.cfg, &self.io, s)
     }
 
@@ -211,7 +211,7 @@ pub fn step_of(prog: &Program, cfg: &Config) -> Step {
     )
 }
 
-fn batch_of(src: &Source, cfg: &Config, io: &Io, s: usize) -> Batch {
+fn batch_of(src: &Source, cfg: &Config, io: &Io, s: usize) -> Result<Batch, String> {
     src.batch(
         cfg.seed,
         s,
@@ -313,7 +313,14 @@ fn plan_sparse(
     super::sparse::plan_steps(&cfg.sparse, cfg.steps, cfg.start_step, &host, &|st, k| {
         let mut l = last.borrow_mut();
         if l.as_ref().map(|x| x.0) != Some(st) {
-            *l = Some((st, batch_of(src, cfg, io, st)));
+            // A batch that cannot be read stops the step that reads it.
+            *l = Some((
+                st,
+                batch_of(src, cfg, io, st).unwrap_or(Batch {
+                    inputs: vec![],
+                    labels: vec![],
+                }),
+            ));
         }
         l.as_ref()
             .and_then(|(_, b)| b.inputs.get(k))

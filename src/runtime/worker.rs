@@ -526,7 +526,7 @@ impl<'r, 'a> Worker<'r, 'a> {
                 io.rows,
                 io.per_position,
                 true,
-            );
+            )?;
             let mut xs: Vec<Tensor> = io
                 .inputs
                 .iter()

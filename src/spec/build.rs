@@ -62,7 +62,7 @@ pub(super) fn named_args(e: &Expr) -> Vec<(&str, &Expr)> {
 }
 
 /// `true` or `false`.
-fn flag(e: &Expr) -> Option<bool> {
+pub(super) fn flag(e: &Expr) -> Option<bool> {
     match &e.kind {
         ExprKind::Name(b) if b == "true" => Some(true),
         ExprKind::Name(b) if b == "false" => Some(false),

@@ -94,6 +94,19 @@ pub enum Data {
         vocab: Option<usize>,
         vocab_span: Option<Span>,
     },
+    /// A flat stream of token ids (relative to the `.shard` file).
+    Tokens {
+        path: PathBuf,
+        written: String,
+        path_span: Span,
+        /// The held-out stream, when not the tail of `path`.
+        eval_path: Option<(PathBuf, String, Span)>,
+        seq: usize,
+        uint32: bool,
+        sequential: bool,
+        /// The fraction at the end held out (without `eval_path`).
+        eval: f64,
+    },
     /// Named arrays in a file or directory (relative to the `.shard` file).
     Arrays {
         path: PathBuf,
@@ -125,6 +138,7 @@ impl Data {
             Data::ShakespeareWords { .. } => DataSource::ShakespeareWords,
             Data::ShakespeareChars { .. } => DataSource::ShakespeareChars,
             Data::Text { .. } => DataSource::Text,
+            Data::Tokens { .. } => DataSource::Tokens,
             Data::Arrays { .. } => DataSource::Arrays,
             Data::Synthetic { .. } => DataSource::Synthetic,
             Data::Clicks { .. } => DataSource::Clicks,
@@ -151,6 +165,19 @@ impl Data {
                 path, seq, vocab, ..
             } => matches!(other,
                 Data::Text { path: p, seq: s, vocab: v, .. } if (path, seq, vocab) == (p, s, v)),
+            Data::Tokens {
+                path,
+                eval_path,
+                seq,
+                uint32,
+                sequential,
+                eval,
+                ..
+            } => matches!(other,
+                Data::Tokens { path: p, eval_path: e, seq: s, uint32: u, sequential: q, eval: v, .. }
+                    if (path, seq, uint32, sequential) == (p, s, u, q)
+                        && eval.to_bits() == v.to_bits()
+                        && eval_path.as_ref().map(|x| &x.0) == e.as_ref().map(|x| &x.0)),
             Data::Arrays { path, .. } => matches!(other, Data::Arrays { path: p, .. } if path == p),
             Data::Clicks { vocab, .. } => {
                 matches!(other, Data::Clicks { vocab: v, .. } if vocab == v)

@@ -507,13 +507,15 @@ impl<'a> Builder<'a> {
         };
         let span_of = |k: &str| arg(k).map(|e| e.span);
         // `path`: checked (a string, present) with the choice's arguments.
-        let path = || match arg("path") {
+        let path_of = |k: &str| match arg(k) {
             Some(Expr {
                 kind: ExprKind::Str(s),
                 span,
             }) => Some((dir.join(s), s.clone(), *span)),
             _ => None,
         };
+        let path = || path_of("path");
+        let flag = |k: &str| arg(k).and_then(super::build::flag).unwrap_or(false);
         Some(match kind {
             DataSource::ShakespeareWords => Data::ShakespeareWords {
                 vocab: int(self, "vocab"),
@@ -532,6 +534,19 @@ impl<'a> Builder<'a> {
                     seq: count(self, "seq"),
                     vocab: int(self, "vocab"),
                     vocab_span: span_of("vocab"),
+                }
+            }
+            DataSource::Tokens => {
+                let (path, written, path_span) = path()?;
+                Data::Tokens {
+                    path,
+                    written,
+                    path_span,
+                    eval_path: path_of("eval_path"),
+                    seq: count(self, "seq"),
+                    uint32: flag("uint32"),
+                    sequential: flag("sequential"),
+                    eval: arg("eval").and_then(super::build::num).unwrap_or(0.1),
                 }
             }
             DataSource::Arrays => {

@@ -40,6 +40,18 @@ vocabulary! {
             doc: "any UTF-8 text file of up to 2 GiB (`path` a string, relative to the `.shard` file), read a megabyte at a time, as word ids formed like `shakespeare_words` (a word of over 256 letters is unknown; a NUL byte is refused)",
             args: &[PATH, SEQ16, WORDS_VOCAB],
         }
+        Tokens {
+            name: "tokens",
+            doc: "a flat stream of token ids (`path` relative to the `.shard` file): nanoGPT's `.bin` (little-endian `uint16`, `uint32` with `uint32: true`) or a 1-D integer `.npy`, read by position, never whole: windows of `seq + 1` ids, the first `seq` the inputs and the same shifted by one the targets (nanoGPT's `get_batch`); each example's window drawn from the seed, the step and the example (`sequential: true`: consecutive windows), so a resumed run continues with the next ones. The last `eval` fraction is held out, or `eval_path` names the held-out stream. `check` reads the header and samples ids; `run` reads every id once before training and stops at the first outside the vocabulary, with its position",
+            args: &[
+                PATH,
+                Arg::new("seq", Value::Count, Omitted::Is(64.0), "ids per example"),
+                Arg::new("uint32", Value::Flag, Omitted::Flag(false), "a `.bin` of `uint32` ids (a `.npy` says its dtype)"),
+                Arg::new("sequential", Value::Flag, Omitted::Flag(false), "consecutive windows instead of drawn ones"),
+                Arg::new("eval", Value::Unit, Omitted::Is(0.1), "the fraction at the end held out for `eval`"),
+                Arg::new("eval_path", Value::Path, Omitted::From("the last `eval` of `path`"), "a second stream held out for `eval`"),
+            ],
+        }
         Arrays {
             name: "arrays",
             doc: "named arrays from a `.safetensors` file, a `.npz` file, or a directory of `NAME.npy` files (relative to the `.shard` file); see below",
@@ -65,7 +77,10 @@ impl DataSource {
     /// Whether its labels are token ids (not usable with `loss: mse`).
     pub fn is_tokens(self) -> bool {
         match self {
-            DataSource::ShakespeareWords | DataSource::ShakespeareChars | DataSource::Text => true,
+            DataSource::ShakespeareWords
+            | DataSource::ShakespeareChars
+            | DataSource::Text
+            | DataSource::Tokens => true,
             DataSource::Arrays | DataSource::Synthetic | DataSource::Clicks => false,
         }
     }

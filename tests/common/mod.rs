@@ -21,3 +21,58 @@ pub fn losses(path: &Path) -> Vec<f64> {
         .map(|x| x.as_f64().expect("number"))
         .collect()
 }
+
+/// What a finished child did: exit code, stderr, stdout, peak RSS in MiB.
+#[allow(dead_code)]
+pub struct Ran {
+    pub code: Option<i32>,
+    pub err: String,
+    pub out: String,
+    pub peak_mib: f64,
+}
+
+/// Runs `cmd` to its end (at most 10 minutes: a hang fails, it is not timed)
+/// and measures its peak resident memory. The child is reaped by `wait4`,
+/// which also gives its resource usage, not by `Child::wait`.
+#[allow(clippy::zombie_processes, dead_code)]
+pub fn measured(cmd: &mut std::process::Command) -> Ran {
+    use std::io::Read;
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let pipe = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = pipe(Box::new(child.stdout.take().expect("stdout")));
+    let err = pipe(Box::new(child.stderr.take().expect("stderr")));
+    let pid = child.id() as libc::pid_t;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value for wait4 to fill in.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: our own child's pid and pointers to live locals.
+        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
+        if r == pid {
+            break;
+        }
+        assert!(r == 0, "wait4 failed");
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the child did not finish in 10 minutes");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Ran {
+        code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
+        err: err.join().expect("stderr"),
+        out: out.join().expect("stdout"),
+        peak_mib: usage.ru_maxrss as f64 / 1024.0,
+    }
+}

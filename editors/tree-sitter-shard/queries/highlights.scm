@@ -70,7 +70,7 @@
     "shard_params" "normal" "truncated_normal" "uniform" "constant" "rows" "sgd" "adam"
     "adamw" "adagrad" "ftrl" "lion" "muon" "warmup_cosine" "warmup_linear"
     "warmup_constant" "inverse_sqrt" "wsd" "shakespeare_words" "shakespeare_chars"
-    "text" "arrays" "synthetic" "clicks"))
+    "text" "tokens" "arrays" "synthetic" "clicks"))
 
 ; collectives get a colour of their own: each one is communication.
 ((call_expr function: (ident) @function.macro)
@@ -92,7 +92,7 @@
     "shard_params" "normal" "truncated_normal" "uniform" "constant" "rows" "sgd" "adam"
     "adamw" "adagrad" "ftrl" "lion" "muon" "warmup_cosine" "warmup_linear"
     "warmup_constant" "inverse_sqrt" "wsd" "shakespeare_words" "shakespeare_chars"
-    "text" "arrays" "synthetic" "clicks" "psum" "pmean" "pmax" "pmin" "reduce"
+    "text" "tokens" "arrays" "synthetic" "clicks" "psum" "pmean" "pmax" "pmin" "reduce"
     "all_gather" "psum_scatter" "all_to_all" "ppermute" "axis_index"))
 
 ; a collective's mesh axes: `psum(x, mp)`, `all_gather(x, mp, dim: 1)`

@@ -46,7 +46,7 @@ syn keyword shardConstant     zeros ones xavier lecun sqrtn virtual cuda mpi
 syn keyword shardBuiltin      repeat shard_params normal truncated_normal uniform
 syn keyword shardBuiltin      constant rows sgd adam adamw adagrad ftrl lion muon
 syn keyword shardBuiltin      warmup_cosine warmup_linear warmup_constant inverse_sqrt
-syn keyword shardBuiltin      wsd shakespeare_words shakespeare_chars text arrays
+syn keyword shardBuiltin      wsd shakespeare_words shakespeare_chars text tokens arrays
 syn keyword shardBuiltin      synthetic clicks
 syn keyword shardConstant     mse sigmoid_binary_cross_entropy accuracy auc gpipe
 syn keyword shardConstant     one_f_one_b

@@ -1,0 +1,528 @@
+//! Token streams (`data: tokens(path: ...)`): one flat file of token ids —
+//! nanoGPT's `.bin` (little-endian `uint16`, or `uint32` for vocabularies
+//! over 65,535) or a 1-D `.npy` of integers — read by position, never whole
+//! and never as floats: a run holds the windows of its batch, whatever the
+//! file's size. Windows of `seq + 1` ids give the inputs (the first `seq`) and
+//! the targets (the same shifted by one), as nanoGPT's `get_batch` slices
+//! them. Reads are positioned (`pread`), not a memory map, so a file cut
+//! short while a run reads it is an error naming it, not a SIGBUS.
+
+use crate::arrays::npy;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+/// How the ids are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Item {
+    U16,
+    U32,
+    /// A `.npy` integer dtype.
+    Npy(npy::Dtype),
+}
+
+impl Item {
+    fn size(self) -> usize {
+        match self {
+            Item::U16 => 2,
+            Item::U32 => 4,
+            Item::Npy(d) => d.size,
+        }
+    }
+
+    fn id(self, c: &[u8]) -> i64 {
+        match self {
+            Item::U16 => i64::from(u16::from_le_bytes([c[0], c[1]])),
+            Item::U32 => i64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            Item::Npy(d) => d.integer(c).unwrap_or(-1),
+        }
+    }
+
+    /// The dtype's name, for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Item::U16 => "uint16",
+            Item::U32 => "uint32",
+            Item::Npy(d) => d.name(),
+        }
+    }
+}
+
+/// Why a token stream cannot be used.
+#[derive(Debug)]
+pub enum StreamError {
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// A `.bin` whose size is not a whole number of ids (cut short).
+    Ragged {
+        path: PathBuf,
+        bytes: u64,
+        item: Item,
+    },
+    NotNpy {
+        path: PathBuf,
+        why: String,
+    },
+    /// A `.npy` that is not a flat array of integers.
+    NotTokens {
+        path: PathBuf,
+        why: String,
+    },
+    /// An id that is negative or not below the vocabulary, at `index` (the
+    /// `index`-th id, at byte `byte` of the file).
+    BadId {
+        path: PathBuf,
+        id: i64,
+        index: u64,
+        byte: u64,
+        vocab: usize,
+    },
+    /// The file was replaced or changed while a run read it.
+    Changed {
+        path: PathBuf,
+        what: String,
+    },
+}
+
+impl std::fmt::Display for StreamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StreamError::Io { path, error } => write!(f, "cannot read `{}`: {error}", path.display()),
+            StreamError::Ragged { path, bytes, item } => write!(
+                f,
+                "`{}` holds {bytes} bytes, not a whole number of {} ids ({} bytes each): cut short?",
+                path.display(),
+                item.name(),
+                item.size()
+            ),
+            StreamError::NotNpy { path, why } => write!(f, "`{}`: {why}", path.display()),
+            StreamError::NotTokens { path, why } => {
+                write!(f, "`{}` is not a flat array of token ids: {why}", path.display())
+            }
+            StreamError::BadId {
+                path,
+                id,
+                index,
+                byte,
+                vocab,
+            } => write!(
+                f,
+                "`{}`: id {id} at token {index} (byte {byte}) is outside the vocabulary of {vocab}",
+                path.display()
+            ),
+            StreamError::Changed { path, what } => write!(
+                f,
+                "`{}` changed while the run read it ({what}); its batches would not be the ones it started with",
+                path.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for StreamError {}
+
+type Res<T> = Result<T, StreamError>;
+
+/// What identifies a file's contents for change detection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    ino: u64,
+    mtime: i64,
+    mtime_ns: i64,
+}
+
+fn stamp(m: &std::fs::Metadata) -> Stamp {
+    Stamp {
+        len: m.len(),
+        ino: m.ino(),
+        mtime: m.mtime(),
+        mtime_ns: m.mtime_nsec(),
+    }
+}
+
+/// An opened token file.
+#[derive(Debug)]
+pub struct TokenFile {
+    pub path: PathBuf,
+    file: std::fs::File,
+    /// Where the ids start.
+    start: u64,
+    /// How many ids it holds.
+    pub len: u64,
+    pub item: Item,
+    stamp: Stamp,
+}
+
+impl TokenFile {
+    /// Open a `.npy` (by its extension) or a raw `.bin` of `uint16` ids
+    /// (`uint32` with `wide`).
+    pub fn open(path: &Path, wide: bool) -> Res<TokenFile> {
+        let io = |error| StreamError::Io {
+            path: path.to_path_buf(),
+            error,
+        };
+        let file = crate::files::open_regular(path).map_err(io)?;
+        let meta = file.metadata().map_err(io)?;
+        let bytes = meta.len();
+        let (item, start) = if path.extension().is_some_and(|e| e == "npy") {
+            let mut prefix = vec![0u8; bytes.min(1 << 16) as usize];
+            file.read_exact_at(&mut prefix, 0).map_err(io)?;
+            let (head, start) = npy::header(&prefix).map_err(|e| StreamError::NotNpy {
+                path: path.to_path_buf(),
+                why: e.phrase(false),
+            })?;
+            let not = |why: String| StreamError::NotTokens {
+                path: path.to_path_buf(),
+                why,
+            };
+            if head.shape.len() != 1 {
+                return Err(not(format!(
+                    "its shape is {:?}; a token stream is 1-D",
+                    head.shape
+                )));
+            }
+            if !head.dtype.is_int() {
+                return Err(not(format!("its dtype is {}", head.dtype.name())));
+            }
+            npy::verify_size(
+                &head.shape,
+                head.dtype.size,
+                head.dtype.name(),
+                bytes - start as u64,
+            )
+            .map_err(|e| StreamError::NotNpy {
+                path: path.to_path_buf(),
+                why: e.phrase(false),
+            })?;
+            (Item::Npy(head.dtype), start as u64)
+        } else {
+            let item = if wide { Item::U32 } else { Item::U16 };
+            if bytes % item.size() as u64 != 0 {
+                return Err(StreamError::Ragged {
+                    path: path.to_path_buf(),
+                    bytes,
+                    item,
+                });
+            }
+            (item, 0)
+        };
+        Ok(TokenFile {
+            path: path.to_path_buf(),
+            len: (bytes - start) / item.size() as u64,
+            file,
+            start,
+            item,
+            stamp: stamp(&meta),
+        })
+    }
+
+    /// `n` ids from the `at`-th, each checked against `vocab`.
+    pub fn read(&self, at: u64, n: usize, vocab: usize, out: &mut Vec<i64>) -> Res<()> {
+        let size = self.item.size();
+        let mut buf = vec![0u8; n * size];
+        let byte = self.start + at * size as u64;
+        self.file
+            .read_exact_at(&mut buf, byte)
+            .map_err(|error| StreamError::Io {
+                path: self.path.clone(),
+                error,
+            })?;
+        for (k, c) in buf.chunks_exact(size).enumerate() {
+            let id = self.item.id(c);
+            if id < 0 || id as u64 >= vocab as u64 {
+                return Err(self.bad(id, at + k as u64, vocab));
+            }
+            out.push(id);
+        }
+        Ok(())
+    }
+
+    fn bad(&self, id: i64, index: u64, vocab: usize) -> StreamError {
+        StreamError::BadId {
+            path: self.path.clone(),
+            id,
+            index,
+            byte: self.start + index * self.item.size() as u64,
+            vocab,
+        }
+    }
+
+    /// Every id in turn, a megabyte at a time, stopping at the first outside
+    /// the vocabulary; `progress` sees the ids done so far.
+    pub fn scan(&self, vocab: usize, progress: &mut dyn FnMut(u64)) -> Res<()> {
+        let size = self.item.size();
+        let chunk = ((1 << 20) / size) as u64;
+        let mut buf = Vec::new();
+        let mut at = 0;
+        while at < self.len {
+            let n = chunk.min(self.len - at) as usize;
+            buf.resize(n * size, 0);
+            self.file
+                .read_exact_at(&mut buf, self.start + at * size as u64)
+                .map_err(|error| StreamError::Io {
+                    path: self.path.clone(),
+                    error,
+                })?;
+            for (k, c) in buf.chunks_exact(size).enumerate() {
+                let id = self.item.id(c);
+                if id < 0 || id as u64 >= vocab as u64 {
+                    return Err(self.bad(id, at + k as u64, vocab));
+                }
+            }
+            at += n as u64;
+            progress(at);
+        }
+        Ok(())
+    }
+
+    /// Ids at `k` evenly spread places (the first and the last among them),
+    /// checked against `vocab`: what `shardc check` reads.
+    pub fn sample(&self, k: u64, vocab: usize) -> Res<()> {
+        if self.len == 0 {
+            return Ok(());
+        }
+        let mut out = Vec::new();
+        let k = k.min(self.len).max(1);
+        for j in 0..k {
+            let at = if k == 1 {
+                0
+            } else {
+                j * (self.len - 1) / (k - 1)
+            };
+            out.clear();
+            self.read(at, 1, vocab, &mut out)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the file at the path is no longer the one opened.
+    pub fn changed(&self) -> Res<()> {
+        let now = std::fs::metadata(&self.path).map_err(|error| StreamError::Io {
+            path: self.path.clone(),
+            error,
+        })?;
+        let now = stamp(&now);
+        if now == self.stamp {
+            return Ok(());
+        }
+        let what = if now.ino != self.stamp.ino {
+            "it was replaced by another file".to_string()
+        } else if now.len != self.stamp.len {
+            format!("its size went from {} to {} bytes", self.stamp.len, now.len)
+        } else {
+            "it was written to".to_string()
+        };
+        Err(StreamError::Changed {
+            path: self.path.clone(),
+            what,
+        })
+    }
+}
+
+/// The window starts: where each of a step's examples starts, in `0..span`
+/// (a function of the seed, the step and the example only, so a resumed run
+/// continues with exactly the next windows). `scripts/token_fixtures.py`
+/// computes the same.
+pub fn window(
+    seed: u64,
+    step: usize,
+    example: usize,
+    span: u64,
+    sequential: bool,
+    seq: usize,
+    batch: usize,
+) -> u64 {
+    if span == 0 {
+        return 0;
+    }
+    if sequential {
+        return ((step as u64 * batch as u64 + example as u64) * seq as u64) % span;
+    }
+    let z = seed
+        ^ (step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ (example as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03);
+    splitmix64(z) % span
+}
+
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A training stream: the file, the ids of the training part and of the
+/// held-out part (the tail of the same file, or another file).
+#[derive(Debug)]
+pub struct Stream {
+    pub train: std::sync::Arc<TokenFile>,
+    /// `[lo, hi)` of the training ids.
+    pub train_range: (u64, u64),
+    pub eval: std::sync::Arc<TokenFile>,
+    pub eval_range: (u64, u64),
+    pub seq: usize,
+    pub sequential: bool,
+    /// Ids must be below it.
+    pub vocab: usize,
+}
+
+impl Stream {
+    /// A step's inputs and targets (per position, or the id after each
+    /// window for a classifier): `batch` windows of `seq + 1` ids.
+    pub fn batch(
+        &self,
+        seed: u64,
+        step: usize,
+        batch: usize,
+        per_position: bool,
+        held_out: bool,
+    ) -> Res<(Vec<f64>, Vec<f64>)> {
+        let (file, (lo, hi)) = if held_out {
+            (&self.eval, self.eval_range)
+        } else {
+            (&self.train, self.train_range)
+        };
+        file.changed()?;
+        let span = (hi - lo).saturating_sub(self.seq as u64);
+        let mut x = Vec::with_capacity(batch * self.seq);
+        let mut y = Vec::with_capacity(batch * self.seq);
+        let mut ids = Vec::with_capacity(self.seq + 1);
+        let salt = if held_out {
+            seed ^ 0x0048_454c_444f_5554
+        } else {
+            seed
+        };
+        for b in 0..batch {
+            let at = lo + window(salt, step, b, span, self.sequential, self.seq, batch);
+            ids.clear();
+            file.read(at, self.seq + 1, self.vocab, &mut ids)?;
+            x.extend(ids[..self.seq].iter().map(|i| *i as f64));
+            if per_position {
+                y.extend(ids[1..].iter().map(|i| *i as f64));
+            } else {
+                y.push(ids[self.seq] as f64);
+            }
+        }
+        Ok((x, y))
+    }
+}
+
+impl super::Cx<'_> {
+    /// `data: tokens(...)`: open the stream (and the held-out one), check its
+    /// dtype and length against `seq`, and ids at 4,096 places against the
+    /// model's vocabulary, without reading it whole.
+    pub(super) fn tokens(&mut self, model: &str, data: &crate::spec::Data, shape: &super::Shapes) {
+        let crate::spec::Data::Tokens {
+            path,
+            written,
+            path_span,
+            eval_path,
+            seq,
+            uint32,
+            sequential,
+            eval,
+        } = data
+        else {
+            return;
+        };
+        let vocab = shape
+            .input_vocab
+            .iter()
+            .flatten()
+            .copied()
+            .chain([shape.classes])
+            .min()
+            .unwrap_or(1)
+            .max(1);
+        let seq = (*seq).max(1);
+        let mut open = |path: &Path, written: &str, span: crate::source::Span| {
+            self.read.push(path.to_path_buf());
+            let file = match self.files.on_disk(path) {
+                Some(p) => TokenFile::open(&p, *uint32),
+                None => Err(StreamError::Io {
+                    path: path.to_path_buf(),
+                    error: std::io::Error::other(
+                        "a token stream is read from the disk, and this file is not on it",
+                    ),
+                }),
+            };
+            let file = file.and_then(|f| f.sample(4096, vocab).map(|_| f));
+            match file {
+                Ok(f) => Some(std::sync::Arc::new(f)),
+                Err(StreamError::BadId {
+                    id, index, byte, ..
+                }) => {
+                    self.problems.push(crate::diag::Problem::DataOutOfRange {
+                        span,
+                        message: format!(
+                            "`{written}` holds id {id} at token {index} (byte {byte}), outside the model's vocabulary of {vocab}"
+                        ),
+                        label: format!("ids below {vocab} expected"),
+                        help: format!("tokenize with a vocabulary of at most {vocab}, or widen the model"),
+                    });
+                    None
+                }
+                Err(e) => {
+                    self.problems.push(crate::diag::Problem::DataUnreadable {
+                        span,
+                        path: written.to_string(),
+                        reason: e.to_string(),
+                    });
+                    None
+                }
+            }
+        };
+        let Some(train) = open(path, written, *path_span) else {
+            return;
+        };
+        let (eval_file, train_range, eval_range) = match eval_path {
+            Some((p, w, s)) => {
+                let Some(e) = open(p, w, *s) else { return };
+                let n = e.len;
+                (e, (0, train.len), (0, n))
+            }
+            None => {
+                let held = ((train.len as f64) * eval).round() as u64;
+                let split = train.len - held.min(train.len);
+                (train.clone(), (0, split), (split, train.len))
+            }
+        };
+        let need = seq as u64 + 1;
+        let short = |n: u64, what: &str| {
+            (n < need).then(|| {
+                format!("its {what} holds {n} ids, too few for one window of {need} (`seq` + 1)")
+            })
+        };
+        let problem = short(train_range.1 - train_range.0, "training part").or_else(|| {
+            shape
+                .eval
+                .and_then(|_| short(eval_range.1 - eval_range.0, "held-out part"))
+        });
+        if let Some(message) = problem {
+            self.problems.push(crate::diag::Problem::DataMismatch {
+                span: *path_span,
+                path: written.clone(),
+                label: "data named here",
+                message,
+                help: Some(
+                    "use a longer stream, a shorter `seq`, or another `eval` fraction".into(),
+                ),
+            });
+            return;
+        }
+        self.loaded.push(super::TrainData {
+            model: model.to_string(),
+            data: super::Loaded::Stream(std::sync::Arc::new(Stream {
+                train,
+                train_range,
+                eval: eval_file,
+                eval_range,
+                seq,
+                sequential: *sequential,
+                vocab,
+            })),
+        });
+    }
+}
