@@ -9,9 +9,11 @@
 
 use safetensors::tensor::{Dtype, TensorView};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 mod common;
+
+use common::{shardc, stderr};
 
 const FIX: &str = "tests/fixtures/hf";
 const MAP: &str = "models/maps/llama_hf.toml";
@@ -38,22 +40,8 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn shardc() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_shardc"));
-    c.current_dir(root());
-    c.arg("--allow-path")
-        .arg(std::env::temp_dir())
-        .arg("--allow-path")
-        .arg(root());
-    c
-}
-
 fn temp(name: &str) -> PathBuf {
     common::temp("hf", name)
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 /// `shardc run` of the Llama fixture from `init` through the map, on the

@@ -8,9 +8,11 @@
 //! the position.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 mod common;
+
+use common::{shardc, stderr};
 
 const FIX: &str = "tests/fixtures/tokens";
 
@@ -18,22 +20,8 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn shardc() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_shardc"));
-    c.current_dir(root());
-    c.arg("--allow-path")
-        .arg(std::env::temp_dir())
-        .arg("--allow-path")
-        .arg(root());
-    c
-}
-
 fn temp(name: &str) -> PathBuf {
     common::temp("tokens", name)
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 /// A small language model over ids below 256 trained on `data`, in `dir`.

@@ -220,57 +220,52 @@ impl TokenFile {
 
     /// `n` ids from the `at`-th, each checked against `vocab`.
     pub fn read(&self, at: u64, n: usize, vocab: usize, out: &mut Vec<i64>) -> Res<()> {
+        let mut buf = Vec::new();
+        self.fetch(at, n, &mut buf)?;
+        self.each(&buf, at, vocab, |id| out.push(id))
+    }
+
+    /// The bytes of `n` ids from the `at`-th, into `buf`.
+    fn fetch(&self, at: u64, n: usize, buf: &mut Vec<u8>) -> Res<()> {
         let size = self.item.size();
-        let mut buf = vec![0u8; n * size];
-        let byte = self.start + at * size as u64;
+        buf.resize(n * size, 0);
         self.file
-            .read_exact_at(&mut buf, byte)
+            .read_exact_at(buf, self.start + at * size as u64)
             .map_err(|error| StreamError::Io {
                 path: self.path.clone(),
                 error,
-            })?;
-        for (k, c) in buf.chunks_exact(size).enumerate() {
-            let id = self.item.id(c);
-            if id < 0 || id as u64 >= vocab as u64 {
-                return Err(self.bad(id, at + k as u64, vocab));
-            }
-            out.push(id);
-        }
-        Ok(())
+            })
     }
 
-    fn bad(&self, id: i64, index: u64, vocab: usize) -> StreamError {
-        StreamError::BadId {
-            path: self.path.clone(),
-            id,
-            index,
-            byte: self.start + index * self.item.size() as u64,
-            vocab,
+    /// Each id of `buf` (ids from the `at`-th) to `f`, stopping at the first
+    /// outside `vocab`.
+    fn each(&self, buf: &[u8], at: u64, vocab: usize, mut f: impl FnMut(i64)) -> Res<()> {
+        for (k, c) in buf.chunks_exact(self.item.size()).enumerate() {
+            let id = self.item.id(c);
+            if id < 0 || id as u64 >= vocab as u64 {
+                return Err(StreamError::BadId {
+                    path: self.path.clone(),
+                    id,
+                    index: at + k as u64,
+                    byte: self.start + (at + k as u64) * self.item.size() as u64,
+                    vocab,
+                });
+            }
+            f(id);
         }
+        Ok(())
     }
 
     /// Every id in turn, a megabyte at a time, stopping at the first outside
     /// the vocabulary; `progress` sees the ids done so far.
     pub fn scan(&self, vocab: usize, progress: &mut dyn FnMut(u64)) -> Res<()> {
-        let size = self.item.size();
-        let chunk = ((1 << 20) / size) as u64;
+        let chunk = ((1 << 20) / self.item.size()) as u64;
         let mut buf = Vec::new();
         let mut at = 0;
         while at < self.len {
             let n = chunk.min(self.len - at) as usize;
-            buf.resize(n * size, 0);
-            self.file
-                .read_exact_at(&mut buf, self.start + at * size as u64)
-                .map_err(|error| StreamError::Io {
-                    path: self.path.clone(),
-                    error,
-                })?;
-            for (k, c) in buf.chunks_exact(size).enumerate() {
-                let id = self.item.id(c);
-                if id < 0 || id as u64 >= vocab as u64 {
-                    return Err(self.bad(id, at + k as u64, vocab));
-                }
-            }
+            self.fetch(at, n, &mut buf)?;
+            self.each(&buf, at, vocab, |_| {})?;
             at += n as u64;
             progress(at);
         }

@@ -76,3 +76,23 @@ pub fn measured(cmd: &mut std::process::Command) -> Ran {
         peak_mib: usage.ru_maxrss as f64 / 1024.0,
     }
 }
+
+/// `shardc` run from the repository root, with the temporary directory and
+/// the repository granted (tests write models there and name fixtures
+/// absolutely; the access policy itself is tested in tests/access.rs).
+#[allow(dead_code)]
+pub fn shardc() -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_shardc"));
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    c.arg("--allow-path")
+        .arg(std::env::temp_dir())
+        .arg("--allow-path")
+        .arg(env!("CARGO_MANIFEST_DIR"));
+    c
+}
+
+/// A finished command's stderr as text.
+#[allow(dead_code)]
+pub fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
