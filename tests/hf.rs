@@ -482,5 +482,38 @@ fn the_run_keeps_its_final_parameters_whatever_the_checkpoint_cadence() {
     let w3 = &ck.iter().find(|t| t.0 == "param/a.w").expect("a.w").3;
     let w5 = &fin.iter().find(|t| t.0 == "a.w").expect("a.w").3;
     assert_ne!(w3, w5);
+    // `export` reads a checkpoint (its directory or its file) as well as a run.
+    for from in [
+        dir.join("run/ck/step-00000003"),
+        dir.join("run/ck/step-00000003/tensors.safetensors"),
+    ] {
+        let to = dir.join("export");
+        let out = shardc()
+            .arg("export")
+            .arg("--from")
+            .arg(&from)
+            .arg("--out")
+            .arg(&to)
+            .arg(&model)
+            .output()
+            .expect("spawn");
+        assert!(out.status.success(), "{}", stderr(&out));
+        let got = raw(&to.join("model.safetensors"));
+        assert_eq!(&got.iter().find(|t| t.0 == "a.w").expect("a.w").3, w3);
+    }
+    let out = shardc()
+        .arg("export")
+        .arg("--from")
+        .arg(&dir)
+        .arg("--out")
+        .arg(dir.join("x"))
+        .arg(&model)
+        .output()
+        .expect("spawn");
+    assert!(
+        stderr(&out).contains("holds no `final/params.safetensors` (a run directory)"),
+        "{}",
+        stderr(&out)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -173,19 +173,22 @@ pub struct ExportArgs {
     pub config: Option<PathBuf>,
 }
 
-/// The safetensors file holding a run's parameters, and the prefix its names
-/// carry (`param/` in a checkpoint).
-fn params_file(from: &Path) -> (PathBuf, &'static str) {
-    if from.is_dir() {
-        if from.join("final/params.safetensors").is_file() {
-            return (from.join("final/params.safetensors"), "");
-        }
-        if from.join("params.safetensors").is_file() {
-            return (from.join("params.safetensors"), "");
-        }
-        return (from.join("tensors.safetensors"), "param/");
+/// The safetensors file holding a run's parameters: a run directory's
+/// `final/`, a parameter file's directory, a checkpoint directory, or a file.
+fn params_file(from: &Path) -> Result<PathBuf, String> {
+    if !from.is_dir() {
+        return Ok(from.to_path_buf());
     }
-    (from.to_path_buf(), "")
+    ["final/params.safetensors", "params.safetensors", "tensors.safetensors"]
+        .iter()
+        .map(|f| from.join(f))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            format!(
+                "`{}` holds no `final/params.safetensors` (a run directory), `params.safetensors` or `tensors.safetensors` (a checkpoint)",
+                from.display()
+            )
+        })
 }
 
 /// `shardc export`: a run's parameters, whole, in the names and layouts of a
@@ -212,7 +215,10 @@ pub fn export(args: &ExportArgs, grants: &[PathBuf]) -> std::process::ExitCode {
         eprintln!("error: {e}");
         ExitCode::from(2)
     };
-    let (file, prefix) = params_file(&args.from);
+    let file = match params_file(&args.from) {
+        Ok(f) => f,
+        Err(e) => return fail(e),
+    };
     let store = match crate::weights::Store::open(&file) {
         Ok(s) => s,
         Err(e) => return fail(e.to_string()),
@@ -220,8 +226,11 @@ pub fn export(args: &ExportArgs, grants: &[PathBuf]) -> std::process::ExitCode {
     let mut named = Vec::new();
     let mut missing = Vec::new();
     for p in &prog.params {
-        let key = format!("{prefix}{}", p.name);
-        match store.floats(&key) {
+        // A checkpoint names parameters `param/NAME`.
+        let found = store
+            .floats(&p.name)
+            .or_else(|| store.floats(&format!("param/{}", p.name)));
+        match found {
             Some(Ok(v)) if v.len() == p.stored.known_shape().iter().product::<usize>() => {
                 named.push((p.name.clone(), v))
             }
