@@ -85,9 +85,9 @@ impl Dtype {
         self.kind != Kind::Float
     }
 
-    /// One integer element (`None` for a float type): a token id. `c`
-    /// holds exactly `size` bytes; a uint64 past `i64::MAX` saturates.
-    pub fn integer(&self, c: &[u8]) -> Option<i64> {
+    /// One element's bytes as a little-endian integer; `c` holds exactly
+    /// `size` bytes.
+    fn bits(&self, c: &[u8]) -> u64 {
         let mut b = [0u8; 8];
         for (d, s) in b.iter_mut().zip(c) {
             *d = *s;
@@ -95,7 +95,13 @@ impl Dtype {
         if self.big_endian {
             b[..self.size.min(8)].reverse();
         }
-        let u = u64::from_le_bytes(b);
+        u64::from_le_bytes(b)
+    }
+
+    /// One integer element (`None` for a float type): a token id. `c`
+    /// holds exactly `size` bytes; a uint64 past `i64::MAX` saturates.
+    pub fn integer(&self, c: &[u8]) -> Option<i64> {
+        let u = self.bits(c);
         match (self.kind, self.size) {
             (Kind::Float, _) => None,
             (Kind::Int, 1) => Some(i64::from(u as u8 as i8)),
@@ -109,14 +115,7 @@ impl Dtype {
 
     /// One element's value; `c` holds exactly `size` bytes.
     fn value(&self, c: &[u8]) -> f64 {
-        let mut b = [0u8; 8];
-        for (d, s) in b.iter_mut().zip(c) {
-            *d = *s;
-        }
-        if self.big_endian {
-            b[..self.size.min(8)].reverse();
-        }
-        let u = u64::from_le_bytes(b);
+        let u = self.bits(c);
         match (self.kind, self.size) {
             (Kind::Float, 2) => f16_to_f64(u as u16),
             (Kind::Float, 4) => f64::from(f32::from_bits(u as u32)),
