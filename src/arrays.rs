@@ -1,7 +1,8 @@
 //! Named arrays on disk: `.safetensors`, `.npz`, and directories of `.npy` files.
 //! One reader for training data and FDO statistics, and one decoder of safetensors
-//! views shared with checkpoints and `--init`. Values are held as f64 (exact for
-//! integer ids below 2^53).
+//! views shared with checkpoints and `--init`. Values keep their stored type
+//! ([`Values`]: ids as integers, f16 and f32 features as f32); only a step's
+//! batch is widened to f64.
 //!
 //! Every reader verifies before it allocates: files are read only if they are
 //! regular files of at most a cap ([`crate::files::read_regular`]), a `.npy`
@@ -25,7 +26,69 @@ pub struct Array {
     pub int: bool,
     /// The element type as stored, for messages (`int32`, `float32`, ...).
     pub dtype: &'static str,
-    pub values: Vec<f64>,
+    pub values: Values,
+}
+
+/// An array's elements in the type they are stored in, or the narrowest that
+/// holds it exactly: 8-, 16-bit and int32 integers and booleans as `I32`,
+/// uint32 and 64-bit integers as `I64` (a uint64 past `i64::MAX` saturates),
+/// float16 and float32 as `F32`, float64 as `F64`. A data file costs its own
+/// size in memory, not 8 bytes an element.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Values {
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
+impl Values {
+    pub fn len(&self) -> usize {
+        match self {
+            Values::I32(v) => v.len(),
+            Values::I64(v) => v.len(),
+            Values::F32(v) => v.len(),
+            Values::F64(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Elements `range` widened to f64 (exact for every stored type but
+    /// 64-bit integers past 2^53), or `None` past the end.
+    pub fn to_f64(&self, range: std::ops::Range<usize>) -> Option<Vec<f64>> {
+        Some(match self {
+            Values::I32(v) => v.get(range)?.iter().map(|x| f64::from(*x)).collect(),
+            Values::I64(v) => v.get(range)?.iter().map(|x| *x as f64).collect(),
+            Values::F32(v) => v.get(range)?.iter().map(|x| f64::from(*x)).collect(),
+            Values::F64(v) => v.get(range)?.to_vec(),
+        })
+    }
+
+    /// Every element widened to f64, in order.
+    pub fn iter(&self) -> Box<dyn Iterator<Item = f64> + '_> {
+        match self {
+            Values::I32(v) => Box::new(v.iter().map(|x| f64::from(*x))),
+            Values::I64(v) => Box::new(v.iter().map(|x| *x as f64)),
+            Values::F32(v) => Box::new(v.iter().map(|x| f64::from(*x))),
+            Values::F64(v) => Box::new(v.iter().copied()),
+        }
+    }
+
+    /// The elements reordered: element `i` of the result is `self[order[i]]`.
+    fn permuted(&self, order: &[usize]) -> Values {
+        fn pick<T: Copy>(v: &[T], order: &[usize]) -> Vec<T> {
+            order.iter().filter_map(|i| v.get(*i).copied()).collect()
+        }
+        match self {
+            Values::I32(v) => Values::I32(pick(v, order)),
+            Values::I64(v) => Values::I64(pick(v, order)),
+            Values::F32(v) => Values::F32(pick(v, order)),
+            Values::F64(v) => Values::F64(pick(v, order)),
+        }
+    }
 }
 
 /// Why an array file was not read: the file (and, for a directory's `.npy` or an
@@ -52,7 +115,7 @@ pub enum Problem {
     EmptyDir,
     /// Not a zip archive the reader understands.
     NotNpz(String),
-    /// An archive entry compressed with a method other than "stored".
+    /// An archive entry compressed with a method other than stored or deflated.
     Compressed(String),
     /// An archive entry declares more bytes than the archive could hold.
     EntryTooBig {
@@ -145,7 +208,7 @@ impl Problem {
             Problem::EmptyDir if subject => "holds no `.npy` files".into(),
             Problem::EmptyDir => "the directory holds no `.npy` files".into(),
             Problem::NotNpz(e) => is(&format!("not a readable .npz file ({e})")),
-            Problem::Compressed(m) => is(&format!("compressed ({m}); shardc reads archives as numpy's `savez` writes them (stored), not `savez_compressed`")),
+            Problem::Compressed(m) => is(&format!("compressed with {m}; shardc reads entries stored (numpy's `savez`) or deflated (`savez_compressed`)")),
             Problem::EntryTooBig { declared, cap } => format!(
                 "declares {declared} bytes, more than the {cap} bytes the archive could hold"
             ),
@@ -326,18 +389,23 @@ fn npy_array(name: String, bytes: &[u8]) -> Result<Array, Problem> {
     })
 }
 
+/// The most bytes deflate can expand one byte into (a 258-byte match per two
+/// bits, with the stream's overhead): a deflated entry declaring more than
+/// this many times its compressed size lies about its size.
+const DEFLATE_RATIO: u64 = 1032;
+
 /// The arrays of an `.npz` archive's bytes (numpy's `savez`: one stored `NAME.npy`
-/// entry per array), sorted by name. Each entry's declared size is checked
-/// against the archive before it is read, and its `.npy` is verified.
+/// entry per array; `savez_compressed`: deflated), sorted by name. Each entry's
+/// declared size is checked against the archive (and deflate's largest ratio)
+/// before it is read, at most that many bytes are inflated, and its `.npy` is
+/// verified.
 pub fn npz_arrays(path: &Path, buf: &[u8], cap: u64) -> Result<Vec<Array>, ArrayError> {
     let mut zip = zip::ZipArchive::new(std::io::Cursor::new(buf))
         .map_err(|e| ArrayError::new(path, Problem::NotNpz(e.to_string())))?;
-    // Stored entries cannot hold more than the archive.
-    let limit = cap.min(buf.len() as u64);
     let mut out: Vec<Array> = Vec::new();
     for i in 0..zip.len() {
         // The entry's metadata first, without decompressing anything.
-        let (entry, size) = {
+        let (entry, size, limit) = {
             let raw = zip
                 .by_index_raw(i)
                 .map_err(|e| ArrayError::new(path, Problem::NotNpz(e.to_string())))?;
@@ -345,11 +413,18 @@ pub fn npz_arrays(path: &Path, buf: &[u8], cap: u64) -> Result<Vec<Array>, Array
             if raw.is_dir() {
                 continue;
             }
-            if raw.compression() != zip::CompressionMethod::Stored {
-                let m = format!("{:?}", raw.compression()).to_lowercase();
-                return Err(ArrayError::member(path, &entry, Problem::Compressed(m)));
-            }
-            (entry, raw.size())
+            // A stored entry cannot hold more than the archive; a deflated one
+            // no more than deflate's ratio times its compressed bytes.
+            let packed = raw.compressed_size().min(buf.len() as u64);
+            let limit = match raw.compression() {
+                zip::CompressionMethod::Stored => buf.len() as u64,
+                zip::CompressionMethod::Deflated => packed.saturating_mul(DEFLATE_RATIO),
+                other => {
+                    let m = format!("{other:?}").to_lowercase();
+                    return Err(ArrayError::member(path, &entry, Problem::Compressed(m)));
+                }
+            };
+            (entry, raw.size(), limit.min(cap))
         };
         let fail = |problem| ArrayError::member(path, &entry, problem);
         if size > limit {
@@ -361,7 +436,13 @@ pub fn npz_arrays(path: &Path, buf: &[u8], cap: u64) -> Result<Vec<Array>, Array
         let mut file = zip
             .by_index(i)
             .map_err(|e| fail(Problem::EntryRead(e.to_string())))?;
-        let mut data = Vec::with_capacity(size as usize);
+        let mut data = Vec::new();
+        data.try_reserve_exact(size as usize).map_err(|_| {
+            fail(Problem::EntryTooBig {
+                declared: size,
+                cap: limit,
+            })
+        })?;
         // One byte past the declared size reaches the end, where the checksum is checked.
         (&mut file)
             .take(size + 1)
@@ -446,7 +527,7 @@ pub fn safetensors_arrays(path: &Path, buf: &[u8]) -> Result<Vec<Array>, ArrayEr
                 .tensor(&n)
                 .map_err(|e| err(Problem::NotSafetensors(e.to_string())))?;
             let (values, int, dtype) =
-                decode_any(&v, &n).map_err(|e| err(Problem::Unsupported(e)))?;
+                decode_values(&v, &n).map_err(|e| err(Problem::Unsupported(e)))?;
             let shape: Vec<u64> = v.shape().iter().map(|&d| d as u64).collect();
             let itemsize = v.dtype().bitsize() / 8;
             npy::verify_size(&shape, itemsize, dtype, v.data().len() as u64)
@@ -460,6 +541,56 @@ pub fn safetensors_arrays(path: &Path, buf: &[u8]) -> Result<Vec<Array>, ArrayEr
             })
         })
         .collect()
+}
+
+/// A safetensors view's values in their stored type (training data).
+fn decode_values(v: &TensorView, name: &str) -> Result<(Values, bool, &'static str), String> {
+    let d = v.data();
+    let four = |c: &[u8]| [c[0], c[1], c[2], c[3]];
+    let eight = |c: &[u8]| [c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]];
+    Ok(match v.dtype() {
+        Dtype::F32 => (
+            Values::F32(
+                d.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(four(c)))
+                    .collect(),
+            ),
+            false,
+            "float32",
+        ),
+        Dtype::F64 => (
+            Values::F64(
+                d.chunks_exact(8)
+                    .map(|c| f64::from_le_bytes(eight(c)))
+                    .collect(),
+            ),
+            false,
+            "float64",
+        ),
+        Dtype::I32 => (
+            Values::I32(
+                d.chunks_exact(4)
+                    .map(|c| i32::from_le_bytes(four(c)))
+                    .collect(),
+            ),
+            true,
+            "int32",
+        ),
+        Dtype::I64 => (
+            Values::I64(
+                d.chunks_exact(8)
+                    .map(|c| i64::from_le_bytes(eight(c)))
+                    .collect(),
+            ),
+            true,
+            "int64",
+        ),
+        other => {
+            return Err(format!(
+                "tensor `{name}` has dtype {other:?}; expected F32, F64, I32 or I64"
+            ))
+        }
+    })
 }
 
 /// A safetensors view's values as f64, whether it is stored as a float (F32, F64)

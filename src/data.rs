@@ -5,6 +5,7 @@
 //! (or a silent zero embedding) in step 1. `shardc run` trains on exactly what this
 //! stage loaded.
 
+pub mod convert;
 pub mod stream;
 
 use crate::arrays::Array;
@@ -229,6 +230,8 @@ pub enum Loaded {
     },
     /// A token stream, opened and checked (`data: tokens(...)`).
     Stream(std::sync::Arc<stream::Stream>),
+    /// A token source converted on `run` (parquet, Arrow, text with a tokenizer).
+    Pending(std::sync::Arc<convert::Pending>),
 }
 
 #[derive(Clone, Debug)]
@@ -534,7 +537,9 @@ impl Cx<'_> {
         let names: Vec<&str> = all.iter().map(|a| a.name.as_str()).collect();
         let holds = format!("it holds {}", quote_list(&names));
         let mut ok = true;
-        let mut steps: Option<(usize, String)> = None;
+        // The batches of the training arrays, and apart from them the held-out
+        // ones (`eval.steps` may read fewer or more; they wrap around).
+        let mut steps: [Option<(usize, String)>; 2] = [None, None];
         let mut get = |cx: &mut Cx<'_>,
                        name: &str,
                        want: &[usize],
@@ -568,7 +573,8 @@ impl Cx<'_> {
                 return None;
             }
             if stepped {
-                match &steps {
+                let steps = &mut steps[usize::from(name.ends_with("_eval"))];
+                match steps {
                     Some((n, other)) if *n != a.shape[0] => {
                         cx.problems.push(Problem::DataMismatch {
                             span,
@@ -578,11 +584,15 @@ impl Cx<'_> {
                                 "has {} batches in `{name}` but {n} in `{other}`",
                                 a.shape[0]
                             ),
-                            help: Some("every array must hold the same number of batches".into()),
+                            help: Some(if name.ends_with("_eval") {
+                                "every held-out array must hold the same number of batches".into()
+                            } else {
+                                "every training array must hold the same number of batches".into()
+                            }),
                         });
                         return None;
                     }
-                    None => steps = Some((a.shape[0], name.to_string())),
+                    None => *steps = Some((a.shape[0], name.to_string())),
                     _ => {}
                 }
             }
@@ -604,7 +614,7 @@ impl Cx<'_> {
                     .values
                     .iter()
                     .enumerate()
-                    .find(|(_, v)| (**v < 0.0 && !pad) || **v >= limit as f64)
+                    .find(|(_, v)| (*v < 0.0 && !pad) || *v >= limit as f64)
                 {
                     cx.problems.push(Problem::DataOutOfRange {
                         span,

@@ -5,7 +5,7 @@
 //! refused quickly with a message naming the file, never a panic, a huge
 //! allocation or a hang; valid files must read as they always did.
 
-use shardc::arrays::{self, Array, Problem};
+use shardc::arrays::{self, Array, Problem, Values};
 use shardc::embed::{self, FdoClient, Stats};
 use shardc::files::DATA_CAP;
 use std::io::Write;
@@ -335,13 +335,18 @@ fn valid_files_read_as_before() {
             .collect::<Vec<_>>(),
         vec![("x", vec![4, 6], "float32"), ("y", vec![4], "int64")]
     );
-    assert_eq!(cls[1].values, vec![0.0, 1.0, 2.0, 1.0]);
+    // Each keeps its stored type: int64 labels, float32 features.
+    assert_eq!(cls[1].values, Values::I64(vec![0, 1, 2, 1]));
+    assert!(matches!(cls[0].values, Values::F32(_)));
     assert!(cls[1].int && !cls[0].int);
     let dir = arrays::read_file(&root.join("cls_npy"), DATA_CAP).expect("dir");
     assert_eq!(dir[0].dtype, "float64");
-    assert_eq!(dir[1].values, vec![2.0, 0.0, 1.0, 0.0]);
+    assert_eq!(dir[1].values, Values::I32(vec![2, 0, 1, 0]));
     // The `.npy` in the directory and the `.npz` hold the same x.
-    assert_eq!(dir[0].values, cls[0].values);
+    assert_eq!(
+        dir[0].values.iter().collect::<Vec<_>>(),
+        cls[0].values.iter().collect::<Vec<_>>()
+    );
     let st = arrays::read_file(&root.join("cls_steps.safetensors"), DATA_CAP).expect("st");
     assert_eq!(st[0].shape, vec![5, 4, 6]);
     assert_eq!(st[1].dtype, "int32");
@@ -401,8 +406,19 @@ fn valid_files_read_as_before() {
     let got = arrays::read_file(&d, DATA_CAP).expect("variants");
     let vals: Vec<(&str, Vec<usize>, Vec<f64>)> = got
         .iter()
-        .map(|a: &Array| (a.name.as_str(), a.shape.clone(), a.values.clone()))
+        .map(|a: &Array| (a.name.as_str(), a.shape.clone(), a.values.iter().collect()))
         .collect();
+    // uint16 and int32 as I32, float16 as F32, big-endian float64 as F64.
+    let kinds: Vec<&str> = got
+        .iter()
+        .map(|a| match a.values {
+            Values::I32(_) => "i32",
+            Values::I64(_) => "i64",
+            Values::F32(_) => "f32",
+            Values::F64(_) => "f64",
+        })
+        .collect();
+    assert_eq!(kinds, ["i32", "i32", "f64", "f32", "i32"]);
     assert_eq!(
         vals,
         vec![

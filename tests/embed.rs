@@ -554,7 +554,10 @@ fn fdo_files_have_the_librarys_keys_dtypes_and_per_step_shapes() {
             ("s_required_buffer_size".to_string(), "int32", vec![3, 4]),
         ]
     );
-    assert_eq!(arrays[0].values, vec![14.0, 0.0, 17.0]);
+    assert_eq!(
+        arrays[0].values,
+        shardc::arrays::Values::I64(vec![14, 0, 17])
+    );
     let l = embed::load(&dir).expect("load");
     let f = &l.per_file[0]["s"];
     assert_eq!(

@@ -49,7 +49,7 @@ fn same(a: &[arrays::Array], b: &[arrays::Array]) -> bool {
                 && x.values.len() == y.values.len()
                 && x.values
                     .iter()
-                    .zip(&y.values)
+                    .zip(y.values.iter())
                     .all(|(u, v)| u.to_bits() == v.to_bits())
         })
 }

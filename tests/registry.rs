@@ -564,6 +564,7 @@ fn value_for(a: &vocab::Arg, i: usize) -> String {
         Value::Unit => format!("0.{}", 5 + i),
         Value::Flag => "true".into(),
         Value::Path => "\"registry_sample.txt\"".into(),
+        Value::Name => format!("\"column{i}\""),
         Value::Lr => "0.25".into(),
         Value::Patterns => format!("[norm{i}, bias]"),
         Value::Scales => format!("{{ embed{i}: 0.5 }}"),
@@ -797,6 +798,7 @@ fn every_data_source_builds_its_kind_and_the_run_reads_it() {
             Source::Tokens { .. } => "Tokens",
             Source::Arrays(_) => "Arrays",
             Source::Stream(_) => "Stream",
+            Source::Pending(_) => "Pending",
         });
         if got != runtime_source(w.tag) {
             errs.push(format!(

@@ -64,7 +64,18 @@ fn everything_that_checks_clean_runs_one_step() {
             cfg.checkpoint = None;
             cfg.eval = None;
             cfg.sparse.fdo = None;
-            match train::run(prog, &cfg, &src, false, &mut |_| {}) {
+            // A parquet, Arrow or tokenized source is converted first, as `run` does.
+            let scratch = std::env::temp_dir().join(format!("shardc-runs-{}", std::process::id()));
+            let src = match src.prepare(&scratch, &mut |_| {}) {
+                Ok(s) => s,
+                Err(e) => {
+                    failures.push(format!("{name}: checks clean but its data fails: {e}"));
+                    continue;
+                }
+            };
+            let r = train::run(prog, &cfg, &src, false, &mut |_| {});
+            let _ = std::fs::remove_dir_all(&scratch);
+            match r {
                 Ok(_) => ran.push(name),
                 Err(e) => failures.push(format!("{name}: checks clean but stops: {e}")),
             }

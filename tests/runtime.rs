@@ -748,6 +748,43 @@ fn eval_reports_held_out_loss_without_touching_training() {
     assert!(evals.iter().flatten().all(|e| e.is_finite() && *e > 0.0));
 }
 
+/// An `.npz` as `numpy.savez_compressed` writes it (deflated) trains exactly as
+/// the stored archive of the same arrays, and held-out arrays may hold their own
+/// number of batches (3 here, against 1 training batch): eval steps 0, 1, 2 read
+/// three different batches, so the held-out losses of one eval are not all equal.
+#[test]
+fn deflated_npz_with_its_own_held_out_batches_trains_as_stored() {
+    let run = |file: &str| {
+        let text = format!("import nn\nmesh m(data: 2)\nmodel C {{\n  a = Dense(6 -> 3)\n  fn forward(x: f32[B@data, 6]) -> f32[B@data, 3] {{ a(x) }}\n}}\ntrain C on m {{ data: arrays(path: \"tests/ui/data/{file}\"), batch: 4, steps: 4, optimizer: sgd(lr: 0.5), eval: {{ every: 2, steps: 3 }} }}\n");
+        let (prog, cfg, src) = setup_text("held3.shard", &text, &[], None);
+        let mut evals = Vec::new();
+        let losses = train::run(&prog, &cfg, &src, false, &mut |r| evals.push(r.eval_loss))
+            .expect("run")
+            .losses;
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        (
+            bits(&losses),
+            bits(&evals.into_iter().flatten().collect::<Vec<_>>()),
+        )
+    };
+    let stored = run("cls_held3.npz");
+    assert_eq!(stored.1.len(), 2, "two evals");
+    assert_eq!(run("cls_held3_deflated.npz"), stored);
+    // One held-out batch repeated three times would give the loss of that batch.
+    let one = {
+        let text = "import nn\nmesh m(data: 2)\nmodel C {\n  a = Dense(6 -> 3)\n  fn forward(x: f32[B@data, 6]) -> f32[B@data, 3] { a(x) }\n}\ntrain C on m { data: arrays(path: \"tests/ui/data/cls_held3.npz\"), batch: 4, steps: 4, optimizer: sgd(lr: 0.5), eval: { every: 2, steps: 1 } }\n";
+        let (prog, cfg, src) = setup_text("held1.shard", text, &[], None);
+        let mut evals = Vec::new();
+        train::run(&prog, &cfg, &src, false, &mut |r| evals.push(r.eval_loss)).expect("run");
+        evals.into_iter().flatten().next().expect("eval")
+    };
+    assert_ne!(
+        one.to_bits(),
+        stored.1[0],
+        "the three held-out batches differ"
+    );
+}
+
 /// `data: arrays(...)` trains on exactly the file's batches: five batches of
 /// `[5, 4, 6]` / `[5, 4]` (step `s` takes batch `s mod 5`), checked against plain
 /// SGD on a softmax classifier computed here from the fixture's own formulas.

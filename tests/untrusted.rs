@@ -314,8 +314,8 @@ fn checkpoint_directory_tricks_are_refused_with_files_unchanged() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// An `.npz` of one stored entry whose method is patched to deflate: what
-/// `np.savez_compressed` would leave, as far as a reader of stored entries sees.
+/// An `.npz` of one stored entry whose method is patched to deflate: bytes
+/// that claim compression but do not inflate.
 fn compressed_npz() -> Vec<u8> {
     use std::io::Write;
     let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));

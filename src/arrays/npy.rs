@@ -4,7 +4,7 @@
 //! is computed with checked arithmetic, and count × item size must equal the bytes
 //! after the header exactly. Also the writer FDO statistics files use.
 
-use super::Problem;
+use super::{Problem, Values};
 
 const MAGIC: &[u8] = b"\x93NUMPY";
 /// The most dimensions an array may have (numpy's own limit is 64).
@@ -266,29 +266,36 @@ pub fn verify_size(
     Ok(())
 }
 
-/// The values, row-major (a Fortran-order array is transposed into C order).
-pub fn decode(npy: &Npy) -> Vec<f64> {
+/// The values in their stored type ([`Values`]), row-major (a Fortran-order
+/// array is transposed into C order).
+pub fn decode(npy: &Npy) -> Values {
     let size = npy.dtype.size.max(1);
-    let flat: Vec<f64> = npy
-        .data
-        .chunks_exact(size)
-        .map(|c| npy.dtype.value(c))
-        .collect();
+    let d = npy.dtype;
+    let chunks = npy.data.chunks_exact(size);
+    let flat = match (d.kind, d.size) {
+        (Kind::Float, 8) => Values::F64(chunks.map(|c| d.value(c)).collect()),
+        // float16 and float32 are exact in f32.
+        (Kind::Float, _) => Values::F32(chunks.map(|c| d.value(c) as f32).collect()),
+        (Kind::Int | Kind::Uint | Kind::Bool, n) if n < 4 || (d.kind == Kind::Int && n == 4) => {
+            Values::I32(chunks.map(|c| d.integer(c).unwrap_or(0) as i32).collect())
+        }
+        _ => Values::I64(chunks.map(|c| d.integer(c).unwrap_or(0)).collect()),
+    };
     if !npy.fortran_order || npy.shape.len() < 2 {
         return flat;
     }
     // Column-major data is the row-major array of the reversed shape; walk the
-    // C-order index with an odometer and fetch each element's Fortran offset.
+    // C-order index with an odometer and take each element's Fortran offset.
     let dims: Vec<usize> = npy.shape.iter().map(|&d| d as usize).collect();
     let mut strides = vec![1usize; dims.len()];
     for k in 1..dims.len() {
         strides[k] = strides[k - 1] * dims[k - 1];
     }
-    let mut out = Vec::with_capacity(flat.len());
+    let n = flat.len();
+    let mut order = Vec::with_capacity(n);
     let mut idx = vec![0usize; dims.len()];
-    for _ in 0..flat.len() {
-        let off: usize = idx.iter().zip(&strides).map(|(i, s)| i * s).sum();
-        out.push(flat.get(off).copied().unwrap_or(f64::NAN));
+    for _ in 0..n {
+        order.push(idx.iter().zip(&strides).map(|(i, s)| i * s).sum());
         for k in (0..dims.len()).rev() {
             idx[k] += 1;
             if idx[k] < dims[k] {
@@ -297,7 +304,7 @@ pub fn decode(npy: &Npy) -> Vec<f64> {
             idx[k] = 0;
         }
     }
-    out
+    flat.permuted(&order)
 }
 
 /// A `.npy` file (version 1.0, C order) of `data`, already in `descr`'s layout.
@@ -578,7 +585,7 @@ mod tests {
             shape: vec![2, 3],
             data: &data,
         };
-        assert_eq!(decode(&npy), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        assert_eq!(decode(&npy), Values::I32(vec![1, 2, 3, 4, 5, 6]));
     }
 
     #[test]
@@ -597,6 +604,6 @@ mod tests {
         let bytes = write("<i4", &[2], &data);
         assert_eq!((bytes.len() - data.len()) % 64, 0);
         let npy = parse(&bytes).expect("parse");
-        assert_eq!(decode(&npy), vec![7.0, -1.0]);
+        assert_eq!(decode(&npy), Values::I32(vec![7, -1]));
     }
 }

@@ -83,6 +83,142 @@ pub enum StreamError {
         path: PathBuf,
         what: String,
     },
+    /// A `tokenizer.json` that does not parse (or fails to encode).
+    Tokenizer {
+        path: PathBuf,
+        why: String,
+    },
+    /// A parquet or Arrow source that does not hold token ids.
+    Table {
+        path: PathBuf,
+        problem: TableProblem,
+    },
+    /// An id outside the vocabulary in a converted source, at `place` in
+    /// `path`; the `index`-th id of the converted stream.
+    BadIdIn {
+        path: PathBuf,
+        id: i64,
+        place: Place,
+        index: u64,
+        vocab: usize,
+    },
+    /// A text that is not UTF-8, or holds a NUL byte.
+    Text {
+        path: PathBuf,
+        error: super::TextError,
+    },
+    /// A stream (converted on `run`) too short for one window.
+    Short {
+        path: PathBuf,
+        short: Short,
+    },
+}
+
+/// Where in a converted source an id was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// Row `row` of a table (from 0, across its record batches), the
+    /// `position`-th id of a list.
+    Row { row: u64, position: u64 },
+    /// The piece of text starting at this byte.
+    Byte(u64),
+}
+
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Place::Row { row, position } => write!(f, "row {row}, position {position}"),
+            Place::Byte(b) => write!(f, "the text from byte {b}"),
+        }
+    }
+}
+
+/// Why a parquet or Arrow source holds no token ids.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TableProblem {
+    /// The column named (or none of the defaults) is not there.
+    NoColumn {
+        want: Option<String>,
+        has: Vec<String>,
+    },
+    /// A column of another type.
+    Type { column: String, ty: String },
+    /// A string column, without a tokenizer.
+    NeedsTokenizer(String),
+    /// Ids (a column, or a flat id file) with a tokenizer.
+    IdsWithTokenizer(Option<String>),
+    /// A null id in a row (and list position).
+    Null { row: u64, position: Option<u64> },
+    /// A directory with no `.arrow` or `.parquet` files.
+    EmptyDir,
+    /// A `datasets` `state.json` that names no shards.
+    State(String),
+    /// The reader's own error.
+    Read(String),
+}
+
+impl std::fmt::Display for TableProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let list = |h: &[String]| {
+            h.iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match self {
+            TableProblem::NoColumn { want: Some(w), has } => {
+                write!(f, "has no column `{w}`; it has {}", list(has))
+            }
+            TableProblem::NoColumn { want: None, has } => write!(
+                f,
+                "has columns {}; name one with `column: \"...\"` (without it: `input_ids`, `tokens` or `text`)",
+                list(has)
+            ),
+            TableProblem::Type { column, ty } => write!(
+                f,
+                "column `{column}` is {ty}; a token column holds integers or lists of integers (or strings, with a `tokenizer`)"
+            ),
+            TableProblem::NeedsTokenizer(c) => write!(
+                f,
+                "column `{c}` holds text; name a `tokenizer: \"tokenizer.json\"` to turn it into ids"
+            ),
+            TableProblem::IdsWithTokenizer(Some(c)) => write!(
+                f,
+                "column `{c}` already holds token ids; leave out `tokenizer`"
+            ),
+            TableProblem::IdsWithTokenizer(None) => {
+                write!(f, "holds token ids already; leave out `tokenizer`")
+            }
+            TableProblem::Null { row, position: Some(p) } => {
+                write!(f, "holds a null id in row {row}, position {p}")
+            }
+            TableProblem::Null { row, position: None } => write!(f, "holds a null id in row {row}"),
+            TableProblem::EmptyDir => write!(
+                f,
+                "holds no `.arrow` or `.parquet` files (a `datasets` directory from `save_to_disk`, or parquet shards)"
+            ),
+            TableProblem::State(why) => write!(f, "is not a `datasets` state file: {why}"),
+            TableProblem::Read(why) => write!(f, "cannot be read as a table: {why}"),
+        }
+    }
+}
+
+/// A stream too short for one window: what part, how many ids, how many needed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Short {
+    pub part: &'static str,
+    pub ids: u64,
+    pub need: u64,
+}
+
+impl std::fmt::Display for Short {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "its {} holds {} ids, too few for one window of {} (`seq` + 1)",
+            self.part, self.ids, self.need
+        )
+    }
 }
 
 impl std::fmt::Display for StreamError {
@@ -116,13 +252,30 @@ impl std::fmt::Display for StreamError {
                 "`{}` changed while the run read it ({what}); its batches would not be the ones it started with",
                 path.display()
             ),
+            StreamError::Tokenizer { path, why } => {
+                write!(f, "`{}` is not a usable tokenizer: {why}", path.display())
+            }
+            StreamError::Table { path, problem } => write!(f, "`{}` {problem}", path.display()),
+            StreamError::BadIdIn {
+                path,
+                id,
+                place,
+                index,
+                vocab,
+            } => write!(
+                f,
+                "`{}`: id {id} at {place} (token {index} of the stream) is outside the vocabulary of {vocab}",
+                path.display()
+            ),
+            StreamError::Text { path, error } => write!(f, "`{}`: {error}", path.display()),
+            StreamError::Short { path, short } => write!(f, "`{}`: {short}", path.display()),
         }
     }
 }
 
 impl std::error::Error for StreamError {}
 
-type Res<T> = Result<T, StreamError>;
+pub(crate) type Res<T> = Result<T, StreamError>;
 
 /// What identifies a file's contents for change detection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -404,10 +557,96 @@ impl Stream {
     }
 }
 
+/// The ranges of a stream's training and held-out ids: the whole of each
+/// file when the held-out stream is its own, else the last `fraction` of the
+/// one file held out.
+pub fn split(train: u64, eval: Option<u64>, fraction: f64) -> ((u64, u64), (u64, u64)) {
+    match eval {
+        Some(n) => ((0, train), (0, n)),
+        None => {
+            let held = ((train as f64) * fraction).round() as u64;
+            let cut = train - held.min(train);
+            ((0, cut), (cut, train))
+        }
+    }
+}
+
+/// Whether a part is too short for one window of `seq + 1` ids (the held-out
+/// part only when `eval` reads it).
+pub fn short(train: (u64, u64), eval: (u64, u64), seq: usize, need_eval: bool) -> Option<Short> {
+    let need = seq as u64 + 1;
+    let too = |r: (u64, u64), part| {
+        (r.1 - r.0 < need).then_some(Short {
+            part,
+            ids: r.1 - r.0,
+            need,
+        })
+    };
+    too(train, "training part").or_else(|| need_eval.then(|| too(eval, "held-out part")).flatten())
+}
+
+impl Stream {
+    /// The stream over opened files, checked to hold a window in each part.
+    pub fn assemble(
+        train: std::sync::Arc<TokenFile>,
+        eval: Option<std::sync::Arc<TokenFile>>,
+        fraction: f64,
+        seq: usize,
+        sequential: bool,
+        vocab: usize,
+        need_eval: bool,
+    ) -> Result<Stream, Short> {
+        let (train_range, eval_range) = split(train.len, eval.as_ref().map(|e| e.len), fraction);
+        if let Some(s) = short(train_range, eval_range, seq, need_eval) {
+            return Err(s);
+        }
+        Ok(Stream {
+            eval: eval.unwrap_or_else(|| train.clone()),
+            train,
+            train_range,
+            eval_range,
+            seq,
+            sequential,
+            vocab,
+        })
+    }
+}
+
+/// One part of a token source as `check` leaves it: opened, or to convert on
+/// `run`, with the ids its metadata counts when it counts them.
+enum Opened {
+    File(std::sync::Arc<TokenFile>),
+    Convert(Box<super::convert::Recipe>, Option<u64>),
+}
+
+impl Opened {
+    fn ids(&self) -> Option<u64> {
+        match self {
+            Opened::File(f) => Some(f.len),
+            Opened::Convert(_, n) => *n,
+        }
+    }
+    fn part(self) -> super::convert::Part {
+        match self {
+            Opened::File(f) => super::convert::Part::File(f),
+            Opened::Convert(r, _) => super::convert::Part::Convert(r),
+        }
+    }
+}
+
+/// What a token source's parts share.
+struct Common<'a> {
+    uint32: bool,
+    vocab: usize,
+    column: Option<&'a str>,
+    tok: Option<&'a super::convert::Tok>,
+}
+
 impl super::Cx<'_> {
     /// `data: tokens(...)`: open the stream (and the held-out one), check its
     /// dtype and length against `seq`, and ids at 4,096 places against the
-    /// model's vocabulary, without reading it whole.
+    /// model's vocabulary, without reading it whole; a parquet, Arrow or text
+    /// source's schema, column and tokenizer, to convert on `run`.
     pub(super) fn tokens(&mut self, model: &str, data: &crate::spec::Data, shape: &super::Shapes) {
         let crate::spec::Data::Tokens {
             path,
@@ -418,6 +657,8 @@ impl super::Cx<'_> {
             uint32,
             sequential,
             eval,
+            column,
+            tokenizer,
         } = data
         else {
             return;
@@ -432,92 +673,206 @@ impl super::Cx<'_> {
             .unwrap_or(1)
             .max(1);
         let seq = (*seq).max(1);
-        let mut open = |path: &Path, written: &str, span: crate::source::Span| {
-            self.read.push(path.to_path_buf());
-            let file = match self.files.on_disk(path) {
-                Some(p) => TokenFile::open(&p, *uint32),
-                None => Err(StreamError::Io {
-                    path: path.to_path_buf(),
-                    error: std::io::Error::other(
-                        "a token stream is read from the disk, and this file is not on it",
+        let tok = match tokenizer {
+            Some((p, w, span)) => match self.tokenizer(p, w, *span, vocab) {
+                Some(t) => Some(t),
+                None => return,
+            },
+            None => None,
+        };
+        let common = Common {
+            uint32: *uint32,
+            vocab,
+            column: column.as_ref().map(|c| c.0.as_str()),
+            tok: tok.as_ref(),
+        };
+        let Some(train) = self.token_part(path, written, *path_span, &common) else {
+            return;
+        };
+        let held = match eval_path {
+            Some((p, w, s)) => match self.token_part(p, w, *s, &common) {
+                Some(e) => Some(e),
+                None => return,
+            },
+            None => None,
+        };
+        let need_eval = shape.eval.is_some();
+        // Lengths `check` knows: a flat file's, or a parquet file's metadata.
+        let counted = train
+            .ids()
+            .zip(held.as_ref().map_or(Some(None), |h| h.ids().map(Some)));
+        if let Some((t, e)) = counted {
+            let (tr, er) = split(t, e, *eval);
+            if let Some(short) = short(tr, er, seq, need_eval) {
+                self.problems.push(crate::diag::Problem::DataMismatch {
+                    span: *path_span,
+                    path: written.clone(),
+                    label: "data named here",
+                    message: short.to_string(),
+                    help: Some(
+                        "use a longer stream, a shorter `seq`, or another `eval` fraction".into(),
                     ),
-                }),
-            };
-            let file = file.and_then(|f| f.sample(4096, vocab).map(|_| f));
-            match file {
-                Ok(f) => Some(std::sync::Arc::new(f)),
-                Err(StreamError::BadId {
-                    id, index, byte, ..
-                }) => {
-                    self.problems.push(crate::diag::Problem::DataOutOfRange {
-                        span,
-                        message: format!(
-                            "`{written}` holds id {id} at token {index} (byte {byte}), outside the model's vocabulary of {vocab}"
-                        ),
-                        label: format!("ids below {vocab} expected"),
-                        help: format!("tokenize with a vocabulary of at most {vocab}, or widen the model"),
-                    });
-                    None
-                }
-                Err(e) => {
-                    self.problems.push(crate::diag::Problem::DataUnreadable {
-                        span,
-                        path: written.to_string(),
-                        reason: e.to_string(),
-                    });
-                    None
-                }
+                });
+                return;
             }
-        };
-        let Some(train) = open(path, written, *path_span) else {
-            return;
-        };
-        let (eval_file, train_range, eval_range) = match eval_path {
-            Some((p, w, s)) => {
-                let Some(e) = open(p, w, *s) else { return };
-                let n = e.len;
-                (e, (0, train.len), (0, n))
-            }
-            None => {
-                let held = ((train.len as f64) * eval).round() as u64;
-                let split = train.len - held.min(train.len);
-                (train.clone(), (0, split), (split, train.len))
-            }
-        };
-        let need = seq as u64 + 1;
-        let short = |n: u64, what: &str| {
-            (n < need).then(|| {
-                format!("its {what} holds {n} ids, too few for one window of {need} (`seq` + 1)")
-            })
-        };
-        let problem = short(train_range.1 - train_range.0, "training part").or_else(|| {
-            shape
-                .eval
-                .and_then(|_| short(eval_range.1 - eval_range.0, "held-out part"))
-        });
-        if let Some(message) = problem {
-            self.problems.push(crate::diag::Problem::DataMismatch {
-                span: *path_span,
-                path: written.clone(),
-                label: "data named here",
-                message,
-                help: Some(
-                    "use a longer stream, a shorter `seq`, or another `eval` fraction".into(),
-                ),
-            });
-            return;
         }
-        self.loaded.push(super::TrainData {
-            model: model.to_string(),
-            data: super::Loaded::Stream(std::sync::Arc::new(Stream {
-                train,
-                train_range,
-                eval: eval_file,
-                eval_range,
-                seq,
-                sequential: *sequential,
-                vocab,
-            })),
-        });
+        let data = match (train, held) {
+            (Opened::File(t), None) => {
+                Stream::assemble(t, None, *eval, seq, *sequential, vocab, need_eval)
+                    .map(|s| super::Loaded::Stream(std::sync::Arc::new(s)))
+            }
+            (Opened::File(t), Some(Opened::File(e))) => {
+                Stream::assemble(t, Some(e), *eval, seq, *sequential, vocab, need_eval)
+                    .map(|s| super::Loaded::Stream(std::sync::Arc::new(s)))
+            }
+            (t, e) => Ok(super::Loaded::Pending(std::sync::Arc::new(
+                super::convert::Pending {
+                    train: t.part(),
+                    eval: e.map(Opened::part),
+                    fraction: *eval,
+                    seq,
+                    sequential: *sequential,
+                    vocab,
+                    need_eval,
+                },
+            ))),
+        };
+        // (Lengths were checked above.)
+        if let Ok(data) = data {
+            self.loaded.push(super::TrainData {
+                model: model.to_string(),
+                data,
+            });
+        }
+    }
+
+    /// A `tokenizer.json`, parsed, whose ids fit the model.
+    fn tokenizer(
+        &mut self,
+        path: &Path,
+        written: &str,
+        span: crate::source::Span,
+        vocab: usize,
+    ) -> Option<super::convert::Tok> {
+        self.read.push(path.to_path_buf());
+        let loaded = match self.files.on_disk(path) {
+            Some(p) => super::convert::Tok::load(&p),
+            None => Err(not_on_disk(path)),
+        };
+        match loaded {
+            Ok(t) if t.ids > vocab => {
+                self.problems.push(crate::diag::Problem::DataOutOfRange {
+                    span,
+                    message: format!(
+                        "`{written}` gives ids up to {}, but the model has a vocabulary of {vocab}",
+                        t.ids - 1
+                    ),
+                    label: format!("{} ids", t.ids),
+                    help: format!("widen the model's vocabulary to at least {}", t.ids),
+                });
+                None
+            }
+            Ok(t) => Some(t),
+            Err(e) => {
+                self.problems.push(crate::diag::Problem::DataUnreadable {
+                    span,
+                    path: written.to_string(),
+                    reason: e.to_string(),
+                });
+                None
+            }
+        }
+    }
+
+    /// One part of a token source: a flat id file opened and sampled, or a
+    /// table or text inspected.
+    fn token_part(
+        &mut self,
+        path: &Path,
+        written: &str,
+        span: crate::source::Span,
+        c: &Common<'_>,
+    ) -> Option<Opened> {
+        self.read.push(path.to_path_buf());
+        let vocab = c.vocab;
+        let opened = match self.files.on_disk(path) {
+            Some(p) => match super::convert::origin(&p, c.tok.is_some()) {
+                Ok(None) => TokenFile::open(&p, c.uint32)
+                    .and_then(|f| f.sample(4096, vocab).map(|_| f))
+                    .map(|f| Opened::File(std::sync::Arc::new(f))),
+                Ok(Some(origin)) => {
+                    let r = super::convert::Recipe {
+                        origin,
+                        column: c.column.map(str::to_string),
+                        tokenizer: c.tok.cloned(),
+                    };
+                    r.inspect().and_then(|seen| {
+                        let bad = seen
+                            .max
+                            .filter(|m| *m >= vocab as i64)
+                            .or(seen.min.filter(|m| *m < 0));
+                        match bad {
+                            Some(id) => Err(StreamError::BadIdIn {
+                                path: p.clone(),
+                                id,
+                                place: super::stream::Place::Row {
+                                    row: 0,
+                                    position: 0,
+                                },
+                                index: 0,
+                                vocab,
+                            }),
+                            None => Ok(Opened::Convert(Box::new(r), seen.ids)),
+                        }
+                    })
+                }
+                Err(e) => Err(e),
+            },
+            None => Err(not_on_disk(path)),
+        };
+        match opened {
+            Ok(o) => Some(o),
+            Err(StreamError::BadId {
+                id, index, byte, ..
+            }) => {
+                self.problems.push(crate::diag::Problem::DataOutOfRange {
+                    span,
+                    message: format!(
+                        "`{written}` holds id {id} at token {index} (byte {byte}), outside the model's vocabulary of {vocab}"
+                    ),
+                    label: format!("ids below {vocab} expected"),
+                    help: format!("tokenize with a vocabulary of at most {vocab}, or widen the model"),
+                });
+                None
+            }
+            Err(StreamError::BadIdIn { id, .. }) => {
+                self.problems.push(crate::diag::Problem::DataOutOfRange {
+                    span,
+                    message: format!(
+                        "`{written}` holds id {id} (its statistics say), outside the model's vocabulary of {vocab}"
+                    ),
+                    label: format!("ids below {vocab} expected"),
+                    help: format!("tokenize with a vocabulary of at most {vocab}, or widen the model"),
+                });
+                None
+            }
+            Err(e) => {
+                self.problems.push(crate::diag::Problem::DataUnreadable {
+                    span,
+                    path: written.to_string(),
+                    reason: e.to_string(),
+                });
+                None
+            }
+        }
+    }
+}
+
+fn not_on_disk(path: &Path) -> StreamError {
+    StreamError::Io {
+        path: path.to_path_buf(),
+        error: std::io::Error::other(
+            "a token stream is read from the disk, and this file is not on it",
+        ),
     }
 }

@@ -402,7 +402,7 @@ fn file_stats(
                     a.name, a.dtype, a.shape
                 ));
             }
-            if let Some(v) = a.values.iter().find(|v| !(0.0..=max).contains(*v)) {
+            if let Some(v) = a.values.iter().find(|v| !(0.0..=max).contains(v)) {
                 return Err(format!(
                     "holds the count {v} in `{}`; counts lie between 0 and {max}",
                     a.name
@@ -492,7 +492,7 @@ fn one_stack(
             ));
         }
     }
-    let as_i = |v: &[f64]| -> Vec<i64> { v.iter().map(|x| *x as i64).collect() };
+    let as_i = |v: &crate::arrays::Values| -> Vec<i64> { v.iter().map(|x| x as i64).collect() };
     let (iv, uv) = (as_i(&ids.values), as_i(&unique.values));
     if let Some(i) = (0..iv.len()).find(|&i| uv[i] > iv[i]) {
         return Err(format!(

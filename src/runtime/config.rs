@@ -158,6 +158,7 @@ pub fn source(
     match loaded {
         Some(crate::data::Loaded::Arrays(a)) => return Ok(Source::Arrays(a.clone())),
         Some(crate::data::Loaded::Stream(s)) => return Ok(Source::Stream(s.clone())),
+        Some(crate::data::Loaded::Pending(p)) => return Ok(Source::Pending(p.clone())),
         Some(crate::data::Loaded::Text { ids, seq }) => {
             return Ok(Source::Tokens {
                 ids: ids.clone(),

@@ -37,6 +37,9 @@ pub enum Source {
     Tokens { ids: Vec<u32>, seq: usize },
     /// Windows of a token stream read by position (`data: tokens(...)`).
     Stream(std::sync::Arc<crate::data::stream::Stream>),
+    /// A token source not yet converted (see [`Source::prepare`]): it gives
+    /// no batches.
+    Pending(std::sync::Arc<crate::data::convert::Pending>),
     /// Batches from an array file, checked by the data stage: inputs, labels and
     /// the held-out pair, each `[batch, ...]` (reused) or `[steps, batch, ...]`.
     Arrays(Box<crate::data::ArrayData>),
@@ -48,12 +51,26 @@ fn slice(a: &Array, step: usize, per_batch: usize) -> Vec<f64> {
     let n = a.values.len() / per_batch.max(1);
     let at = if n > 1 { step % n } else { 0 };
     a.values
-        .get(at * per_batch..(at + 1) * per_batch)
-        .map(<[f64]>::to_vec)
+        .to_f64(at * per_batch..(at + 1) * per_batch)
         .unwrap_or_default()
 }
 
 impl Source {
+    /// A pending token source converted under `dir` (the run directory) and
+    /// opened; any other source as it is.
+    pub fn prepare(
+        self,
+        dir: &std::path::Path,
+        progress: &mut dyn FnMut(crate::data::convert::Progress<'_>),
+    ) -> Result<Source, crate::data::stream::StreamError> {
+        match self {
+            Source::Pending(p) => Ok(Source::Stream(std::sync::Arc::new(
+                p.prepare(dir, progress)?,
+            ))),
+            other => Ok(other),
+        }
+    }
+
     /// Before a run: every id of a token stream (and of its held-out stream)
     /// read once, stopping at the first outside the vocabulary with its
     /// position; `progress` sees (ids done, ids in all). Other sources were
@@ -155,6 +172,9 @@ impl Source {
                         .collect(),
                     labels: slice(y, step, rows),
                 }
+            }
+            Source::Pending(_) => {
+                return Err("a token source must be converted before it gives batches".into())
             }
             Source::Stream(s) => {
                 let (x, y) = s

@@ -312,7 +312,7 @@ impl Builder<'_> {
                     });
                 }
             }
-            Value::Path => {
+            Value::Path | Value::Name => {
                 if !matches!(expr.map(|e| &e.kind), Some(ExprKind::Str(_))) {
                     self.report(Problem::BadValue {
                         span: val.span(),

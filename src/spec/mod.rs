@@ -106,6 +106,10 @@ pub enum Data {
         sequential: bool,
         /// The fraction at the end held out (without `eval_path`).
         eval: f64,
+        /// The column of a parquet or Arrow source, as written, and where.
+        column: Option<(String, Span)>,
+        /// A `tokenizer.json` (the path, as written, and where).
+        tokenizer: Option<(PathBuf, String, Span)>,
     },
     /// Named arrays in a file or directory (relative to the `.shard` file).
     Arrays {
@@ -172,12 +176,16 @@ impl Data {
                 uint32,
                 sequential,
                 eval,
+                column,
+                tokenizer,
                 ..
             } => matches!(other,
-                Data::Tokens { path: p, eval_path: e, seq: s, uint32: u, sequential: q, eval: v, .. }
+                Data::Tokens { path: p, eval_path: e, seq: s, uint32: u, sequential: q, eval: v, column: c, tokenizer: t, .. }
                     if (path, seq, uint32, sequential) == (p, s, u, q)
                         && eval.to_bits() == v.to_bits()
-                        && eval_path.as_ref().map(|x| &x.0) == e.as_ref().map(|x| &x.0)),
+                        && eval_path.as_ref().map(|x| &x.0) == e.as_ref().map(|x| &x.0)
+                        && column.as_ref().map(|x| &x.0) == c.as_ref().map(|x| &x.0)
+                        && tokenizer.as_ref().map(|x| &x.0) == t.as_ref().map(|x| &x.0)),
             Data::Arrays { path, .. } => matches!(other, Data::Arrays { path: p, .. } if path == p),
             Data::Clicks { vocab, .. } => {
                 matches!(other, Data::Clicks { vocab: v, .. } if vocab == v)

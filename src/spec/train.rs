@@ -407,6 +407,7 @@ impl<'a> Builder<'a> {
                 }
                 (
                     Value::Path
+                    | Value::Name
                     | Value::Unit
                     | Value::Flag
                     | Value::Lr
@@ -547,6 +548,14 @@ impl<'a> Builder<'a> {
                     uint32: flag("uint32"),
                     sequential: flag("sequential"),
                     eval: arg("eval").and_then(super::build::num).unwrap_or(0.1),
+                    column: match arg("column") {
+                        Some(Expr {
+                            kind: ExprKind::Str(s),
+                            span,
+                        }) => Some((s.clone(), *span)),
+                        _ => None,
+                    },
+                    tokenizer: path_of("tokenizer"),
                 }
             }
             DataSource::Arrays => {

@@ -48,6 +48,8 @@ pub enum Value {
     /// A string: a path (relative to the `.shard` file, or inside the run
     /// directory for outputs).
     Path,
+    /// A string: a name in a file (a table's column).
+    Name,
     /// A positive number, or a learning-rate schedule ([`LR_SCHEDULES`]).
     Lr,
     /// A list of name patterns, `[norm, bias]`: a parameter matches when its
@@ -67,6 +69,7 @@ impl Value {
             Value::Unit => "a number in [0, 1)",
             Value::Flag => "`true` or `false`",
             Value::Path => "a string",
+            Value::Name => "a string (a name)",
             Value::Lr => "a number > 0 or a schedule",
             Value::Patterns => "a list of names, `[norm, bias]`",
             Value::Scales => "names with a factor each, `{ embed: 0.1 }`",

@@ -42,7 +42,7 @@ vocabulary! {
         }
         Tokens {
             name: "tokens",
-            doc: "a flat stream of token ids (`path` relative to the `.shard` file): nanoGPT's `.bin` (little-endian `uint16`, `uint32` with `uint32: true`) or a 1-D integer `.npy`, read by position, never whole: windows of `seq + 1` ids, the first `seq` the inputs and the same shifted by one the targets (nanoGPT's `get_batch`); each example's window drawn from the seed, the step and the example (`sequential: true`: consecutive windows), so a resumed run continues with the next ones. The last `eval` fraction is held out, or `eval_path` names the held-out stream. `check` reads the header and samples ids; `run` reads every id once before training and stops at the first outside the vocabulary, with its position",
+            doc: "a flat stream of token ids (`path` relative to the `.shard` file): nanoGPT's `.bin` (little-endian `uint16`, `uint32` with `uint32: true`) or a 1-D integer `.npy`, read by position, never whole; or a parquet file, an Arrow IPC file or a Hugging Face `datasets` directory (`save_to_disk`; a directory of `.parquet` files) whose `column` holds ids or lists of ids (rows joined in order); or, with `tokenizer` (a Hugging Face `tokenizer.json`), a UTF-8 text file or a string column, tokenized without special tokens. Those are converted once, on `run`, into a `uint32` stream under the run directory's `tokens/` (a bar on a terminal) and reused while the source and tokenizer are unchanged. Windows of `seq + 1` ids, the first `seq` the inputs and the same shifted by one the targets (nanoGPT's `get_batch`); each example's window drawn from the seed, the step and the example (`sequential: true`: consecutive windows), so a resumed run continues with the next ones. The last `eval` fraction is held out, or `eval_path` names the held-out stream. `check` reads the header and samples ids; `run` reads every id once before training and stops at the first outside the vocabulary, with its position",
             args: &[
                 PATH,
                 Arg::new("seq", Value::Count, Omitted::Is(64.0), "ids per example"),
@@ -50,6 +50,8 @@ vocabulary! {
                 Arg::new("sequential", Value::Flag, Omitted::Flag(false), "consecutive windows instead of drawn ones"),
                 Arg::new("eval", Value::Unit, Omitted::Is(0.1), "the fraction at the end held out for `eval`"),
                 Arg::new("eval_path", Value::Path, Omitted::From("the last `eval` of `path`"), "a second stream held out for `eval`"),
+                Arg::new("column", Value::Name, Omitted::From("the table's only column, else `input_ids`, else `tokens`, else `text`"), "the column of a parquet or Arrow source"),
+                Arg::new("tokenizer", Value::Path, Omitted::From("none: `path` holds ids"), "a Hugging Face `tokenizer.json` that turns text into ids"),
             ],
         }
         Arrays {

@@ -10,8 +10,9 @@ def npy(shape, kind, values):
     header += " " * ((64 - (10 + len(header) + 1) % 64) % 64) + "\n"
     return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + struct.pack("<%d%s" % (len(values), fmt), *values)
 
-def npz(path, arrays):
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+def npz(path, arrays, compression=zipfile.ZIP_STORED):
+    # numpy.savez_compressed writes the same archive with ZIP_DEFLATED.
+    with zipfile.ZipFile(path, "w", compression) as z:
         for name, a in arrays.items():
             z.writestr(name + ".npy", npy(*a))
 
@@ -40,6 +41,11 @@ open("cls_npy/x.npy", "wb").write(npy((4, 6), "f8", xs(24)))
 open("cls_npy/y.npy", "wb").write(npy((4,), "i4", [2, 0, 1, 0]))
 npz("cls_eval.npz", {"x": ((4, 6), "f4", xs(24)), "y": ((4,), "i8", [0, 1, 2, 1]),
                      "x_eval": ((4, 6), "f4", xs(24, 0.5)), "y_eval": ((4,), "i8", [2, 2, 0, 1])})
+# savez_compressed's archive, with held-out arrays of their own batch count (3, not 1).
+held = {"x": ((4, 6), "f4", xs(24)), "y": ((4,), "i8", [0, 1, 2, 1]),
+        "x_eval": ((3, 4, 6), "f4", xs(72, 0.5)), "y_eval": ((3, 4), "i8", [i % 3 for i in range(12)])}
+npz("cls_held3.npz", held)
+npz("cls_held3_deflated.npz", held, zipfile.ZIP_DEFLATED)
 npz("cls_wide.npz", {"x": ((4, 7), "f4", xs(28)), "y": ((4,), "i8", [0, 1, 2, 1])})
 npz("cls_float_labels.npz", {"x": ((4, 6), "f4", xs(24)), "y": ((4,), "f4", [0, 1, 2, 1])})
 npz("cls_label_range.npz", {"x": ((4, 6), "f4", xs(24)), "y": ((4,), "i8", [0, 1, 3, 1])})
