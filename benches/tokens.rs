@@ -25,7 +25,7 @@ fn main() {
     drop(bytes);
     let file = Arc::new(TokenFile::open(&path, false).expect("open"));
     let t = Instant::now();
-    file.scan(50257, &mut |_| {}).expect("scan");
+    file.scan((0, file.len), 50257, &mut |_| {}).expect("scan");
     let scan = t.elapsed().as_secs_f64();
     println!(
         "full pass: {ids} ids in {scan:.2} s ({:.0} M ids/s)",
@@ -45,7 +45,7 @@ fn main() {
         let t = Instant::now();
         let mut sum = 0.0;
         for step in 0..steps {
-            let (x, _) = s.batch(0, step, batch, true, false).expect("batch");
+            let (x, _) = s.batch(0, step, batch, true, false, None).expect("batch");
             sum += x[0];
         }
         let secs = t.elapsed().as_secs_f64();

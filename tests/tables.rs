@@ -340,3 +340,53 @@ fn bad_tables_and_tokenizers_are_clear_errors() {
     assert!(left.is_empty(), "nothing half-written: {left:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Parquet and Arrow files are untrusted input: 300 corruptions of each
+/// (bytes overwritten, the file cut short) are errors or clean reads of
+/// `check`'s inspection and of the conversion, never a panic that escapes.
+#[test]
+fn corrupted_tables_are_errors_not_crashes() {
+    use shardc::data::convert::{Origin, Recipe};
+    let dir = common::temp("tables", "fuzz");
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for (name, arrow) in [
+        ("tables/ids.parquet", false),
+        ("tables/ds/data-00000-of-00002.arrow", true),
+    ] {
+        let good = std::fs::read(fixture(name)).expect("fixture");
+        for i in 0..300 {
+            let mut b = good.clone();
+            if i % 3 == 0 {
+                b.truncate((next() as usize) % b.len());
+            } else {
+                for _ in 0..1 + next() % 8 {
+                    let at = (next() as usize) % b.len();
+                    b[at] = next() as u8;
+                }
+            }
+            let p = dir.join(if arrow { "f.arrow" } else { "f.parquet" });
+            std::fs::write(&p, &b).expect("write");
+            let origin = if arrow {
+                Origin::Arrow(vec![p.clone()])
+            } else {
+                Origin::Parquet(vec![p.clone()])
+            };
+            let r = Recipe {
+                origin,
+                column: None,
+                tokenizer: None,
+            };
+            let _ = r.inspect();
+            let out = dir.join(format!("run{i}"));
+            let _ = r.convert(&out, 256, &mut |_, _| {});
+            let _ = std::fs::remove_dir_all(&out);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

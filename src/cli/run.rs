@@ -307,9 +307,7 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
     // A parquet, Arrow or text source becomes a stream in the run directory;
     // then every id of a stream is checked before step 1.
     let speak = lead && !args.quiet;
-    let src = match prepare_data(src, &cx.over.dir, speak)
-        .and_then(|src| validate_data(&src, speak).map(|_| src))
-    {
+    let src = match prepare_data(src, &cx.over.dir, speak) {
         Ok(src) => src,
         Err(e) => {
             if lead {
@@ -319,10 +317,28 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(e) = validate_data(&src, (process, processes), speak) {
+        // Each process checks its own share of a stream: whichever finds the
+        // bad id says so.
+        eprintln!("error: {e}");
+        procs.fail();
+        return ExitCode::from(2);
+    }
     let start = std::time::Instant::now();
     let reloads = crate::runtime::reload::Reloads::default();
     let compiled: std::sync::Mutex<Vec<crate::source::SourceMap>> = Default::default();
     let (res, records) = cx.train(&cfg, &src, &reloads, &compiled);
+    if processes > 1 && !args.quiet {
+        // Each process reads only its devices' windows of a token stream.
+        for (path, read, all) in src.reads() {
+            // One write each: the processes share the terminal.
+            let line = format!(
+                "data: process {process} of {processes} read {read} of {all} bytes of `{}`\n",
+                path.display()
+            );
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+        }
+    }
     cx.finish(res, &records, &cfg, start, (&reloads, &compiled))
 }
 
@@ -387,12 +403,16 @@ fn prepare_data(
 
 /// A token stream's ids, every one checked before the first step (a bar on
 /// a terminal for a large stream).
-fn validate_data(src: &crate::runtime::data::Source, speak: bool) -> Result<(), String> {
+fn validate_data(
+    src: &crate::runtime::data::Source,
+    share: (usize, usize),
+    speak: bool,
+) -> Result<(), String> {
     let bar = bar(
         speak,
         "checking token ids {bar:30} {percent}%  [{elapsed} < {eta}]",
     );
-    let r = src.validate(&mut |done, all| {
+    let r = src.validate(share, &mut |done, all| {
         if let Some(b) = &bar {
             b.set_length(all);
             b.set_position(done);

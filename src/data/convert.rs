@@ -327,10 +327,51 @@ fn arrow_reader(
     Ok((schema, Box::new(r.map(|b| b.map_err(|e| e.to_string())))))
 }
 
+/// `f`, with a panic of a reader on a malformed file (the parquet and Arrow
+/// crates assert some invariants of what they decode) as an error naming the
+/// file instead of the end of shardc.
+fn guarded<T>(path: &Path, f: impl FnOnce() -> Res<T>) -> Res<T> {
+    // The panic becomes the error: the default hook's message is not printed
+    // for it (other threads' panics still are).
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    thread_local!(static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
+    HOOK.call_once(|| {
+        let before = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(std::cell::Cell::get) {
+                before(info);
+            }
+        }));
+    });
+    QUIET.with(|q| q.set(true));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    QUIET.with(|q| q.set(false));
+    r.unwrap_or_else(|p| {
+        let why = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "its reader failed".into());
+        Err(table(path, TableProblem::Read(format!("malformed: {why}"))))
+    })
+}
+
 impl Recipe {
+    /// The first file, for messages about the whole source.
+    fn first(&self) -> &Path {
+        match &self.origin {
+            Origin::Parquet(f) | Origin::Arrow(f) => f.first().map_or(Path::new(""), PathBuf::as_path),
+            Origin::Text(p) => p,
+        }
+    }
+
     /// What `check` reads: each file's schema (and parquet metadata), the
     /// column's type; nothing of the data.
     pub fn inspect(&self) -> Res<Inspected> {
+        guarded(self.first(), || self.inspect_unguarded())
+    }
+
+    fn inspect_unguarded(&self) -> Res<Inspected> {
         let tok = self.tokenizer.is_some();
         let mut out = Inspected::default();
         match &self.origin {
@@ -481,7 +522,8 @@ impl Recipe {
             path: PathBuf::new(),
             tmp: tmp.clone(),
         };
-        let written = self.write(&mut sink, progress).and_then(|_| sink.finish());
+        let written = guarded(self.first(), || self.write(&mut sink, progress))
+            .and_then(|_| sink.finish());
         if let Err(e) = written {
             let _ = std::fs::remove_file(&tmp);
             return Err(e);

@@ -306,6 +306,8 @@ pub struct TokenFile {
     pub len: u64,
     pub item: Item,
     stamp: Stamp,
+    /// Bytes this process has read of it (the id scan and the windows).
+    read: std::sync::atomic::AtomicU64,
 }
 
 impl TokenFile {
@@ -368,6 +370,7 @@ impl TokenFile {
             start,
             item,
             stamp: stamp(&meta),
+            read: Default::default(),
         })
     }
 
@@ -382,6 +385,8 @@ impl TokenFile {
     fn fetch(&self, at: u64, n: usize, buf: &mut Vec<u8>) -> Res<()> {
         let size = self.item.size();
         buf.resize(n * size, 0);
+        self.read
+            .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
         self.file
             .read_exact_at(buf, self.start + at * size as u64)
             .map_err(|error| StreamError::Io {
@@ -409,18 +414,28 @@ impl TokenFile {
         Ok(())
     }
 
-    /// Every id in turn, a megabyte at a time, stopping at the first outside
-    /// the vocabulary; `progress` sees the ids done so far.
-    pub fn scan(&self, vocab: usize, progress: &mut dyn FnMut(u64)) -> Res<()> {
+    /// Bytes this process has read of the file so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.read.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The file's size in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.stamp.len
+    }
+
+    /// Every id of `range` in turn, a megabyte at a time, stopping at the
+    /// first outside the vocabulary; `progress` sees the ids done so far.
+    pub fn scan(&self, range: (u64, u64), vocab: usize, progress: &mut dyn FnMut(u64)) -> Res<()> {
         let chunk = ((1 << 20) / self.item.size()) as u64;
         let mut buf = Vec::new();
-        let mut at = 0;
-        while at < self.len {
-            let n = chunk.min(self.len - at) as usize;
+        let (mut at, end) = (range.0, range.1.min(self.len));
+        while at < end {
+            let n = chunk.min(end - at) as usize;
             self.fetch(at, n, &mut buf)?;
             self.each(&buf, at, vocab, |_| {})?;
             at += n as u64;
-            progress(at);
+            progress(at - range.0);
         }
         Ok(())
     }
@@ -517,8 +532,18 @@ pub struct Stream {
 }
 
 impl Stream {
+    /// Its files: the training stream, and the held-out one when it is its own.
+    pub fn files(&self) -> Vec<&TokenFile> {
+        let mut v = vec![self.train.as_ref()];
+        if !std::sync::Arc::ptr_eq(&self.train, &self.eval) {
+            v.push(self.eval.as_ref());
+        }
+        v
+    }
+
     /// A step's inputs and targets (per position, or the id after each
-    /// window for a classifier): `batch` windows of `seq + 1` ids.
+    /// window for a classifier): `batch` windows of `seq + 1` ids. Examples
+    /// `want` leaves out (another process's) are zeros, not read.
     pub fn batch(
         &self,
         seed: u64,
@@ -526,6 +551,7 @@ impl Stream {
         batch: usize,
         per_position: bool,
         held_out: bool,
+        want: Option<&[bool]>,
     ) -> Res<(Vec<f64>, Vec<f64>)> {
         let (file, (lo, hi)) = if held_out {
             (&self.eval, self.eval_range)
@@ -545,7 +571,11 @@ impl Stream {
         for b in 0..batch {
             let at = lo + window(salt, step, b, span, self.sequential, self.seq, batch);
             ids.clear();
-            file.read(at, self.seq + 1, self.vocab, &mut ids)?;
+            if want.is_none_or(|w| w.get(b).copied().unwrap_or(true)) {
+                file.read(at, self.seq + 1, self.vocab, &mut ids)?;
+            } else {
+                ids.resize(self.seq + 1, 0);
+            }
             x.extend(ids[..self.seq].iter().map(|i| *i as f64));
             if per_position {
                 y.extend(ids[1..].iter().map(|i| *i as f64));

@@ -73,24 +73,43 @@ impl Source {
 
     /// Before a run: every id of a token stream (and of its held-out stream)
     /// read once, stopping at the first outside the vocabulary with its
-    /// position; `progress` sees (ids done, ids in all). Other sources were
-    /// read whole by the data stage already.
-    pub fn validate(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<(), String> {
+    /// position; process `share.0` of `share.1` reads its part of each file
+    /// only. `progress` sees (ids done, ids in all). Other sources were read
+    /// whole by the data stage already.
+    pub fn validate(
+        &self,
+        share: (usize, usize),
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<(), String> {
         let Source::Stream(s) = self else {
             return Ok(());
         };
-        let mut files = vec![&s.train];
-        if !std::sync::Arc::ptr_eq(&s.train, &s.eval) {
-            files.push(&s.eval);
-        }
-        let all: u64 = files.iter().map(|f| f.len).sum();
+        let part = |len: u64| {
+            let (p, n) = (share.0 as u128, share.1.max(1) as u128);
+            let at = |i: u128| (u128::from(len) * i / n) as u64;
+            (at(p), at(p + 1))
+        };
+        let files = s.files();
+        let all: u64 = files.iter().map(|f| part(f.len)).map(|r| r.1 - r.0).sum();
         let mut before = 0;
         for f in files {
-            f.scan(s.vocab, &mut |done| progress(before + done, all))
+            let r = part(f.len);
+            f.scan(r, s.vocab, &mut |done| progress(before + done, all))
                 .map_err(|e| e.to_string())?;
-            before += f.len;
+            before += r.1 - r.0;
         }
         Ok(())
+    }
+
+    /// A token stream's files, with the bytes this process read of each.
+    pub fn reads(&self) -> Vec<(std::path::PathBuf, u64, u64)> {
+        let Source::Stream(s) = self else {
+            return vec![];
+        };
+        s.files()
+            .iter()
+            .map(|f| (f.path.clone(), f.bytes_read(), f.bytes()))
+            .collect()
     }
 
     /// Whether every step's batch is the same (the synthetic source's one batch).
@@ -114,6 +133,7 @@ impl Source {
         rows: usize,
         per_position: bool,
         held_out: bool,
+        want: Option<&[bool]>,
     ) -> Result<Batch, String> {
         Ok(match self {
             Source::Synthetic {
@@ -178,7 +198,7 @@ impl Source {
             }
             Source::Stream(s) => {
                 let (x, y) = s
-                    .batch(seed, step, batch, per_position, held_out)
+                    .batch(seed, step, batch, per_position, held_out, want)
                     .map_err(|e| e.to_string())?;
                 Batch {
                     inputs: vec![x],

@@ -142,7 +142,17 @@ pub(crate) struct StepBatches {
     /// The source gives one batch for every step: keep it for the run.
     pub same: bool,
     pub slots: std::sync::Mutex<HashMap<usize, (Arc<Batch>, usize)>>,
+    /// Batches the prefetch thread formed ahead, in step order (see
+    /// [`StepBatches::prefetch`]); dropped when the devices are done, which
+    /// ends that thread.
+    pub ahead: std::sync::Mutex<Option<Ahead>>,
 }
+
+/// The receiving end of the prefetch thread: each step with its batch.
+pub(crate) type Ahead = std::sync::mpsc::Receiver<(usize, Result<Batch, String>)>;
+
+/// How many batches the prefetch thread forms ahead of the devices.
+pub(crate) const AHEAD: usize = 2;
 
 impl StepBatches {
     pub fn get(&self, step: usize, make: &dyn Fn(usize) -> Result<Batch, String>) -> R<Arc<Batch>> {
@@ -150,10 +160,13 @@ impl StepBatches {
         let mut m = self.slots.lock().map_err(|_| "a device panicked")?;
         let slot = match m.entry(key) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => v.insert((
-                Arc::new(make(step).map_err(|e| format!("step {}: {e}", step + 1))?),
-                0,
-            )),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let b = self.prefetched(step).unwrap_or_else(|| make(step));
+                v.insert((
+                    Arc::new(b.map_err(|e| format!("step {}: {e}", step + 1))?),
+                    0,
+                ))
+            }
         };
         slot.1 += 1;
         let b = slot.0.clone();
@@ -161,6 +174,54 @@ impl StepBatches {
             m.remove(&key);
         }
         Ok(b)
+    }
+
+    /// Step `step`'s batch from the prefetch thread, when it formed it.
+    fn prefetched(&self, step: usize) -> Option<Result<Batch, String>> {
+        let ahead = self.ahead.lock().ok()?;
+        let rx = ahead.as_ref()?;
+        loop {
+            match rx.recv() {
+                Ok((s, b)) if s == step => return Some(b),
+                Ok((s, _)) if s < step => continue,
+                _ => return None,
+            }
+        }
+    }
+
+    /// Form the batches of `steps`, in order, [`AHEAD`] ahead of the devices
+    /// on a thread of `scope`, so reading a stream overlaps the steps.
+    pub fn prefetch<'s, 'e: 's>(
+        &'e self,
+        scope: &'s std::thread::Scope<'s, 'e>,
+        steps: std::ops::Range<usize>,
+        make: impl Fn(usize) -> Result<Batch, String> + Send + 's,
+    ) {
+        if self.same || steps.is_empty() {
+            return;
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(AHEAD);
+        if let Ok(mut a) = self.ahead.lock() {
+            *a = Some(rx);
+        }
+        scope.spawn(move || {
+            for s in steps {
+                let b = make(s);
+                let failed = b.is_err();
+                // The devices are done (the receiver is gone), or a batch
+                // failed: the step that reads it reports it.
+                if tx.send((s, b)).is_err() || failed {
+                    break;
+                }
+            }
+        });
+    }
+
+    /// The devices are done: the prefetch thread stops.
+    pub fn stop(&self) {
+        if let Ok(mut a) = self.ahead.lock() {
+            a.take();
+        }
     }
 }
 

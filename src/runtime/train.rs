@@ -174,6 +174,10 @@ pub(crate) struct Run<'a> {
     pub slots: SlotCache,
     /// Parameters and optimizer state after the first step, each tensor once.
     pub held: std::sync::Mutex<HashMap<candle_core::TensorId, f64>>,
+    /// The examples of a step's batch and of a held-out batch this process's
+    /// devices take (`None`: every one): a token stream reads only those.
+    pub want: Option<Vec<bool>>,
+    pub want_eval: Option<Vec<bool>>,
 }
 
 impl Run<'_> {
@@ -186,7 +190,7 @@ impl Run<'_> {
     /// A step's global batch: a function of the seed and the step, formed
     /// when the devices get there.
     pub fn batch_at(&self, s: usize) -> Result<Batch, String> {
-        batch_of(self.src, self.cfg, &self.io, s)
+        batch_of(self.src, self.cfg, &self.io, s, self.want.as_deref())
     }
 
     /// The step program of this run's parameters under configuration `cfg`
@@ -211,7 +215,13 @@ pub fn step_of(prog: &Program, cfg: &Config) -> Step {
     )
 }
 
-fn batch_of(src: &Source, cfg: &Config, io: &Io, s: usize) -> Result<Batch, String> {
+fn batch_of(
+    src: &Source,
+    cfg: &Config,
+    io: &Io,
+    s: usize,
+    want: Option<&[bool]>,
+) -> Result<Batch, String> {
     src.batch(
         cfg.seed,
         s,
@@ -222,7 +232,40 @@ fn batch_of(src: &Source, cfg: &Config, io: &Io, s: usize) -> Result<Batch, Stri
         io.rows * io.k,
         io.per_position,
         false,
+        want,
     )
+}
+
+/// The examples of a batch of `batch` rows, cut into `micro` microbatches,
+/// that the devices `ranks` take: each microbatch's rows of their shard of the
+/// batch dimension, of every input and of the labels. `None` (every example)
+/// for one process, which reads them all anyway.
+fn wanted(
+    topo: &Topology,
+    ranks: &[usize],
+    io: &Io,
+    batch: usize,
+    micro: usize,
+    processes: usize,
+) -> Option<Vec<bool>> {
+    if processes <= 1 {
+        return None;
+    }
+    let m = batch / micro.max(1);
+    let mut want = vec![false; batch];
+    for t in io.inputs.iter().chain([&io.label_t]) {
+        let axes = &t.dims.first()?.axes;
+        for &r in ranks {
+            let (idx, count) = topo.shard_index(r, axes);
+            let len = m / count.max(1);
+            for j in 0..micro.max(1) {
+                let lo = (j * m + idx * len).min(batch);
+                let hi = (lo + len).min(batch);
+                want[lo..hi].iter_mut().for_each(|w| *w = true);
+            }
+        }
+    }
+    Some(want)
 }
 
 /// Train `prog` for `cfg.steps` steps on a virtual mesh; `on_step` sees each step.
@@ -257,6 +300,16 @@ pub fn run_on(
     let stages = Stages::of(prog)?;
     let computed = super::buffers::computed(prog)?;
     let sparse = plan_sparse(cluster, cfg, src, &io)?;
+    let processes = cluster.process().1;
+    let want = wanted(&topo, &local_ranks, &io, cfg.batch, io.k, processes);
+    let want_eval = wanted(
+        &topo,
+        &local_ranks,
+        &io,
+        cfg.batch / io.k.max(1),
+        1,
+        processes,
+    );
     let run = Run {
         prog,
         cfg,
@@ -268,6 +321,7 @@ pub fn run_on(
             takers: local_ranks.len(),
             same: src.same_every_step(),
             slots: Default::default(),
+            ahead: Default::default(),
         },
         placements: super::sparse::placements(prog, &cfg.sparse),
         computed,
@@ -287,6 +341,8 @@ pub fn run_on(
         pieces: Default::default(),
         slots: Default::default(),
         held: Default::default(),
+        want,
+        want_eval,
     };
     let out = devices(&run, on_step)?;
     match &run.sparse.stop {
@@ -316,7 +372,7 @@ fn plan_sparse(
             // A batch that cannot be read stops the step that reads it.
             *l = Some((
                 st,
-                batch_of(src, cfg, io, st).unwrap_or(Batch {
+                batch_of(src, cfg, io, st, None).unwrap_or(Batch {
                     inputs: vec![],
                     labels: vec![],
                 }),
@@ -334,6 +390,9 @@ fn plan_sparse(
 fn devices(run: &Run, on_step: &mut dyn FnMut(&StepReport)) -> Result<RunOutput, RunError> {
     let (tx, rx) = mpsc::channel::<StepReport>();
     std::thread::scope(|scope| {
+        // The next batches are read while the devices step.
+        run.batches
+            .prefetch(scope, run.cfg.start_step..run.end, |s| run.batch_at(s));
         let mut handles = Vec::new();
         for &rank in &run.local_ranks {
             let tx = tx.clone();
@@ -353,6 +412,8 @@ fn devices(run: &Run, on_step: &mut dyn FnMut(&StepReport)) -> Result<RunOutput,
             on_step(&r);
             losses.push(r.loss);
         }
+        // Every device has returned.
+        run.batches.stop();
         let (mut first, mut memory, mut last) = (None, None, None);
         let mut errors: Vec<RunError> = Vec::new();
         for (&rank, h) in run.local_ranks.iter().zip(handles) {

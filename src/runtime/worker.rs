@@ -526,6 +526,7 @@ impl<'r, 'a> Worker<'r, 'a> {
                 io.rows,
                 io.per_position,
                 true,
+                run.want_eval.as_deref(),
             )?;
             let mut xs: Vec<Tensor> = io
                 .inputs
