@@ -541,6 +541,7 @@ fn compile_clean(
     Ok(c)
 }
 
+mod data;
 mod run;
 mod weights;
 pub use run::{Backend, RunArgs};

@@ -360,7 +360,9 @@ impl Recipe {
     /// The first file, for messages about the whole source.
     fn first(&self) -> &Path {
         match &self.origin {
-            Origin::Parquet(f) | Origin::Arrow(f) => f.first().map_or(Path::new(""), PathBuf::as_path),
+            Origin::Parquet(f) | Origin::Arrow(f) => {
+                f.first().map_or(Path::new(""), PathBuf::as_path)
+            }
             Origin::Text(p) => p,
         }
     }
@@ -522,8 +524,8 @@ impl Recipe {
             path: PathBuf::new(),
             tmp: tmp.clone(),
         };
-        let written = guarded(self.first(), || self.write(&mut sink, progress))
-            .and_then(|_| sink.finish());
+        let written =
+            guarded(self.first(), || self.write(&mut sink, progress)).and_then(|_| sink.finish());
         if let Err(e) = written {
             let _ = std::fs::remove_file(&tmp);
             return Err(e);
