@@ -327,7 +327,16 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
     let start = std::time::Instant::now();
     let reloads = crate::runtime::reload::Reloads::default();
     let compiled: std::sync::Mutex<Vec<crate::source::SourceMap>> = Default::default();
-    let (res, records) = cx.train(&cfg, &src, &reloads, &compiled);
+    // The TensorBoard log opens before step 1: a run that cannot write it stops here.
+    let events = match lead.then(|| cx.events(&cfg)).transpose() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("error: {e}");
+            procs.fail();
+            return ExitCode::from(2);
+        }
+    };
+    let (res, records) = cx.train(&cfg, &src, &reloads, &compiled, events);
     if processes > 1 && !args.quiet {
         // Each process reads only its devices' windows of a token stream.
         for (path, read, all) in src.reads() {
@@ -513,22 +522,18 @@ impl Ctx<'_> {
         m.join(", ")
     }
 
-    /// What is about to train, and where its devices really are.
-    fn banner(&self, cfg: &crate::runtime::train::Config) {
-        if self.quiet {
-            return;
-        }
+    /// `training GPT2 on pod (dp=2, tp=2) for 40 steps, batch 16, adamw f32`.
+    fn headline(&self, cfg: &crate::runtime::train::Config) -> String {
         let (prog, train) = (self.prog, self.train);
         let mut over = if self.processes > 1 {
             format!(", {} MPI processes", self.processes)
         } else {
             String::new()
         };
-        let gpu = self.args.device != crate::runtime::device::DeviceArg::Cpu;
-        if gpu {
+        if self.args.device != crate::runtime::device::DeviceArg::Cpu {
             over += &format!(", on {}", self.args.device);
         }
-        eprintln!(
+        format!(
             "training {} on {} ({}{over}) for {} steps, batch {}, {} {}",
             prog.model,
             train.mesh,
@@ -541,7 +546,35 @@ impl Ctx<'_> {
                 (false, crate::spec::Precision::F32) => "f32".to_string(),
                 (false, p) => format!("{} (f32 master weights)", p.name()),
             }
+        )
+    }
+
+    /// The TensorBoard log of this run (the first process writes it): the
+    /// configuration as text, and a resumed run's earlier steps.
+    fn events(
+        &self,
+        cfg: &crate::runtime::train::Config,
+    ) -> Result<crate::runtime::tensorboard::Events, crate::runtime::tensorboard::EventsError> {
+        let config = format!(
+            "{}\n\n    file: {}\n    seed: {}\n    loss: {}\n    shardc {}",
+            self.headline(cfg),
+            self.args.file.display(),
+            cfg.seed,
+            self.train.loss_name(),
+            env!("CARGO_PKG_VERSION")
         );
+        let earlier = crate::runtime::report::earlier(&self.over.dir, cfg.start_step);
+        crate::runtime::tensorboard::Events::create(&self.over.dir, &config, &earlier)
+    }
+
+    /// What is about to train, and where its devices really are.
+    fn banner(&self, cfg: &crate::runtime::train::Config) {
+        if self.quiet {
+            return;
+        }
+        eprintln!("{}", self.headline(cfg));
+        let train = self.train;
+        let gpu = self.args.device != crate::runtime::device::DeviceArg::Cpu;
         // A mesh declared for other hardware runs here as a simulation: say so.
         match (train.mesh_kind.as_str(), self.args.backend) {
             ("cuda", _) if !gpu => eprintln!(
@@ -628,12 +661,13 @@ impl Ctx<'_> {
         src: &crate::runtime::data::Source,
         reloads: &crate::runtime::reload::Reloads,
         compiled: &std::sync::Mutex<Vec<crate::source::SourceMap>>,
+        events: Option<crate::runtime::tensorboard::Events>,
     ) -> (
         Result<crate::runtime::train::RunOutput, crate::runtime::train::RunError>,
         Vec<crate::runtime::report::Record>,
     ) {
         let bar = self.progress_bar(cfg);
-        let mut progress = Progress::new(self, cfg, &bar);
+        let mut progress = Progress::new(self, cfg, &bar, events);
         let say = |m: &str| progress_say(&bar, m);
         // (The overrides alone: the processes' handles are not shared across threads.)
         let over = &self.over;
@@ -1007,6 +1041,8 @@ struct Progress<'b> {
     batch: usize,
     last: std::time::Instant,
     records: Vec<crate::runtime::report::Record>,
+    /// The TensorBoard log, while it can be written.
+    events: Option<crate::runtime::tensorboard::Events>,
 }
 
 impl<'b> Progress<'b> {
@@ -1014,6 +1050,7 @@ impl<'b> Progress<'b> {
         cx: &Ctx,
         cfg: &crate::runtime::train::Config,
         bar: &'b Option<indicatif::ProgressBar>,
+        events: Option<crate::runtime::tensorboard::Events>,
     ) -> Progress<'b> {
         Progress {
             bar,
@@ -1026,6 +1063,7 @@ impl<'b> Progress<'b> {
             last: std::time::Instant::now(),
             // A resumed run continues its metrics: the records up to its checkpoint.
             records: crate::runtime::report::earlier(&cx.over.dir, cfg.start_step),
+            events,
         }
     }
 
@@ -1041,6 +1079,7 @@ impl<'b> Progress<'b> {
             step_ms: secs * 1e3,
             examples_per_s: self.batch as f64 / secs.max(1e-9),
             eval_loss: r.eval_loss,
+            time: Some(crate::runtime::tensorboard::now()),
             events: r.notes.clone(),
             metrics: r
                 .metrics
@@ -1056,6 +1095,16 @@ impl<'b> Progress<'b> {
                 .collect(),
         };
         self.show(&rec);
+        if let Some(ev) = &mut self.events {
+            if let Err(e) = ev.record(&rec) {
+                // Training goes on; metrics.jsonl still has every step.
+                eprintln!(
+                    "warning: stopped writing the TensorBoard log `{}`: {e}",
+                    ev.path().display()
+                );
+                self.events = None;
+            }
+        }
         self.records.push(rec);
     }
 

@@ -24,5 +24,6 @@ pub mod probe;
 pub mod reload;
 pub mod report;
 pub mod sparse;
+pub mod tensorboard;
 pub mod train;
 mod worker;

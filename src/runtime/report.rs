@@ -1,5 +1,6 @@
 //! What a run leaves behind for people: `metrics.jsonl` (one record per step) and
-//! `loss.svg` (the loss curve), in the run directory.
+//! `loss.svg` (the loss curve), in the run directory (and, from the same
+//! records, the TensorBoard log of [`super::tensorboard`]).
 
 use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -16,6 +17,9 @@ pub struct Record {
     pub examples_per_s: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_loss: Option<f64>,
+    /// When the step ended, in seconds since the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<f64>,
     /// SparseCore limits and FDO events of this step.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<String>,

@@ -11,6 +11,7 @@ pub fn temp(suite: &str, name: &str) -> PathBuf {
 }
 
 /// The losses a run wrote with `--dump-losses`.
+#[allow(dead_code)]
 pub fn losses(path: &Path) -> Vec<f64> {
     let text = std::fs::read_to_string(path).expect("losses written");
     let v: serde_json::Value = serde_json::from_str(&text).expect("json");

@@ -1,0 +1,163 @@
+//! The TensorBoard log as TensorBoard reads it: `scripts/tensorboard_read.py`
+//! runs the `tensorboard` package's EventAccumulator (from PyPI, in the venv
+//! `.ci/run` makes; `SHARDC_TB_PYTHON` names its python) over a run
+//! directory, and every scalar of every step equals `metrics.jsonl` (as f32,
+//! which is what the format holds), with the run's configuration as text. A
+//! resumed run's log holds each step once.
+
+use std::path::{Path, PathBuf};
+
+mod common;
+
+use common::{shardc, stderr};
+
+/// The python with `tensorboard`, or why the test cannot run.
+fn python() -> Option<PathBuf> {
+    match std::env::var_os("SHARDC_TB_PYTHON") {
+        Some(p) => Some(PathBuf::from(p)),
+        None if std::env::var_os("SHARDC_REQUIRE_TB").is_some() => {
+            panic!("SHARDC_REQUIRE_TB is set, but SHARDC_TB_PYTHON names no python")
+        }
+        None => {
+            eprintln!(
+                "skipped: set SHARDC_TB_PYTHON to a python with `tensorboard` (.ci/run does)"
+            );
+            None
+        }
+    }
+}
+
+fn read(py: &Path, dir: &Path) -> serde_json::Value {
+    let o = std::process::Command::new(py)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/tensorboard_read.py"))
+        .arg(dir)
+        .output()
+        .expect("python");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).expect("json")
+}
+
+fn metrics(dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .expect("metrics.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("record"))
+        .collect()
+}
+
+const MODEL: &str = "import nn
+mesh m(data: 2)
+model C {
+  a = Dense(6 -> 8)
+  b = Dense(8 -> 3)
+  fn forward(x: f32[B@data, 6]) -> f32[B@data, 3] { b(relu(a(x))) }
+}
+train C on m {
+  data: synthetic(classes: 3), batch: 8, steps: 6, seed: 1
+  optimizer: adam(lr: 0.01), metrics: [accuracy]
+  eval: { every: 3, steps: 1 }
+  checkpoint: { every: 2, dir: \"ck\" }
+}
+";
+
+/// Each scalar TensorBoard finds, against the record's field.
+fn compare(tb: &serde_json::Value, records: &[serde_json::Value]) {
+    let pairs = [
+        ("train/loss", "loss"),
+        ("train/lr", "lr"),
+        ("train/grad_norm", "grad_norm"),
+        ("perf/step_ms", "step_ms"),
+        ("perf/examples_per_s", "examples_per_s"),
+        ("train/accuracy", "accuracy"),
+    ];
+    for (tag, field) in pairs {
+        let got = tb["scalars"][tag]
+            .as_array()
+            .unwrap_or_else(|| panic!("no {tag}: {tb}"));
+        assert_eq!(got.len(), records.len(), "{tag}: one per step");
+        for (e, r) in got.iter().zip(records) {
+            assert_eq!(e[0], r["step"], "{tag}");
+            let want = r[field].as_f64().expect(field) as f32;
+            assert_eq!(
+                e[1].as_f64().expect("value") as f32,
+                want,
+                "{tag} at {}",
+                r["step"]
+            );
+            assert_eq!(e[2].as_f64(), r["time"].as_f64(), "{tag}: wall time");
+        }
+    }
+    let evals: Vec<_> = records
+        .iter()
+        .filter(|r| r.get("eval_loss").is_some())
+        .collect();
+    let got = tb["scalars"]["eval/loss"].as_array().expect("eval/loss");
+    assert_eq!(got.len(), evals.len());
+    for (e, r) in got.iter().zip(evals) {
+        assert_eq!(e[0], r["step"]);
+        assert_eq!(
+            e[1].as_f64().expect("v") as f32,
+            r["eval_loss"].as_f64().expect("e") as f32
+        );
+    }
+}
+
+#[test]
+fn tensorboard_reads_every_scalar_of_every_step() {
+    let Some(py) = python() else { return };
+    let dir = common::temp("tensorboard", "all");
+    let m = dir.join("c.shard");
+    std::fs::write(&m, MODEL).expect("write");
+    let out = dir.join("run");
+    let o = shardc()
+        .args(["run", "--quiet", "--out"])
+        .arg(&out)
+        .arg(&m)
+        .output()
+        .expect("run");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let tb = read(&py, &out);
+    let records = metrics(&out);
+    assert_eq!(records.len(), 6);
+    compare(&tb, &records);
+    let config = tb["text"]["config"].as_str().expect("config");
+    assert!(
+        config.contains("training C on m") && config.contains("seed: 1"),
+        "{config}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_resumed_run_logs_each_step_once() {
+    let Some(py) = python() else { return };
+    let dir = common::temp("tensorboard", "resume");
+    let m = dir.join("c.shard");
+    std::fs::write(&m, MODEL).expect("write");
+    let out = dir.join("run");
+    let first = shardc()
+        .args(["run", "--quiet", "--steps", "5", "--out"])
+        .arg(&out)
+        .arg(&m)
+        .output()
+        .expect("run");
+    assert!(first.status.success(), "{}", stderr(&first));
+    // Steps 1-5 ran; the checkpoint is at 4: the resumed run redoes step 5.
+    let again = shardc()
+        .args(["run", "--quiet", "--resume", "--out"])
+        .arg(&out)
+        .arg(&m)
+        .output()
+        .expect("resume");
+    assert!(again.status.success(), "{}", stderr(&again));
+    let tb = read(&py, &out);
+    assert_eq!(tb["files"], 1, "one event file");
+    let records = metrics(&out);
+    let steps: Vec<u64> = records
+        .iter()
+        .map(|r| r["step"].as_u64().expect("step"))
+        .collect();
+    assert_eq!(steps, vec![1, 2, 3, 4, 5, 6]);
+    compare(&tb, &records);
+    let _ = std::fs::remove_dir_all(&dir);
+}
