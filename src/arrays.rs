@@ -596,44 +596,8 @@ fn decode_values(v: &TensorView, name: &str) -> Result<(Values, bool, &'static s
 /// A safetensors view's values as f64, whether it is stored as a float (F32, F64)
 /// or an integer (I32, I64) type, with that type's name.
 pub fn decode_any(v: &TensorView, name: &str) -> Result<(Vec<f64>, bool, &'static str), String> {
-    let d = v.data();
-    Ok(match v.dtype() {
-        Dtype::F32 => (
-            d.chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
-                .collect(),
-            false,
-            "float32",
-        ),
-        Dtype::F64 => (
-            d.chunks_exact(8)
-                .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-                .collect(),
-            false,
-            "float64",
-        ),
-        Dtype::I32 => (
-            d.chunks_exact(4)
-                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
-                .collect(),
-            true,
-            "int32",
-        ),
-        Dtype::I64 => (
-            d.chunks_exact(8)
-                .map(|c| {
-                    i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f64
-                })
-                .collect(),
-            true,
-            "int64",
-        ),
-        other => {
-            return Err(format!(
-                "tensor `{name}` has dtype {other:?}; expected F32, F64, I32 or I64"
-            ))
-        }
-    })
+    let (values, int, ty) = decode_values(v, name)?;
+    Ok((values.iter().collect(), int, ty))
 }
 
 /// A stored parameter's values: floats only (checkpoints and `--init`).

@@ -48,22 +48,7 @@ train LM on m {{
 }
 
 fn run(model: &Path, out: &Path, args: &[&str]) -> (Output, Vec<f64>) {
-    let losses = out.with_extension("losses.json");
-    let o = shardc()
-        .args(["run", "--out"])
-        .arg(out)
-        .arg("--dump-losses")
-        .arg(&losses)
-        .args(args)
-        .arg(model)
-        .output()
-        .expect("spawn");
-    let l = if o.status.success() {
-        common::losses(&losses)
-    } else {
-        vec![]
-    };
-    (o, l)
+    common::trained(model, out, args)
 }
 
 fn check(model: &Path) -> Output {

@@ -49,22 +49,7 @@ train LM on m {{
 }
 
 fn run(model: &Path, out: &Path, args: &[&str]) -> (Output, Vec<f64>) {
-    let losses = out.join("losses.json");
-    let o = shardc()
-        .args(["run", "--quiet", "--out"])
-        .arg(out)
-        .arg("--dump-losses")
-        .arg(&losses)
-        .args(args)
-        .arg(model)
-        .output()
-        .expect("spawn");
-    let l = if o.status.success() {
-        common::losses(&losses)
-    } else {
-        vec![]
-    };
-    (o, l)
+    common::trained(model, out, &[&["--quiet"], args].concat())
 }
 
 fn fixture(name: &str) -> String {

@@ -860,32 +860,27 @@ impl super::Cx<'_> {
             },
             None => Err(not_on_disk(path)),
         };
-        match opened {
-            Ok(o) => Some(o),
+        // Where the bad id is, as far as `check` knows it.
+        let bad = match &opened {
             Err(StreamError::BadId {
                 id, index, byte, ..
-            }) => {
-                self.problems.push(crate::diag::Problem::DataOutOfRange {
-                    span,
-                    message: format!(
-                        "`{written}` holds id {id} at token {index} (byte {byte}), outside the model's vocabulary of {vocab}"
-                    ),
-                    label: format!("ids below {vocab} expected"),
-                    help: format!("tokenize with a vocabulary of at most {vocab}, or widen the model"),
-                });
-                None
-            }
-            Err(StreamError::BadIdIn { id, .. }) => {
-                self.problems.push(crate::diag::Problem::DataOutOfRange {
-                    span,
-                    message: format!(
-                        "`{written}` holds id {id} (its statistics say), outside the model's vocabulary of {vocab}"
-                    ),
-                    label: format!("ids below {vocab} expected"),
-                    help: format!("tokenize with a vocabulary of at most {vocab}, or widen the model"),
-                });
-                None
-            }
+            }) => Some((*id, format!(" at token {index} (byte {byte})"))),
+            Err(StreamError::BadIdIn { id, .. }) => Some((*id, " (its statistics say)".into())),
+            _ => None,
+        };
+        if let Some((id, at)) = bad {
+            self.problems.push(crate::diag::Problem::DataOutOfRange {
+                span,
+                message: format!(
+                    "`{written}` holds id {id}{at}, outside the model's vocabulary of {vocab}"
+                ),
+                label: format!("ids below {vocab} expected"),
+                help: format!("tokenize with a vocabulary of at most {vocab}, or widen the model"),
+            });
+            return None;
+        }
+        match opened {
+            Ok(o) => Some(o),
             Err(e) => {
                 self.problems.push(crate::diag::Problem::DataUnreadable {
                     span,

@@ -23,6 +23,28 @@ pub fn losses(path: &Path) -> Vec<f64> {
         .collect()
 }
 
+/// `shardc run MODEL --out OUT --dump-losses ARGS`: the output, and the losses
+/// when it succeeded (written beside `out`).
+#[allow(dead_code)]
+pub fn trained(model: &Path, out: &Path, args: &[&str]) -> (std::process::Output, Vec<f64>) {
+    let dump = out.with_extension("losses.json");
+    let o = shardc()
+        .args(["run", "--out"])
+        .arg(out)
+        .arg("--dump-losses")
+        .arg(&dump)
+        .args(args)
+        .arg(model)
+        .output()
+        .expect("spawn");
+    let l = if o.status.success() {
+        losses(&dump)
+    } else {
+        vec![]
+    };
+    (o, l)
+}
+
 /// What a finished child did: exit code, stderr, stdout, peak RSS in MiB.
 #[allow(dead_code)]
 pub struct Ran {
