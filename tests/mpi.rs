@@ -352,71 +352,76 @@ fn a_stopped_run_is_reported_once() {
 /// A token stream under MPI: each of 2 processes reads its half of the id
 /// scan and only its own examples' windows (process 0 the first 4 of a batch
 /// of 8, process 1 the rest), so each reads a little over half of the file
-/// (with the 4,096 ids `check` samples),
-/// and the losses equal the virtual mesh's bit for bit. Bytes as each
+/// (with the 4,096 ids `check` samples of a `.bin`), and the losses equal the
+/// virtual mesh's bit for bit. A parquet source is converted by the first
+/// process (the other waits, then reuses its uint32 stream). Bytes as each
 /// process reports them (`data: process P of N read X of Y bytes`).
 #[test]
 fn each_process_reads_only_its_share_of_a_token_stream() {
     let _one = serial();
     let Some(bin) = mpi_shardc() else { return };
-    let dir = temp("stream");
-    let stream = root().join("tests/fixtures/tokens/stream.bin");
-    let file = dir.join("lm.shard");
-    std::fs::write(
-        &file,
-        format!(
-            "import nn\nmesh m(dp: 2)\nmodel LM {{\n  e = Embed(256, 16)\n  head = Dense(16 -> 256)\n  fn forward(ids: i32[B@dp, 16]) -> f32[B@dp, 16, 256] {{ head(e(ids)) }}\n}}\ntrain LM on m {{\n  data: tokens(path: \"{}\", seq: 16)\n  batch: 8, steps: 3, seed: 0, optimizer: adam(lr: 0.01)\n}}\n",
-            stream.display()
-        ),
-    )
-    .expect("write");
-    let f = file.display().to_string();
-    let root_s = root().display().to_string();
-    let (v, m) = (dir.join("v.json"), dir.join("m.json"));
-    let args = |dump: &Path, out: &str| -> Vec<String> {
-        vec![
-            f.clone(),
-            "--allow-path".into(),
-            root_s.clone(),
-            "--dump-losses".into(),
-            dump.display().to_string(),
-            "--out".into(),
-            dir.join(out).display().to_string(),
-        ]
-    };
-    let va = args(&v, "v");
-    ok(
-        "virtual",
-        &virtual_run(&va.iter().map(String::as_str).collect::<Vec<_>>()),
-    );
-    let ma = args(&m, "m");
-    let o = mpirun(
-        &bin,
-        2,
-        false,
-        &ma.iter().map(String::as_str).collect::<Vec<_>>(),
-    );
-    ok("mpirun -np 2", &o);
-    assert_eq!(
-        loss_bits(&v),
-        loss_bits(&m),
-        "MPI losses differ from the virtual mesh's"
-    );
-    let err = String::from_utf8_lossy(&o.stderr);
-    let total = std::fs::metadata(&stream).expect("stream").len();
-    let mut seen = Vec::new();
-    for line in err.lines().filter(|l| l.starts_with("data: process")) {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let p: usize = words[2].parse().expect("process");
-        let read: u64 = words[6].parse().expect("bytes read");
-        let all: u64 = words[8].parse().expect("bytes");
-        assert_eq!(all, total, "{line}");
-        // `check`'s sample of 4,096 ids, half of the scan before step 1,
-        // and 3 steps x 4 examples x 17 ids x 2 bytes.
-        assert_eq!(read, 4096 * 2 + total / 2 + 3 * 4 * 17 * 2, "{line}");
-        seen.push(p);
+    for (source, id_bytes, sample) in [
+        ("tests/fixtures/tokens/stream.bin", 2u64, 4096 * 2),
+        ("tests/fixtures/tables/ids.parquet", 4, 0),
+    ] {
+        let dir = temp(&format!("stream{id_bytes}"));
+        let file = dir.join("lm.shard");
+        std::fs::write(
+            &file,
+            format!(
+                "import nn\nmesh m(dp: 2)\nmodel LM {{\n  e = Embed(256, 16)\n  head = Dense(16 -> 256)\n  fn forward(ids: i32[B@dp, 16]) -> f32[B@dp, 16, 256] {{ head(e(ids)) }}\n}}\ntrain LM on m {{\n  data: tokens(path: \"{}\", seq: 16)\n  batch: 8, steps: 3, seed: 0, optimizer: adam(lr: 0.01)\n}}\n",
+                root().join(source).display()
+            ),
+        )
+        .expect("write");
+        let f = file.display().to_string();
+        let root_s = root().display().to_string();
+        let (v, m) = (dir.join("v.json"), dir.join("m.json"));
+        let args = |dump: &Path, out: &str| -> Vec<String> {
+            vec![
+                f.clone(),
+                "--allow-path".into(),
+                root_s.clone(),
+                "--dump-losses".into(),
+                dump.display().to_string(),
+                "--out".into(),
+                dir.join(out).display().to_string(),
+            ]
+        };
+        let va = args(&v, "v");
+        ok(
+            "virtual",
+            &virtual_run(&va.iter().map(String::as_str).collect::<Vec<_>>()),
+        );
+        let ma = args(&m, "m");
+        let o = mpirun(
+            &bin,
+            2,
+            false,
+            &ma.iter().map(String::as_str).collect::<Vec<_>>(),
+        );
+        ok("mpirun -np 2", &o);
+        assert_eq!(
+            loss_bits(&v),
+            loss_bits(&m),
+            "{source}: MPI losses differ from the virtual mesh's"
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        let total = 20_000 * id_bytes;
+        let mut seen = Vec::new();
+        for line in err.lines().filter(|l| l.starts_with("data: process")) {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let p: usize = words[2].parse().expect("process");
+            let read: u64 = words[6].parse().expect("bytes read");
+            let all: u64 = words[8].parse().expect("bytes");
+            assert_eq!(all, total, "{line}");
+            // `check`'s sample, half of the scan before step 1, and
+            // 3 steps x 4 examples x 17 ids.
+            assert_eq!(read, sample + total / 2 + 3 * 4 * 17 * id_bytes, "{line}");
+            seen.push(p);
+        }
+        seen.sort();
+        assert_eq!(seen, vec![0, 1], "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
-    seen.sort();
-    assert_eq!(seen, vec![0, 1], "{err}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

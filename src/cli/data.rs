@@ -18,8 +18,30 @@ fn bar(speak: bool, template: &str) -> Option<indicatif::ProgressBar> {
 
 /// A token source that is converted on `run` (parquet, Arrow, text with a
 /// tokenizer), converted into the run directory's `tokens/` with a bar, or
-/// reused from there.
+/// reused from there. Under MPI the first process (`lead`) converts while
+/// the others wait at `barrier`; they then reuse its stream (or, where the
+/// run directory is not shared, convert their own).
 pub(super) fn prepare(
+    src: crate::runtime::data::Source,
+    dir: &std::path::Path,
+    speak: bool,
+    lead: bool,
+    barrier: &dyn Fn() -> Result<(), String>,
+) -> Result<crate::runtime::data::Source, String> {
+    if !matches!(src, crate::runtime::data::Source::Pending(_)) {
+        return Ok(src);
+    }
+    if !lead {
+        barrier()?;
+    }
+    let r = convert(src, dir, speak);
+    if lead && r.is_ok() {
+        barrier()?;
+    }
+    r
+}
+
+fn convert(
     src: crate::runtime::data::Source,
     dir: &std::path::Path,
     speak: bool,

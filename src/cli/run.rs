@@ -307,7 +307,9 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
     // A parquet, Arrow or text source becomes a stream in the run directory;
     // then every id of a stream is checked before step 1.
     let speak = lead && !args.quiet;
-    let src = match super::data::prepare(src, &cx.over.dir, speak) {
+    let src = match super::data::prepare(src, &cx.over.dir, speak, lead, &|| {
+        procs.cluster().host_barrier()
+    }) {
         Ok(src) => src,
         Err(e) => {
             if lead {
