@@ -256,6 +256,12 @@ fn bad_tables_and_tokenizers_are_clear_errors() {
             vec!["already holds token ids"],
         ),
         (
+            "tokens(path: \"in.txt\")".to_string(),
+            256,
+            "E0304",
+            vec!["in.txt", "is text, not token ids"],
+        ),
+        (
             format!(
                 "tokens(path: \"in.txt\", tokenizer: \"{}\")",
                 garbage.display()

@@ -158,6 +158,10 @@ pub fn origin(path: &Path, tokenizer: bool) -> Res<Option<Origin>> {
             return Err(table(path, TableProblem::IdsWithTokenizer(None)));
         }
         _ if tokenizer => Some(Origin::Text(path.to_path_buf())),
+        // Text read as raw ids would train on its bytes in pairs.
+        "txt" | "text" | "md" | "json" | "jsonl" | "csv" | "tsv" => {
+            return Err(table(path, TableProblem::TextWithoutTokenizer));
+        }
         _ => None,
     })
 }

@@ -147,6 +147,8 @@ pub enum TableProblem {
     NeedsTokenizer(String),
     /// Ids (a column, or a flat id file) with a tokenizer.
     IdsWithTokenizer(Option<String>),
+    /// A text file (by its extension) without a tokenizer.
+    TextWithoutTokenizer,
     /// A null id in a row (and list position).
     Null { row: u64, position: Option<u64> },
     /// A directory with no `.arrow` or `.parquet` files.
@@ -189,6 +191,10 @@ impl std::fmt::Display for TableProblem {
             TableProblem::IdsWithTokenizer(None) => {
                 write!(f, "holds token ids already; leave out `tokenizer`")
             }
+            TableProblem::TextWithoutTokenizer => write!(
+                f,
+                "is text, not token ids; name a `tokenizer: \"tokenizer.json\"` to turn it into ids (or use `text(path: ...)` for word ids)"
+            ),
             TableProblem::Null { row, position: Some(p) } => {
                 write!(f, "holds a null id in row {row}, position {p}")
             }
