@@ -748,6 +748,21 @@ fn eval_reports_held_out_loss_without_touching_training() {
     assert!(evals.iter().flatten().all(|e| e.is_finite() && *e > 0.0));
 }
 
+/// `inf` is a number: `maximum(y, y * 0.0 - inf)` is `y`, so the run equals
+/// the one without it bit for bit, on every device.
+#[test]
+fn minus_inf_is_a_number_that_changes_nothing_under_maximum() {
+    let run = |body: &str| {
+        let text = format!("import nn\nmesh m(data: 2)\nmodel C {{\n  a = Dense(6 -> 3)\n  fn forward(x: f32[B@data, 6]) -> f32[B@data, 3] {{ let y = a(x)\n {body} }}\n}}\ntrain C on m {{ data: synthetic(classes: 3), batch: 8, steps: 4, optimizer: adam(lr: 0.01) }}\n");
+        let (prog, cfg, src) = setup_text("inf.shard", &text, &[], None);
+        let l = train::run(&prog, &cfg, &src, false, &mut |_| {})
+            .expect("run")
+            .losses;
+        l.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    };
+    assert_eq!(run("maximum(y, y * 0.0 - inf)"), run("y"));
+}
+
 /// An `.npz` as `numpy.savez_compressed` writes it (deflated) trains exactly as
 /// the stored archive of the same arrays, and held-out arrays may hold their own
 /// number of batches (3 here, against 1 training batch): eval steps 0, 1, 2 read

@@ -689,6 +689,25 @@ impl<'p> Checker<'p> {
         v
     }
 
+    /// A finite number meeting a float tensor must be a value of its type: a
+    /// number past the largest one would turn into ±inf at run time.
+    fn fits_float(&mut self, n: Option<f64>, dtype: &ast::DType, span: Span) {
+        let max = match dtype {
+            ast::DType::F32 => f64::from(f32::MAX),
+            ast::DType::BF16 => 3.389_531_389_251_535_5e38,
+            ast::DType::F16 => 65504.0,
+            ast::DType::F64 | ast::DType::I32 | ast::DType::I64 | ast::DType::Bool => return,
+        };
+        if let Some(v) = n.filter(|v| v.is_finite() && v.abs() > max) {
+            self.report(Problem::FloatOutOfRange {
+                span,
+                value: v,
+                dtype: dtype.name(),
+                max,
+            });
+        }
+    }
+
     pub(super) fn expr_inner(&mut self, inst: &Arc<Inst>, e: &Expr, scope: &mut Scope) -> Val {
         match &e.kind {
             ExprKind::Float(v) => Val::Num(*v),
@@ -726,6 +745,9 @@ impl<'p> Checker<'p> {
                 let (na, nb) = (num(&va), num(&vb));
                 let r = self.binary(inst, *op, (va, a), (vb, b), e, scope);
                 if let Val::T(t) = &r {
+                    for (n, x) in [(na, a), (nb, b)] {
+                        self.fits_float(n, &t.dtype, x.span);
+                    }
                     let (p, args): (Prim, _) = match (na, nb) {
                         (None, Some(c)) => (Arith::Scalar(*op, c).into(), vec![ia]),
                         (Some(c), None) => (Arith::ScalarLeft(*op, c).into(), vec![ib]),
@@ -944,6 +966,10 @@ impl<'p> Checker<'p> {
         cands.extend(inst.weights.keys().map(|s| s.as_str()));
         cands.extend(inst.subs.keys().map(|s| s.as_str()));
         cands.extend(self.prog.consts.keys().map(|s| s.as_str()));
+        // Infinity, for masks and limits (`-inf`); a name of the file comes first.
+        if n == "inf" {
+            return Val::Num(f64::INFINITY);
+        }
         let sug = did_you_mean(n, cands);
         self.report(Problem::UnknownName {
             span,

@@ -36,6 +36,14 @@ pub enum Problem {
         span: Span,
         text: String,
     },
+    /// A finite number past the largest value of the float type it meets
+    /// (it would be ±inf at run time).
+    FloatOutOfRange {
+        span: Span,
+        value: f64,
+        dtype: &'static str,
+        max: f64,
+    },
     /// Brackets, chained operators, constants or layers nested past a limit.
     TooDeep {
         span: Span,
@@ -469,6 +477,12 @@ impl Problem {
             NotUtf8 { span, offset } => d(Code::E0004, format!("the file is not UTF-8 text: byte {offset} is not valid UTF-8"), *span, "here".into()).help("save the file as UTF-8"),
             BadLiteral { span, text } => d(Code::E0002, format!("invalid number `{text}`"), *span, "does not fit in 64 bits".into())
                 .help("sizes are integers below 2^63"),
+            FloatOutOfRange { span, value, dtype, max } => {
+                let sign = if *value < 0.0 { "-" } else { "" };
+                let article = if dtype.starts_with('f') { "an" } else { "a" };
+                d(Code::E0002, format!("the number {value:e} is past the largest {dtype} ({max:.4e}): it would be {sign}inf at run time"), *span, format!("used with {article} {dtype} tensor"))
+                    .help(format!("write `{sign}inf` if infinity is meant (0 × inf is NaN: mask with `where`, not by multiplying), or a value within ±{max:.4e}"))
+            }
             UnknownName { span, name, what, suggestion } => {
                 let mut x = d(Code::E0100, format!("unknown {what} `{}`", short(name)), *span, "not found in this scope".into());
                 if let Some(s) = suggestion {
