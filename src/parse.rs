@@ -170,8 +170,17 @@ fn syntax_error(file: FileId, text: &str, e: pest::error::Error<Rule>) -> Proble
             let mut names: Vec<&str> = positives.iter().filter_map(|r| rule_name(*r)).collect();
             names.sort();
             names.dedup();
+            let word = text.get(start..end).unwrap_or("");
             if names.is_empty() {
                 format!("unexpected {found}")
+            } else if names.contains(&"a name") && KEYWORDS.contains(&word) {
+                // `mesh m(data: 2, model: 2)`, as JAX names its axes.
+                let instead = if word == "model" { "`mp`" } else { "" };
+                let or = if instead.is_empty() { "" } else { " or " };
+                format!(
+                    "expected {}, found `{word}`, a keyword: name it otherwise ({instead}{or}`{word}_`)",
+                    join_or(&names)
+                )
             } else {
                 format!("expected {}, found {found}", join_or(&names))
             }
@@ -183,6 +192,13 @@ fn syntax_error(file: FileId, text: &str, e: pest::error::Error<Rule>) -> Proble
         message,
     }
 }
+
+/// The words `grammar/shard.pest`'s `keyword` rule reserves (a test keeps the
+/// two the same): never a name.
+pub const KEYWORDS: &[&str] = &[
+    "import", "pragma", "const", "mesh", "layer", "model", "table", "feature", "train", "fn",
+    "let", "init", "local", "on",
+];
 
 fn join_or(names: &[&str]) -> String {
     match names {
@@ -853,4 +869,25 @@ impl Cx {
 
 fn next<'a>(it: &mut impl Iterator<Item = P<'a>>) -> P<'a> {
     it.next().expect("grammar guarantees this child")
+}
+
+#[cfg(test)]
+mod keyword_tests {
+    /// `KEYWORDS` is the grammar's `keyword` rule, word for word.
+    #[test]
+    fn keywords_are_the_grammars() {
+        let g = include_str!("../grammar/shard.pest");
+        let rule = g
+            .split("keyword  = @{")
+            .nth(1)
+            .and_then(|r| r.split("~ !ident_char").next())
+            .expect("the keyword rule");
+        let words: Vec<&str> = rule
+            .split('"')
+            .enumerate()
+            .filter(|(i, _)| i % 2 == 1)
+            .map(|(_, w)| w)
+            .collect();
+        assert_eq!(words, super::KEYWORDS);
+    }
 }
