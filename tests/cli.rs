@@ -501,6 +501,35 @@ fn lsp_accepts_the_arguments_clients_pass() {
     }
 }
 
+/// `plan --model`: one model's plan of a file with several `train`
+/// declarations; a misspelt model is an error with a did-you-mean.
+#[test]
+fn plan_of_one_model() {
+    let both = shardc()
+        .args(["plan", "models/fsdp_mlp.shard"])
+        .output()
+        .expect("runs");
+    let both = String::from_utf8_lossy(&both.stdout).to_string();
+    assert!(both.contains("plan: DPClassifier") && both.contains("plan: FSDPClassifier"));
+    let one = shardc()
+        .args(["plan", "models/fsdp_mlp.shard", "--model", "FSDPClassifier"])
+        .output()
+        .expect("runs");
+    let text = String::from_utf8_lossy(&one.stdout);
+    assert!(one.status.success(), "{text}");
+    assert!(
+        text.contains("plan: FSDPClassifier") && !text.contains("plan: DPClassifier"),
+        "{text}"
+    );
+    let bad = shardc()
+        .args(["plan", "models/fsdp_mlp.shard", "--model", "FSDPClasifier"])
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{err}");
+    assert!(err.contains("did you mean `FSDPClassifier`?"), "{err}");
+}
+
 /// `plan --device`: a verdict per stage and a step estimate; exit 1 when a
 /// stage does not fit (for scripts), a clear error for an unknown device.
 #[test]

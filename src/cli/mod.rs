@@ -126,6 +126,9 @@ pub enum Command {
         /// estimates the step time and MFU.
         #[arg(long, value_parser = crate::plan::device::parse)]
         device: Option<crate::plan::device::Device>,
+        /// Only this model's plan, when the file has several `train` declarations.
+        #[arg(long)]
+        model: Option<String>,
     },
     /// Print the SPMD program each `train` declaration lowers to, and verify it.
     Lower {
@@ -260,12 +263,14 @@ pub fn main() -> ExitCode {
             mesh,
             json,
             device,
+            model,
         } => plan(
             &grants,
             &file,
             mesh.map(|m| m.0).unwrap_or_default(),
             json,
             device,
+            model.as_deref(),
         ),
     }
 }
@@ -552,6 +557,7 @@ fn plan(
     mesh: Vec<(String, i64)>,
     json: bool,
     device: Option<crate::plan::device::Device>,
+    model: Option<&str>,
 ) -> ExitCode {
     let c = match compile_clean(file, &opts_for(grants, mesh), true) {
         Ok(c) => c,
@@ -565,6 +571,24 @@ fn plan(
         return ExitCode::from(2);
     }
     let mut plans = c.plans.clone();
+    if let Some(m) = model {
+        plans.retain(|p| p.model == m);
+        if plans.is_empty() {
+            let names: Vec<&str> = c.plans.iter().map(|p| p.model.as_str()).collect();
+            let hint = crate::diag::did_you_mean(m, names.iter().copied())
+                .map_or(String::new(), |s| format!(" (did you mean `{s}`?)"));
+            eprintln!(
+                "error: `{}` trains no model `{m}`{hint}; it trains {}",
+                file.display(),
+                names
+                    .iter()
+                    .map(|n| format!("`{n}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            return ExitCode::from(2);
+        }
+    }
     for p in &mut plans {
         match &device {
             Some(d) => p.device = Some(crate::plan::device::verdict(p, d.clone())),
