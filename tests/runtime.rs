@@ -748,6 +748,25 @@ fn eval_reports_held_out_loss_without_touching_training() {
     assert!(evals.iter().flatten().all(|e| e.is_finite() && *e > 0.0));
 }
 
+/// A sublayer's own function, `p.scale(x)`, runs on the sublayer's
+/// parameters: the run equals calling its `forward` (which calls `scale`)
+/// bit for bit, and has the same parameters.
+#[test]
+fn a_sublayers_function_is_callable_on_its_parameters() {
+    let run = |call: &str| {
+        let text = format!("import nn\nmesh m(dp: 2)\nlayer Proj(D) {{\n  w : f32[D, D] init normal(0.1)\n  fn scale(x: f32[B, D]) -> f32[B, D] {{ x @ w }}\n  fn forward(x: f32[B, D]) -> f32[B, D] {{ scale(x) }}\n}}\nmodel M {{\n  p = Proj(6)\n  out = Dense(6 -> 3)\n  fn forward(x: f32[B@dp, 6]) -> f32[B@dp, 3] {{ out(relu({call})) }}\n}}\ntrain M on m {{ data: synthetic(classes: 3), batch: 8, steps: 4, optimizer: adam(lr: 0.01) }}\n");
+        let (prog, cfg, src) = setup_text("sub.shard", &text, &[], None);
+        let names: Vec<String> = prog.params.iter().map(|p| p.name.clone()).collect();
+        let l = train::run(&prog, &cfg, &src, false, &mut |_| {})
+            .expect("run")
+            .losses;
+        (names, l.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+    };
+    let (a, b) = (run("p.scale(x)"), run("p(x)"));
+    assert!(a.0.contains(&"p.w".to_string()), "{:?}", a.0);
+    assert_eq!(a, b);
+}
+
 /// `inf` is a number: `maximum(y, y * 0.0 - inf)` is `y`, so the run equals
 /// the one without it bit for bit, on every device.
 #[test]

@@ -993,6 +993,11 @@ impl<'p> Checker<'p> {
                 return Val::Poison;
             }
         }
+        if let ExprKind::Member(base, f) = &callee.kind {
+            if let ExprKind::Name(sub) = &base.kind {
+                return self.call_sub_fn(inst, sub, f, args, e, scope);
+            }
+        }
         let ExprKind::Name(name) = &callee.kind else {
             self.report(Problem::NotCallable {
                 span: callee.span,
@@ -1079,6 +1084,71 @@ impl<'p> Checker<'p> {
             suggestion: sug,
         });
         Val::Poison
+    }
+
+    /// `sub.f(x)`: a function of a sublayer, on its own parameters (as its
+    /// `forward` would be).
+    fn call_sub_fn(
+        &mut self,
+        inst: &Arc<Inst>,
+        sub: &str,
+        f: &ast::Ident,
+        args: &[Arg],
+        e: &Expr,
+        scope: &mut Scope,
+    ) -> Val {
+        if inst.poisoned.contains(sub) {
+            return Val::Poison;
+        }
+        let li = match inst.subs.get(sub) {
+            Some(Val::Layer(li)) => li.clone(),
+            Some(_) => {
+                self.report(Problem::NotCallable {
+                    span: e.span,
+                    name: format!("{sub}.{}", f.name),
+                    found: "a function of a repeated stack; call the stack itself (its `forward`)"
+                        .into(),
+                });
+                return Val::Poison;
+            }
+            None => {
+                self.report(Problem::NotCallable {
+                    span: e.span,
+                    name: format!("{sub}.{}", f.name),
+                    found: format!("a member of `{sub}`, which is not a sublayer"),
+                });
+                return Val::Poison;
+            }
+        };
+        let Some(func) = find_fn(&li.decl, &f.name) else {
+            let fns: Vec<&str> = li
+                .decl
+                .members
+                .iter()
+                .filter_map(|m| match m {
+                    Member::Fn(x) => Some(x.name.name.as_str()),
+                    _ => None,
+                })
+                .collect();
+            self.report(Problem::UnknownName {
+                span: f.span,
+                name: f.name.clone(),
+                what: "function of the sublayer",
+                suggestion: did_you_mean(&f.name, fns),
+            });
+            return Val::Poison;
+        };
+        let mut vals = Vec::new();
+        for a in args {
+            if let Arg::Pos(x) = a {
+                let v = self.expr(inst, x, scope);
+                vals.push((v, x.span, self.last));
+            }
+        }
+        self.sites.push((e.span, li.label.clone()));
+        let r = self.call_fn(&li, func, vals, e.span, Some((sub.to_string(), None)));
+        self.sites.pop();
+        r
     }
 
     pub(super) fn call_layer(
