@@ -162,8 +162,14 @@ pub fn show(prog: &Program, names: &[String]) -> String {
     let mut items: Vec<Item> = Vec::new();
     for (i, n) in prog.nodes.iter().enumerate() {
         if let Op::Input(k) = n.op {
-            let name = format!("input {k}");
-            if names.is_empty() || names.iter().any(|w| w == "input") {
+            // Named as `forward` names it; `input` selects every input.
+            let param = prog.input_names.get(k).cloned().unwrap_or_default();
+            let name = if param.is_empty() {
+                format!("input {k}")
+            } else {
+                format!("input {param}")
+            };
+            if names.is_empty() || names.iter().any(|w| w == "input" || *w == param) {
                 items.push(Item {
                     name,
                     t: n.ty.clone(),

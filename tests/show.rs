@@ -72,7 +72,23 @@ fn an_unknown_name_lists_the_parameters() {
     let (ok, _, err) = show(&["models/fsdp_mlp.shard", "nope"]);
     assert!(!ok);
     assert!(
-        err.contains("has no parameter named `nope`; it has inp.w, inp.b"),
+        err.contains("has no parameter or input named `nope`; its inputs are x (or `input`, `output`), its parameters inp.w, inp.b"),
         "{err}"
     );
+}
+
+/// An input is shown by its name in `forward` (and all by `input`); a near
+/// miss is named.
+#[test]
+fn inputs_are_shown_by_name() {
+    let (ok, out, err) = show(&["models/gptj.shard", "ids"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("input ids  i32[16@dp, 32]   per device i32[4, 32]"),
+        "{out}"
+    );
+    assert!(!out.contains("embed.w"), "{out}");
+    let (ok, _, err) = show(&["models/gptj.shard", "idz"]);
+    assert!(!ok);
+    assert!(err.contains("did you mean `ids`?"), "{err}");
 }

@@ -637,14 +637,20 @@ fn show(
     let text = crate::layout::show(prog, names);
     if text.is_empty() {
         let known: Vec<&str> = prog.params.iter().map(|p| p.name.as_str()).collect();
+        let inputs: Vec<&str> = prog.input_names.iter().map(String::as_str).collect();
+        let hint = names
+            .first()
+            .and_then(|n| crate::diag::did_you_mean(n, known.iter().chain(&inputs).copied()))
+            .map_or(String::new(), |s| format!(" (did you mean `{s}`?)"));
         eprintln!(
-            "error: `{}` has no parameter named {}; it has {}",
+            "error: `{}` has no parameter or input named {}{hint}; its inputs are {} (or `input`, `output`), its parameters {}",
             prog.model,
             names
                 .iter()
                 .map(|n| format!("`{n}`"))
                 .collect::<Vec<_>>()
                 .join(" or "),
+            inputs.join(", "),
             known.join(", ")
         );
         return ExitCode::from(2);
