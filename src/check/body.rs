@@ -805,6 +805,7 @@ impl<'p> Checker<'p> {
         let Some((stored, used, wspan)) = inst.weights.get(n) else {
             return;
         };
+        self.used_weights.insert(*wspan);
         let init = inst
             .decl
             .members

@@ -172,6 +172,10 @@ impl<'p> Checker<'p> {
         if !self.run_f64 {
             self.float_types(&inst, t);
         }
+        // (A body cut short by an error reads less than it would.)
+        if self.diags.iter().filter(|d| d.is_error()).count() == errors_before {
+            self.unused_weights(&inst);
+        }
         let loss = match (&out, &t.loss_fn) {
             (Val::T(ty), Some(name)) => self.check_loss_fn(&inst, &decl, t, name, ty),
             _ => None,
@@ -247,6 +251,38 @@ impl<'p> Checker<'p> {
                 loss,
                 pipeline,
             });
+        }
+    }
+
+    /// W0005: each declaration of a weight (in the model and every layer it
+    /// holds) that no checked function read.
+    fn unused_weights(&mut self, model: &std::sync::Arc<super::Inst>) {
+        let mut seen = std::collections::HashSet::new();
+        let mut todo = vec![model.clone()];
+        let mut found = std::collections::BTreeMap::new();
+        while let Some(inst) = todo.pop() {
+            if !seen.insert(inst.key.clone()) {
+                continue;
+            }
+            for (name, (_, _, span)) in &inst.weights {
+                if !self.used_weights.contains(span) {
+                    found.insert(*span, (name.clone(), inst.decl.name.name.clone()));
+                }
+            }
+            for v in inst.subs.values() {
+                if let Val::Layer(sub) | Val::Repeat(_, sub, ..) = v {
+                    todo.push(sub.clone());
+                }
+            }
+        }
+        for (span, (weight, layer)) in found {
+            if self.unused_said.insert(span) {
+                self.report(Problem::UnusedWeight {
+                    span,
+                    weight,
+                    layer,
+                });
+            }
         }
     }
 

@@ -205,6 +205,10 @@ pub struct Checker<'p> {
     /// Bodies already checked: (instance, function, argument types, bound) → body
     /// and result.
     memo: HashMap<String, (BodyId, Val)>,
+    /// Declarations of the weights some checked function reads (W0005 for
+    /// the others), and those already warned about.
+    used_weights: HashSet<Span>,
+    unused_said: HashSet<Span>,
     /// Operands of the built-in being checked, in order; and whether we are
     /// inside one (its internal reshards are implied by its result).
     arg_ids: Vec<Option<VId>>,
@@ -233,6 +237,8 @@ impl<'p> Checker<'p> {
             open: Vec::new(),
             last: None,
             memo: HashMap::new(),
+            used_weights: HashSet::new(),
+            unused_said: HashSet::new(),
             arg_ids: Vec::new(),
             in_builtin: false,
         }

@@ -93,6 +93,7 @@ codes! {
     W0002 => "a weight declared in a float type the run does not hold",
     W0003 => "a parameter group names no parameter",
     W0004 => "a weight-map rule names no parameter",
+    W0005 => "a weight is never used",
 }
 
 impl Code {

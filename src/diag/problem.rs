@@ -386,6 +386,12 @@ pub enum Problem {
     },
     /// A weight declared in a float type that the run neither computes in
     /// nor keeps as master weights (f32).
+    /// A weight no function the model runs reads: it is not a parameter.
+    UnusedWeight {
+        span: Span,
+        weight: String,
+        layer: String,
+    },
     RunFloatType {
         span: Span,
         weight: String,
@@ -751,6 +757,9 @@ impl Problem {
                     .note(format!("the bubble fraction is (stages − 1) / (microbatches + stages − 1) = {}/{}", stages - 1, microbatches + stages - 1))
                     .help(format!("use at least {stages} microbatches, more to shrink the bubble"))
             }
+            UnusedWeight { span, weight, layer } => d(Code::W0005, format!("the weight `{weight}` of `{layer}` is never used"), *span, "declared here, read nowhere".into())
+                .note("a weight no function of the run reads is not a parameter: it is not trained, saved, loaded or counted by `plan`")
+                .help(format!("use `{weight}` in `forward` (or a function it calls), or remove it")),
             RunFloatType { span, weight, declared, run, mixed, train } => {
                 let help = match (declared.as_str(), *mixed) {
                     ("f64", _) => "declare it `f32`; `shardc run --f64` computes the whole run in f64 to check numerics".to_string(),
