@@ -748,6 +748,25 @@ fn eval_reports_held_out_loss_without_touching_training() {
     assert!(evals.iter().flatten().all(|e| e.is_finite() && *e > 0.0));
 }
 
+/// Numbers of sizes fold when the file is checked: `1.0 / sqrt(E)` inside a
+/// generic layer is 0.25 for `E = 16`, and `exp(0.0)`, `sqrt(4.0)` are 1 and
+/// 2: the run equals the one with those constants written out, bit for bit.
+#[test]
+fn scalar_functions_of_sizes_fold_to_their_numbers() {
+    let run = |scale: &str, one: &str, two: &str| {
+        let text = format!("import nn\nmesh m(dp: 2)\nlayer Scaled(E) {{\n  w : f32[E, E] init normal(0.1)\n  fn forward(x: f32[B, E]) -> f32[B, E] {{ (x @ w) * {scale} }}\n}}\nmodel M {{\n  s = Scaled(16)\n  out = Dense(16 -> 3)\n  fn forward(x: f32[B@dp, 16]) -> f32[B@dp, 3] {{ out(s(x) * {one} + x * {two} * 0.0) }}\n}}\ntrain M on m {{ data: synthetic(classes: 3), batch: 8, steps: 4, optimizer: adam(lr: 0.01) }}\n");
+        let (prog, cfg, src) = setup_text("fold.shard", &text, &[], None);
+        let l = train::run(&prog, &cfg, &src, false, &mut |_| {})
+            .expect("run")
+            .losses;
+        l.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        run("(1.0 / sqrt(E))", "exp(0.0)", "sqrt(4.0)"),
+        run("0.25", "1.0", "2.0")
+    );
+}
+
 /// A sublayer's own function, `p.scale(x)`, runs on the sublayer's
 /// parameters: the run equals calling its `forward` (which calls `scale`)
 /// bit for bit, and has the same parameters.

@@ -981,6 +981,67 @@ impl<'p> Checker<'p> {
         Val::Poison
     }
 
+    /// `e` as a number known when the file is checked, without recording
+    /// anything: literals, `inf`, sizes and constants, and `-`, `+ - * /`
+    /// and the foldable unary functions of them (`1.0 / sqrt(E)`). `None`
+    /// for anything that reads a tensor, a weight or a sublayer.
+    fn const_number(&self, inst: &Arc<Inst>, e: &Expr, scope: &Scope) -> Option<f64> {
+        let num = |x: &Expr| self.const_number(inst, x, scope);
+        match &e.kind {
+            ExprKind::Float(v) => Some(*v),
+            ExprKind::Int(v) => Some(*v as f64),
+            ExprKind::Neg(x) => num(x).map(|v| -v),
+            ExprKind::Bin(a, op, b) => {
+                let (x, y) = (num(a)?, num(b)?);
+                Some(match op {
+                    ast::BinOp::Add => x + y,
+                    ast::BinOp::Sub => x - y,
+                    ast::BinOp::Mul => x * y,
+                    ast::BinOp::Div => x / y,
+                    ast::BinOp::MatMul => return None,
+                })
+            }
+            ExprKind::Name(n) => {
+                if scope.vars.contains_key(n)
+                    || inst.weights.contains_key(n)
+                    || inst.subs.contains_key(n)
+                {
+                    return None;
+                }
+                if let Some(v) = inst.env.get(n) {
+                    return v.size.as_const().map(|c| c as f64);
+                }
+                if let Some((v, _)) = self.prog.consts.get(n) {
+                    return Some(*v as f64);
+                }
+                if let Some(v) = scope.tyvars.get(n) {
+                    return v
+                        .substitute(&self.bound)
+                        .and_then(|p| p.as_const())
+                        .map(|c| c as f64);
+                }
+                (n == "inf").then_some(f64::INFINITY)
+            }
+            ExprKind::Call(callee, args) => {
+                let ExprKind::Name(f) = &callee.kind else {
+                    return None;
+                };
+                // A name of the file comes before the built-in.
+                if scope.vars.contains_key(f)
+                    || inst.subs.contains_key(f)
+                    || find_fn(&inst.decl, f).is_some()
+                {
+                    return None;
+                }
+                let [Arg::Pos(x)] = args.as_slice() else {
+                    return None;
+                };
+                crate::prim::unary::Unary::named(f)?.fold(num(x)?)
+            }
+            _ => None,
+        }
+    }
+
     pub(super) fn call(
         &mut self,
         inst: &Arc<Inst>,
@@ -989,6 +1050,14 @@ impl<'p> Checker<'p> {
         e: &Expr,
         scope: &mut Scope,
     ) -> Val {
+        // `sqrt(E)` of a size or number is a number.
+        if let ExprKind::Name(f) = &callee.kind {
+            if crate::prim::unary::Unary::named(f).is_some() {
+                if let Some(v) = self.const_number(inst, e, scope) {
+                    return Val::Num(v);
+                }
+            }
+        }
         if let ExprKind::Name(n) = &callee.kind {
             if inst.poisoned.contains(n) && !scope.vars.contains_key(n) {
                 return Val::Poison;

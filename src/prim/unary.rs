@@ -138,6 +138,34 @@ fn gelu_tanh_grad(x: &Tensor) -> candle_core::Result<Tensor> {
 }
 
 impl Unary {
+    /// The function of this name, if it is one.
+    pub fn named(name: &str) -> Option<Unary> {
+        Unary::ALL.into_iter().find(|u| u.name() == name)
+    }
+
+    /// Its value at a number known when the file is checked (`sqrt(E)`,
+    /// `1.0 / sqrt(D)`): folded there, in f64. `None` for the functions
+    /// whose exact value is not a plain f64 expression (the GELUs, SiLU,
+    /// erf): those take tensors only.
+    pub fn fold(&self, x: f64) -> Option<f64> {
+        Some(match self {
+            Unary::Relu => x.max(0.0),
+            Unary::Tanh => x.tanh(),
+            Unary::Exp => x.exp(),
+            Unary::Log => x.ln(),
+            Unary::Sqrt => x.sqrt(),
+            Unary::Rsqrt => 1.0 / x.sqrt(),
+            Unary::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            Unary::Square => x * x,
+            Unary::Abs => x.abs(),
+            Unary::Sin => x.sin(),
+            Unary::Cos => x.cos(),
+            Unary::Softplus => x.max(0.0) + (-x.abs()).exp().ln_1p(),
+            Unary::LogSigmoid => -((-x).max(0.0) + (-x.abs()).exp().ln_1p()),
+            Unary::Gelu | Unary::Silu | Unary::Erf | Unary::GeluExact => return None,
+        })
+    }
+
     /// The activation with a fused f32 kernel ([`fast`]), if any.
     fn fused(&self) -> Option<fast::Act> {
         match self {
