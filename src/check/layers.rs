@@ -929,7 +929,7 @@ impl<'p> Checker<'p> {
                         return None;
                     }
                 }
-                DimSpec::Dim { size, axes, .. } => {
+                DimSpec::Dim { size, axes, span } => {
                     let v = self.eval_dim(inst, size, scope, symbols)?;
                     let ax = match axes {
                         Some(list) => {
@@ -939,6 +939,22 @@ impl<'p> Checker<'p> {
                                     return None;
                                 }
                                 names.push(a.name.clone());
+                            }
+                            // A size argument split by its caller, split
+                            // otherwise here: one of the two would be lost.
+                            // (`@_`, replicated on purpose, is not a split.)
+                            let given = v
+                                .axes
+                                .as_ref()
+                                .filter(|g| !g.is_empty() && !names.is_empty() && **g != names);
+                            if let Some(given) = given {
+                                self.report(Problem::ShardingTwice {
+                                    span: *span,
+                                    given: given.clone(),
+                                    here: names.clone(),
+                                    site: self.sites.last().map(|s| s.0),
+                                });
+                                return None;
                             }
                             names
                         }

@@ -70,6 +70,7 @@ codes! {
     E0226 => "invalid loss function",
     E0227 => "split sizes do not fit the dimension",
     E0228 => "checkpoint policy names an unknown value",
+    E0229 => "a dimension split both by its size argument and by its type",
     E0300 => "unknown or missing field",
     E0301 => "unknown optimizer, schedule, loss or data source",
     E0302 => "invalid option value",

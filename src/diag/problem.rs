@@ -386,6 +386,15 @@ pub enum Problem {
     },
     /// A weight declared in a float type that the run neither computes in
     /// nor keeps as master weights (f32).
+    /// A dimension whose size argument arrives split over `given` (the
+    /// caller's `L(8@dp)`) written split over `here`: one would be dropped.
+    ShardingTwice {
+        span: Span,
+        given: Vec<String>,
+        here: Vec<String>,
+        /// Where the layer was instantiated with the split size.
+        site: Option<Span>,
+    },
     /// A weight no function the model runs reads: it is not a parameter.
     UnusedWeight {
         span: Span,
@@ -756,6 +765,17 @@ impl Problem {
                 d(Code::W0001, format!("{microbatches} microbatch(es) for {stages} pipeline stages: devices idle {:.0}% of each step", bubble * 100.0), *span, format!("{microbatches} < {stages}"))
                     .note(format!("the bubble fraction is (stages − 1) / (microbatches + stages − 1) = {}/{}", stages - 1, microbatches + stages - 1))
                     .help(format!("use at least {stages} microbatches, more to shrink the bubble"))
+            }
+            ShardingTwice { span, given, here, site } => {
+                let list = |v: &[String]| v.iter().map(|a| format!("`{a}`")).collect::<Vec<_>>().join(", ");
+                let both: Vec<String> = given.iter().chain(here.iter().filter(|a| !given.contains(a))).cloned().collect();
+                let x = d(Code::E0229, format!("this dimension is split over {} by its size argument and over {} by its type", list(given), list(here)), *span, format!("split over {} here", list(here)));
+                let x = match site {
+                    Some(s) => x.secondary(*s, format!("its size arrives split over {}", list(given))),
+                    None => x,
+                };
+                x.note("one of the two splits would be dropped silently")
+                    .help(format!("pass the size unsplit and keep this type, write the type without `@` to take the caller's split, or split over both: `@({})`", both.join(", ")))
             }
             UnusedWeight { span, weight, layer } => d(Code::W0005, format!("the weight `{weight}` of `{layer}` is never used"), *span, "declared here, read nowhere".into())
                 .note("a weight no function of the run reads is not a parameter: it is not trained, saved, loaded or counted by `plan`")
