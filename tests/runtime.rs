@@ -767,6 +767,24 @@ fn scalar_functions_of_sizes_fold_to_their_numbers() {
     );
 }
 
+/// A model held by another as a sublayer trains exactly as the same
+/// declaration written as a `layer`, with its parameters under the member.
+#[test]
+fn a_model_held_as_a_sublayer_trains_as_a_layer() {
+    let run = |kind: &str| {
+        let text = format!("import nn\nmesh m(dp: 2)\n{kind} {{\n  a = Dense(6 -> 6)\n  fn forward(x: f32[B@dp, 6]) -> f32[B@dp, 6] {{ relu(a(x)) }}\n}}\nmodel Outer {{\n  i = Inner()\n  out = Dense(6 -> 3)\n  fn forward(x: f32[B@dp, 6]) -> f32[B@dp, 3] {{ out(i(x)) }}\n}}\ntrain Outer on m {{ data: synthetic(classes: 3), batch: 8, steps: 4, optimizer: adam(lr: 0.01) }}\n");
+        let (prog, cfg, src) = setup_text("held.shard", &text, &[], None);
+        let names: Vec<String> = prog.params.iter().map(|p| p.name.clone()).collect();
+        let l = train::run(&prog, &cfg, &src, false, &mut |_| {})
+            .expect("run")
+            .losses;
+        (names, l.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+    };
+    let (model, layer) = (run("model Inner"), run("layer Inner()"));
+    assert!(model.0.contains(&"i.a.w".to_string()), "{:?}", model.0);
+    assert_eq!(model, layer);
+}
+
 /// A sublayer's own function, `p.scale(x)`, runs on the sublayer's
 /// parameters: the run equals calling its `forward` (which calls `scale`)
 /// bit for bit, and has the same parameters.

@@ -551,14 +551,8 @@ impl<'p> Checker<'p> {
             });
             return None;
         };
-        if decl.is_model {
-            self.report(Problem::WrongKind {
-                span: callee.span,
-                expected: "a layer".into(),
-                found: format!("the model `{cname}`"),
-            });
-            return None;
-        }
+        // A model is a layer without size parameters: it may be held by
+        // another (a trained backbone inside a bigger model).
         let mut vals = Vec::new();
         for a in args {
             match a {
