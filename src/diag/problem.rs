@@ -279,6 +279,8 @@ pub enum Problem {
         span: Span,
         message: String,
         known: Vec<String>,
+        /// The field it was probably meant as: an automatic fix.
+        suggestion: Option<String>,
     },
     UnknownChoice {
         span: Span,
@@ -661,8 +663,12 @@ impl Problem {
                 .help("take at most the dimension's size, or work along another dimension with `dim:`"),
             RecursiveLayer { span, chain } => d(Code::E0219, "layer contains itself".into(), *span, "instantiated recursively here".into())
                 .note(format!("cycle: {}", chain.join(" → "))),
-            Field { span, message, known } => {
+            Field { span, message, known, suggestion } => {
                 let x = d(Code::E0300, message.clone(), *span, "here".into());
+                let x = match suggestion {
+                    Some(s) => x.fix(*span, s.clone()),
+                    None => x,
+                };
                 if known.is_empty() { x } else { x.help(format!("known fields: {}", list(known))) }
             }
             UnknownChoice { span, kind, name, known } => {

@@ -164,33 +164,41 @@ impl Builder<'_> {
         at: Span,
     ) {
         let mut seen: Vec<&str> = Vec::new();
+        // Required fields an unknown one was probably meant as (`batch_size`
+        // for `batch`): its error says so, and no second one says it is missing.
+        let mut meant: Vec<String> = Vec::new();
         for (k, _) in &opts.entries {
             if seen.contains(&k.name.as_str()) {
                 self.report(Problem::Field {
                     span: k.span,
                     message: format!("`{}` is given twice", k.name),
                     known: vec![],
+                    suggestion: None,
                 });
             }
             seen.push(&k.name);
             if !known.contains(&k.name.as_str()) {
-                let msg = match crate::diag::did_you_mean(&k.name, known.iter().copied()) {
+                let s = field_meant(&k.name, known);
+                let msg = match &s {
                     Some(s) => format!("unknown {what} field `{}` (did you mean `{s}`?)", k.name),
                     None => format!("unknown {what} field `{}`", k.name),
                 };
+                meant.extend(s.clone().filter(|s| opts.get(s).is_none()));
                 self.report(Problem::Field {
                     span: k.span,
                     message: msg,
                     known: known.iter().map(|s| s.to_string()).collect(),
+                    suggestion: s,
                 });
             }
         }
         for r in required {
-            if opts.get(r).is_none() {
+            if opts.get(r).is_none() && !meant.iter().any(|m| m == r) {
                 self.report(Problem::Field {
                     span: at,
                     message: format!("missing {what} field `{r}`"),
                     known: vec![],
+                    suggestion: None,
                 });
             }
         }
@@ -444,4 +452,25 @@ fn pattern_list(e: &Expr) -> Option<Vec<String>> {
             _ => None,
         })
         .collect()
+}
+
+/// The field an unknown one was probably meant as: the nearest by spelling,
+/// else one with the same first word (`batch_size`: `batch`, `log_steps`:
+/// `log_every`), else one of its words (`num_steps`: `steps`).
+fn field_meant(name: &str, known: &[&str]) -> Option<String> {
+    let first = |s: &str| s.split('_').next().unwrap_or("").to_string();
+    crate::diag::did_you_mean(name, known.iter().copied())
+        .or_else(|| {
+            // `log_steps`: `log_every`; `batch_size`: `batch`.
+            known
+                .iter()
+                .find(|k| name.contains('_') && first(k) == first(name))
+                .map(|k| k.to_string())
+        })
+        .or_else(|| {
+            known
+                .iter()
+                .find(|k| name.split('_').any(|part| part == **k))
+                .map(|k| k.to_string())
+        })
 }
