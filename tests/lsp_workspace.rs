@@ -254,3 +254,34 @@ fn a_workspace_over_the_file_limit_is_searched_in_part_and_the_log_says_so() {
         "the log says the search was cut short:\n{log}"
     );
 }
+
+/// A client that registers file watchers on request (Neovim, Helix) is
+/// asked, after `initialized`, to watch `**/*.shard`: a file changed on
+/// disk then re-checks its importers. A client that does not offer it is
+/// not asked (the first message after `initialized` is the answer to the
+/// next request).
+#[test]
+fn the_server_registers_for_shard_file_changes_where_the_client_allows() {
+    let mut s = Server::start();
+    s.initialize(json!({"capabilities": {"workspace": {"didChangeWatchedFiles": {"dynamicRegistration": true}}}}));
+    let reg = s.wait_for(|v| v["method"] == "client/registerCapability");
+    let r = &reg["params"]["registrations"][0];
+    assert_eq!(r["method"], "workspace/didChangeWatchedFiles", "{reg}");
+    assert_eq!(
+        r["registerOptions"]["watchers"][0]["globPattern"], "**/*.shard",
+        "{reg}"
+    );
+    // The client's answer is taken without complaint.
+    s.send(json!({"jsonrpc": "2.0", "id": reg["id"], "result": null}));
+    s.finish();
+
+    let mut s = Server::start();
+    s.initialize(json!({}));
+    let next = s.call("shutdown", Value::Null);
+    assert!(next.get("result").is_some(), "{next}");
+    assert!(
+        !s.stash_has(|v| v["method"] == "client/registerCapability"),
+        "asked a client that cannot register"
+    );
+    s.notify("exit", Value::Null);
+}

@@ -176,6 +176,7 @@ where
         st,
         phase: Phase::Uninitialized,
         output_closed: false,
+        watch_by_registration: false,
     };
     'session: while let Ok(first) = rx.recv() {
         // Handle what came, then everything already queued behind it, and
@@ -221,6 +222,10 @@ struct Server<'a, W: Write> {
     st: state::State,
     phase: Phase,
     output_closed: bool,
+    /// The client registers file watchers the server asks for (Neovim,
+    /// Helix): on `initialized` it is asked to watch `**/*.shard`, so a
+    /// file changed on disk re-checks what imports it.
+    watch_by_registration: bool,
 }
 
 /// An error response's code and message.
@@ -433,6 +438,12 @@ impl<W: Write> Server<'_, W> {
                     .and_then(|c| serde_json::from_value(c).ok())
                     .unwrap_or_default();
                 self.st.enc = text::Encoding::negotiate(&caps);
+                self.watch_by_registration = caps
+                    .workspace
+                    .as_ref()
+                    .and_then(|w| w.did_change_watched_files.as_ref())
+                    .and_then(|d| d.dynamic_registration)
+                    == Some(true);
                 self.st.roots = workspace::roots_of(&req.params);
                 if let Some(n) = req
                     .params
@@ -529,6 +540,23 @@ impl<W: Write> Server<'_, W> {
         }
     }
 
+    /// Ask the client to report changes of every `.shard` file on disk
+    /// (`client/registerCapability`; its answer is not needed).
+    fn register_watchers(&mut self) {
+        let params = serde_json::json!({
+            "registrations": [{
+                "id": "shardc-watch-shard-files",
+                "method": DidChangeWatchedFiles::METHOD,
+                "registerOptions": { "watchers": [{ "globPattern": "**/*.shard" }] },
+            }]
+        });
+        self.send(Message::Request(Request {
+            id: lsp_server::RequestId::from("shardc-register-watchers".to_string()),
+            method: "client/registerCapability".into(),
+            params,
+        }));
+    }
+
     fn notification(&mut self, n: Notification) {
         // Before `initialize` notifications are dropped (the protocol says so),
         // and after `shutdown` there is nothing left to do.
@@ -536,6 +564,9 @@ impl<W: Write> Server<'_, W> {
             return;
         }
         let method = n.method.clone();
+        if method == "initialized" && self.watch_by_registration {
+            self.register_watchers();
+        }
         let fits = match method.as_str() {
             DidOpenTextDocument::METHOD => {
                 serde_json::from_value::<lsp_types::DidOpenTextDocumentParams>(n.params).map(|p| {

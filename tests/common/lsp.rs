@@ -113,6 +113,12 @@ impl Server {
         }
     }
 
+    /// Whether a message already received but not yet taken matches `want`.
+    #[allow(dead_code)]
+    pub fn stash_has(&self, want: impl Fn(&Value) -> bool) -> bool {
+        self.stash.iter().any(want)
+    }
+
     /// A request's whole response (result or error).
     pub fn call(&mut self, method: &str, params: Value) -> Value {
         let id = self.next_id;
