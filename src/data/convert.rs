@@ -460,9 +460,9 @@ impl Recipe {
         Ok(d.iter().take(8).map(|b| format!("{b:02x}")).collect())
     }
 
-    /// The source's name for the stream's file.
-    fn stem(&self) -> String {
-        let p = match &self.origin {
+    /// What the source is called: its file, or the directory of its shards.
+    pub fn source(&self) -> &Path {
+        match &self.origin {
             Origin::Parquet(f) | Origin::Arrow(f) if f.len() > 1 => {
                 f[0].parent().unwrap_or(Path::new("tokens"))
             }
@@ -470,8 +470,13 @@ impl Recipe {
                 f.first().map_or(Path::new("tokens"), PathBuf::as_path)
             }
             Origin::Text(p) => p.as_path(),
-        };
-        let s: String = p
+        }
+    }
+
+    /// The source's name for the stream's file.
+    fn stem(&self) -> String {
+        let s: String = self
+            .source()
             .file_stem()
             .map(|s| s.to_string_lossy().to_string())
             .unwrap_or_default()
@@ -680,17 +685,8 @@ impl Pending {
             match part {
                 Part::File(f) => Ok(f.clone()),
                 Part::Convert(r) => {
-                    let source = match &r.origin {
-                        Origin::Parquet(f) | Origin::Arrow(f) if f.len() > 1 => {
-                            f[0].parent().unwrap_or(Path::new(".")).to_path_buf()
-                        }
-                        Origin::Parquet(f) | Origin::Arrow(f) => {
-                            f.first().cloned().unwrap_or_default()
-                        }
-                        Origin::Text(p) => p.clone(),
-                    };
                     progress(Progress::Start {
-                        source: &source,
+                        source: r.source(),
                         tokenize: r.tokenizer.is_some(),
                     });
                     let (f, reused) =
