@@ -257,21 +257,11 @@ impl<'p> Checker<'p> {
     /// W0005: each declaration of a weight (in the model and every layer it
     /// holds) that no checked function read.
     fn unused_weights(&mut self, model: &std::sync::Arc<super::Inst>) {
-        let mut seen = std::collections::HashSet::new();
-        let mut todo = vec![model.clone()];
         let mut found = std::collections::BTreeMap::new();
-        while let Some(inst) = todo.pop() {
-            if !seen.insert(inst.key.clone()) {
-                continue;
-            }
+        for inst in instances(model) {
             for (name, (_, _, span)) in &inst.weights {
                 if !self.used_weights.contains(span) {
                     found.insert(*span, (name.clone(), inst.decl.name.name.clone()));
-                }
-            }
-            for v in inst.subs.values() {
-                if let Val::Layer(sub) | Val::Repeat(_, sub, ..) = v {
-                    todo.push(sub.clone());
                 }
             }
         }
@@ -294,22 +284,12 @@ impl<'p> Checker<'p> {
         use crate::ast::DType;
         let compute = t.precision.compute();
         let run = compute.unwrap_or(DType::F32);
-        let mut seen = std::collections::HashSet::new();
-        let mut todo = vec![model.clone()];
         let mut found = std::collections::BTreeMap::new();
-        while let Some(inst) = todo.pop() {
-            if !seen.insert(inst.key.clone()) {
-                continue;
-            }
+        for inst in instances(model) {
             for (name, (stored, _, span)) in &inst.weights {
                 let d = stored.dtype;
                 if d.is_float() && d != DType::F32 && d != run {
                     found.insert(*span, (name.clone(), d));
-                }
-            }
-            for v in inst.subs.values() {
-                if let Val::Layer(sub) | Val::Repeat(_, sub, ..) = v {
-                    todo.push(sub.clone());
                 }
             }
         }
@@ -393,4 +373,23 @@ impl<'p> Checker<'p> {
         }
         Some(body)
     }
+}
+
+/// The model's instance and every layer instance below it, each once.
+fn instances(model: &std::sync::Arc<super::Inst>) -> Vec<std::sync::Arc<super::Inst>> {
+    let mut seen = std::collections::HashSet::new();
+    let mut todo = vec![model.clone()];
+    let mut out = Vec::new();
+    while let Some(inst) = todo.pop() {
+        if !seen.insert(inst.key.clone()) {
+            continue;
+        }
+        for v in inst.subs.values() {
+            if let Val::Layer(sub) | Val::Repeat(_, sub, ..) = v {
+                todo.push(sub.clone());
+            }
+        }
+        out.push(inst);
+    }
+    out
 }
