@@ -501,6 +501,31 @@ fn lsp_accepts_the_arguments_clients_pass() {
     }
 }
 
+/// `model` is a keyword, so it cannot name a mesh axis as JAX's
+/// `('data', 'model')` does: the syntax error says so and offers names. (Not
+/// a UI test: the tree-sitter grammar, a highlighter, does not reserve
+/// keywords there, and tests/grammars.rs holds every UI file to pest's
+/// verdict.)
+#[test]
+fn a_keyword_where_a_name_belongs_says_so() {
+    let dir = temp("keyword");
+    let f = dir.join("kw.shard");
+    std::fs::write(
+        &f,
+        "import nn\nmesh m(data: 2, model: 2)\nmodel C {\n  a = Dense(6 -> 3)\n  fn forward(x: f32[B@data, 6]) -> f32[B@data, 3] { a(x) }\n}\n",
+    )
+    .expect("write");
+    let out = shardc().arg("check").arg(&f).output().expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(
+            "expected a name, found `model`, a keyword: name it otherwise (`mp` or `model_`)"
+        ),
+        "{err}"
+    );
+}
+
 /// `plan --model`: one model's plan of a file with several `train`
 /// declarations; a misspelt model is an error with a did-you-mean.
 #[test]
