@@ -12,6 +12,7 @@
 //! next stage ([`crate::lower`]) turns those into the SPMD program.
 
 mod body;
+mod calls;
 mod decls;
 mod layers;
 mod policy;
