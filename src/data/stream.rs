@@ -809,14 +809,7 @@ impl super::Cx<'_> {
                 None
             }
             Ok(t) => Some(t),
-            Err(e) => {
-                self.problems.push(crate::diag::Problem::DataUnreadable {
-                    span,
-                    path: written.to_string(),
-                    reason: e.to_string(),
-                });
-                None
-            }
+            Err(e) => self.unreadable(span, written, &e),
         }
     }
 
@@ -887,15 +880,25 @@ impl super::Cx<'_> {
         }
         match opened {
             Ok(o) => Some(o),
-            Err(e) => {
-                self.problems.push(crate::diag::Problem::DataUnreadable {
-                    span,
-                    path: written.to_string(),
-                    reason: e.to_string(),
-                });
-                None
-            }
+            Err(e) => self.unreadable(span, written, &e),
         }
+    }
+}
+
+impl super::Cx<'_> {
+    /// E0304 for a part of a token source that cannot be used.
+    fn unreadable<T>(
+        &mut self,
+        span: crate::source::Span,
+        written: &str,
+        e: &StreamError,
+    ) -> Option<T> {
+        self.problems.push(crate::diag::Problem::DataUnreadable {
+            span,
+            path: written.to_string(),
+            reason: e.to_string(),
+        });
+        None
     }
 }
 
