@@ -409,7 +409,13 @@ fn each_process_reads_only_its_share_of_a_token_stream() {
         let err = String::from_utf8_lossy(&o.stderr);
         let total = 20_000 * id_bytes;
         let mut seen = Vec::new();
-        for line in err.lines().filter(|l| l.starts_with("data: process")) {
+        // mpirun merges both processes' stderr, so one process's line may
+        // start in the middle of the other's (a progress line written in
+        // pieces): look for the report anywhere in a line.
+        for line in err
+            .lines()
+            .filter_map(|l| l.find("data: process").map(|at| &l[at..]))
+        {
             let words: Vec<&str> = line.split_whitespace().collect();
             let p: usize = words[2].parse().expect("process");
             let read: u64 = words[6].parse().expect("bytes read");
