@@ -79,7 +79,11 @@ fn a_reload_equals_stopping_and_resuming_with_the_edited_file() {
     let reloads = Reloads::default();
     reloads.publish(pb.clone(), cb.clone(), 6, summary);
     let mut notes = Vec::new();
-    let live = train::run_on(&InProcess, &pa, &ca, &sa, false, Some(&reloads), &mut |r| {
+    let extras = train::Extras {
+        reloads: Some(&reloads),
+        ..train::Extras::default()
+    };
+    let live = train::run_on(&InProcess, &pa, &ca, &sa, extras, &mut |r| {
         notes.extend(r.notes.iter().map(|n| (r.step, n.clone())))
     })
     .expect("run")

@@ -178,7 +178,17 @@ pub enum Command {
 }
 
 pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    main_from(std::env::args_os())
+}
+
+/// The command line `argv` (its first word the program's name): what the
+/// Python package's `shardc` script runs.
+pub fn main_from<I, T>(argv: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(argv) {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
@@ -549,7 +559,25 @@ fn compile_clean(
 mod data;
 mod run;
 mod weights;
-pub use run::{Backend, RunArgs};
+pub use run::{run_with, Backend, Hooks, Outcome, RunArgs, StepHook};
+
+/// `shardc run`'s arguments from words as the command line takes them (after
+/// `run`), and the paths `--allow-path` grants: how the Python package
+/// states a run.
+pub fn run_args<I, T>(words: I) -> Result<(RunArgs, Vec<PathBuf>), clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let argv = ["shardc".into(), "run".into()]
+        .into_iter()
+        .chain(words.into_iter().map(Into::into));
+    let cli = Cli::try_parse_from(argv)?;
+    match cli.command {
+        Command::Run(args) => Ok((args, cli.allow_path)),
+        _ => Err(clap::Error::new(clap::error::ErrorKind::InvalidSubcommand)),
+    }
+}
 
 fn plan(
     grants: &[PathBuf],
@@ -563,39 +591,13 @@ fn plan(
         Ok(c) => c,
         Err(code) => return code,
     };
-    if c.plans.is_empty() {
-        eprintln!(
-            "error: `{}` has no `train` declaration to plan",
-            file.display()
-        );
-        return ExitCode::from(2);
-    }
-    let mut plans = c.plans.clone();
-    if let Some(m) = model {
-        plans.retain(|p| p.model == m);
-        if plans.is_empty() {
-            let names: Vec<&str> = c.plans.iter().map(|p| p.model.as_str()).collect();
-            let hint = crate::diag::did_you_mean(m, names.iter().copied())
-                .map_or(String::new(), |s| format!(" (did you mean `{s}`?)"));
-            eprintln!(
-                "error: `{}` trains no model `{m}`{hint}; it trains {}",
-                file.display(),
-                names
-                    .iter()
-                    .map(|n| format!("`{n}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
+    let plans = match plans_of(&c, file, model, device) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
             return ExitCode::from(2);
         }
-    }
-    for p in &mut plans {
-        match &device {
-            Some(d) => p.device = Some(crate::plan::device::verdict(p, d.clone())),
-            // The process on this machine runs this binary.
-            None => p.shardc_code = crate::plan::host::shardc_code(),
-        }
-    }
+    };
     if json {
         outln!(
             "{}",
@@ -614,6 +616,48 @@ fn plan(
         return ExitCode::from(1);
     }
     ExitCode::SUCCESS
+}
+
+/// The plans `shardc plan` shows: of `model` (else every trained model),
+/// each compared with `device` or with this machine's process.
+pub fn plans_of(
+    c: &Compilation,
+    file: &std::path::Path,
+    model: Option<&str>,
+    device: Option<crate::plan::device::Device>,
+) -> Result<Vec<crate::plan::Plan>, String> {
+    if c.plans.is_empty() {
+        return Err(format!(
+            "`{}` has no `train` declaration to plan",
+            file.display()
+        ));
+    }
+    let mut plans = c.plans.clone();
+    if let Some(m) = model {
+        plans.retain(|p| p.model == m);
+        if plans.is_empty() {
+            let names: Vec<&str> = c.plans.iter().map(|p| p.model.as_str()).collect();
+            let hint = crate::diag::did_you_mean(m, names.iter().copied())
+                .map_or(String::new(), |s| format!(" (did you mean `{s}`?)"));
+            return Err(format!(
+                "`{}` trains no model `{m}`{hint}; it trains {}",
+                file.display(),
+                names
+                    .iter()
+                    .map(|n| format!("`{n}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+    for p in &mut plans {
+        match &device {
+            Some(d) => p.device = Some(crate::plan::device::verdict(p, d.clone())),
+            // The process on this machine runs this binary.
+            None => p.shardc_code = crate::plan::host::shardc_code(),
+        }
+    }
+    Ok(plans)
 }
 
 fn show(

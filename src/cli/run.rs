@@ -3,6 +3,66 @@
 //! curve, checkpoints) — nothing outside it unless granted.
 
 use super::*;
+
+mod progress;
+use progress::{progress_say, Progress};
+
+thread_local! {
+    /// The `error:` lines a run said, kept for a caller that raises them
+    /// (the Python package) while [`Hooks`] are in force on this thread.
+    static SAID: std::cell::RefCell<Option<Vec<String>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Say a line on stderr; an error line is also kept for [`Hooks::errors`].
+fn say_line(line: String) {
+    if line.starts_with("error") {
+        SAID.with(|s| {
+            if let Some(v) = s.borrow_mut().as_mut() {
+                v.push(line.clone());
+            }
+        });
+    }
+    std::eprintln!("{line}");
+}
+
+// Every line this command says goes through `say_line`.
+macro_rules! eprintln {
+    ($($t:tt)*) => {{
+        say_line(format!($($t)*));
+    }};
+}
+
+/// A step hook: sees each step's record; `false` ends the run after that step.
+pub type StepHook<'h> = dyn FnMut(&crate::runtime::report::Record) -> bool + 'h;
+
+/// What a caller other than the command line (the Python package) adds to a
+/// run: a hook on every step, and the run's results in memory.
+#[derive(Default)]
+pub struct Hooks<'h> {
+    pub on_step: Option<&'h mut StepHook<'h>>,
+    /// The run's results, when it trained.
+    pub outcome: Option<Outcome>,
+    /// The `error:` lines the run said, in order.
+    pub errors: Vec<String>,
+}
+
+/// A finished run's results, in memory.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The run directory.
+    pub dir: PathBuf,
+    /// This run's losses, one per step it trained.
+    pub losses: Vec<f64>,
+    /// Every step's record (a resumed run's earlier ones first).
+    pub records: Vec<crate::runtime::report::Record>,
+    /// The parameters after the last step: name, shape, values.
+    pub params: Vec<(String, Vec<usize>, Vec<f64>)>,
+    /// Whether the parameters are f64 (else f32).
+    pub f64: bool,
+    /// The step the run ended before, when its hook stopped it early.
+    pub stopped_at: Option<usize>,
+}
+
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
     file: PathBuf,
@@ -218,6 +278,19 @@ struct Ctx<'a> {
 }
 
 pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
+    run_with(args, grants, &mut Hooks::default())
+}
+
+/// `shardc run` with a caller's [`Hooks`]: its step hook sees every step, and
+/// the results and error lines come back in them.
+pub fn run_with(args: RunArgs, grants: Vec<PathBuf>, hooks: &mut Hooks) -> ExitCode {
+    SAID.with(|s| *s.borrow_mut() = Some(Vec::new()));
+    let code = run_hooked(args, grants, hooks);
+    hooks.errors = SAID.with(|s| s.borrow_mut().take()).unwrap_or_default();
+    code
+}
+
+fn run_hooked(args: RunArgs, grants: Vec<PathBuf>, hooks: &mut Hooks) -> ExitCode {
     if args.watch && args.backend == Backend::Mpi {
         eprintln!("error: --watch reloads edits into a run on the virtual mesh; it does not combine with --backend mpi");
         return ExitCode::from(2);
@@ -338,7 +411,11 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let (res, records) = cx.train(&cfg, &src, &reloads, &compiled, events);
+    let stop = crate::runtime::train::Stop::default();
+    let hook = hooks.on_step.take();
+    // Stopping early is agreed among this process's devices only.
+    let stop_here = (processes == 1).then_some(&stop);
+    let (res, records) = cx.train(&cfg, &src, (&reloads, &compiled), events, (hook, stop_here));
     if processes > 1 && !args.quiet {
         // Each process reads only its devices' windows of a token stream.
         for (path, read, all) in src.reads() {
@@ -350,8 +427,13 @@ pub(super) fn run(args: RunArgs, grants: Vec<PathBuf>) -> ExitCode {
             let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         }
     }
-    cx.finish(res, &records, &cfg, start, (&reloads, &compiled))
+    let want = (&mut hooks.outcome, stop.stopped_at());
+    cx.finish(res, records, &cfg, start, (&reloads, &compiled), want)
 }
+
+/// Where a run's results go (the caller's slot), and the step a hook
+/// stopped the run before.
+type Want<'o> = (&'o mut Option<Outcome>, Option<usize>);
 
 impl Ctx<'_> {
     /// The mesh fits the backend: the virtual mesh's thread count, one MPI
@@ -661,15 +743,25 @@ impl Ctx<'_> {
         &self,
         cfg: &crate::runtime::train::Config,
         src: &crate::runtime::data::Source,
-        reloads: &crate::runtime::reload::Reloads,
-        compiled: &std::sync::Mutex<Vec<crate::source::SourceMap>>,
+        (reloads, compiled): (
+            &crate::runtime::reload::Reloads,
+            &std::sync::Mutex<Vec<crate::source::SourceMap>>,
+        ),
         events: Option<crate::runtime::tensorboard::Events>,
+        (hook, early): (
+            Option<&mut StepHook<'_>>,
+            Option<&crate::runtime::train::Stop>,
+        ),
     ) -> (
         Result<crate::runtime::train::RunOutput, crate::runtime::train::RunError>,
         Vec<crate::runtime::report::Record>,
     ) {
         let bar = self.progress_bar(cfg);
-        let mut progress = Progress::new(self, cfg, &bar, events);
+        let mut progress = Progress::new(self, cfg, &bar, events).with_hook(
+            // (A shorter borrow of the caller's hook, for the progress's lifetime.)
+            hook.map(|h| -> &mut StepHook { h }),
+            early,
+        );
         let say = |m: &str| progress_say(&bar, m);
         // (The overrides alone: the processes' handles are not shared across threads.)
         let over = &self.over;
@@ -712,19 +804,23 @@ impl Ctx<'_> {
                     say(&format!("watching {} file(s): a saved edit that keeps the parameters applies from the next step", read.len()));
                 }
             }
+            let extras = crate::runtime::train::Extras {
+                want_grads: self.args.dump_grads.is_some(),
+                reloads: self.args.watch.then_some(reloads),
+                stop: early,
+            };
             let res = crate::runtime::train::run_on(
                 self.procs.cluster(),
                 self.prog,
                 cfg,
                 src,
-                self.args.dump_grads.is_some(),
-                self.args.watch.then_some(reloads),
+                extras,
                 &mut |r| progress.step(r),
             );
             stop.store(true, std::sync::atomic::Ordering::SeqCst);
             res
         });
-        let records = progress.records;
+        let records = progress.into_records();
         if let Some(b) = &bar {
             b.finish_and_clear();
         }
@@ -749,13 +845,14 @@ impl Ctx<'_> {
     fn finish(
         &self,
         res: Result<crate::runtime::train::RunOutput, crate::runtime::train::RunError>,
-        records: &[crate::runtime::report::Record],
+        records: Vec<crate::runtime::report::Record>,
         cfg: &crate::runtime::train::Config,
         start: std::time::Instant,
         live: (
             &crate::runtime::reload::Reloads,
             &std::sync::Mutex<Vec<crate::source::SourceMap>>,
         ),
+        (slot, stopped_at): Want,
     ) -> ExitCode {
         if !self.lead {
             // The first process reports; the others only say why they stopped.
@@ -773,13 +870,13 @@ impl Ctx<'_> {
             };
         }
         let dir = &self.over.dir;
-        let wrote = crate::runtime::report::write_metrics(dir, records)
+        let wrote = crate::runtime::report::write_metrics(dir, &records)
             .map_err(|e| e.to_string())
             .and_then(|_| {
                 crate::runtime::report::write_loss_curve(
                     dir,
                     &format!("{} on {}", self.prog.model, self.mesh_text()),
-                    records,
+                    &records,
                 )
             });
         if let Err(e) = &wrote {
@@ -793,9 +890,24 @@ impl Ctx<'_> {
             Err(e) => return self.stopped(e, live),
         };
         let mut out = out;
-        if let Err(code) = self.keep(&mut out, cfg) {
+        let params = out.last.clone().and_then(|last| {
+            let tensors = super::weights::tensors(self.prog, last, None);
+            tensors.ok()
+        });
+        if let Err(code) = self.keep(&mut out, cfg, stopped_at) {
             return code;
         }
+        if let Some(stopped) = stopped_at.filter(|_| !self.quiet) {
+            eprintln!("stopped after step {stopped}, as asked");
+        }
+        *slot = Some(Outcome {
+            dir: dir.clone(),
+            losses: out.losses.clone(),
+            records,
+            params: params.unwrap_or_default(),
+            f64: cfg.dtype == candle_core::DType::F64,
+            stopped_at,
+        });
         if let Some(path) = &self.args.dump_losses {
             let json = serde_json::json!({ "losses": out.losses });
             if let Err(e) = std::fs::write(path, json.to_string()) {
@@ -912,11 +1024,13 @@ impl Ctx<'_> {
         &self,
         out: &mut crate::runtime::train::RunOutput,
         cfg: &crate::runtime::train::Config,
+        stopped_at: Option<usize>,
     ) -> Result<(), ExitCode> {
         let f64 = cfg.dtype == candle_core::DType::F64;
         if let Some(last) = out.last.take() {
             let dir = &self.over.dir;
-            match super::weights::save_final(dir, self.prog, last, f64, cfg.steps) {
+            let steps = stopped_at.unwrap_or(cfg.steps);
+            match super::weights::save_final(dir, self.prog, last, f64, steps) {
                 Ok(p) if !self.quiet => {
                     eprintln!("saved the final parameters to `{}`", p.display())
                 }
@@ -1020,137 +1134,6 @@ impl Ctx<'_> {
             self.procs.fail();
         }
         ExitCode::from(1)
-    }
-}
-
-/// Print a message above the progress bar, if there is one.
-fn progress_say(bar: &Option<indicatif::ProgressBar>, m: &str) {
-    match bar {
-        Some(b) => b.suspend(|| eprintln!("{m}")),
-        None => eprintln!("{m}"),
-    }
-}
-
-/// What a run shows while it trains, and the records it keeps: a progress
-/// bar on a terminal, a line per step (thinned by `log_every`) otherwise, or
-/// one JSON record per step with `--json`.
-struct Progress<'b> {
-    bar: &'b Option<indicatif::ProgressBar>,
-    quiet: bool,
-    json: bool,
-    log_every: usize,
-    steps: usize,
-    batch: usize,
-    last: std::time::Instant,
-    records: Vec<crate::runtime::report::Record>,
-    /// The TensorBoard log, while it can be written.
-    events: Option<crate::runtime::tensorboard::Events>,
-}
-
-impl<'b> Progress<'b> {
-    fn new(
-        cx: &Ctx,
-        cfg: &crate::runtime::train::Config,
-        bar: &'b Option<indicatif::ProgressBar>,
-        events: Option<crate::runtime::tensorboard::Events>,
-    ) -> Progress<'b> {
-        Progress {
-            bar,
-            quiet: cx.quiet,
-            json: cx.json,
-            // `log_every: N` thins the plain per-step lines (metrics.jsonl keeps every step).
-            log_every: cx.train.log_every.max(1),
-            steps: cfg.steps,
-            batch: cfg.batch,
-            last: std::time::Instant::now(),
-            // A resumed run continues its metrics: the records up to its checkpoint.
-            records: crate::runtime::report::earlier(&cx.over.dir, cfg.start_step),
-            events,
-        }
-    }
-
-    /// One step's report: its record, and what to show of it.
-    fn step(&mut self, r: &crate::runtime::train::StepReport) {
-        let secs = r.done.saturating_duration_since(self.last).as_secs_f64();
-        self.last = r.done;
-        let rec = crate::runtime::report::Record {
-            step: r.step + 1,
-            loss: r.loss,
-            lr: r.lr,
-            grad_norm: r.grad_norm,
-            step_ms: secs * 1e3,
-            examples_per_s: self.batch as f64 / secs.max(1e-9),
-            eval_loss: r.eval_loss,
-            time: Some(crate::runtime::tensorboard::now()),
-            events: r.notes.clone(),
-            metrics: r
-                .metrics
-                .iter()
-                .map(|(m, v)| (m.name().to_string(), serde_json::json!(v)))
-                .chain(r.observed.iter().map(|(n, v)| {
-                    let v = match v.as_slice() {
-                        [x] => serde_json::json!(x),
-                        xs => serde_json::json!(xs),
-                    };
-                    (n.clone(), v)
-                }))
-                .collect(),
-        };
-        self.show(&rec);
-        if let Some(ev) = &mut self.events {
-            if let Err(e) = ev.record(&rec) {
-                // Training goes on; metrics.jsonl still has every step.
-                eprintln!(
-                    "warning: stopped writing the TensorBoard log `{}`: {e}",
-                    ev.path().display()
-                );
-                self.events = None;
-            }
-        }
-        self.records.push(rec);
-    }
-
-    fn show(&self, rec: &crate::runtime::report::Record) {
-        // Limits and FDO changes are worth a line even when steps are thinned.
-        if !self.quiet && !self.json {
-            for n in &rec.events {
-                match &self.bar {
-                    Some(b) => b.println(format!("step {}: {n}", rec.step)),
-                    None => eprintln!("step {:>5}: {n}", rec.step),
-                }
-            }
-        }
-        if self.json {
-            outln!("{}", serde_json::to_string(rec).unwrap_or_default());
-        } else if let Some(b) = &self.bar {
-            b.set_position(rec.step as u64);
-            b.set_message(format!(
-                "loss {:.4}{}  {:.0} examples/s",
-                rec.loss,
-                rec.metrics_line(),
-                rec.examples_per_s
-            ));
-        } else if !self.quiet
-            && (rec.step == 1
-                || rec.step == self.steps
-                || rec.step.is_multiple_of(self.log_every)
-                || rec.eval_loss.is_some())
-        {
-            let eval = rec
-                .eval_loss
-                .map_or(String::new(), |e| format!("  eval {e:.6}"));
-            eprintln!(
-                "step {:>5}/{}  loss {:.6}{eval}{}  lr {:.3e}  |g| {:.4}  {:.0} ms  {:.0} examples/s",
-                rec.step,
-                self.steps,
-                rec.loss,
-                rec.metrics_line(),
-                rec.lr,
-                rec.grad_norm,
-                rec.step_ms,
-                rec.examples_per_s
-            );
-        }
     }
 }
 

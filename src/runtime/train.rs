@@ -157,6 +157,7 @@ pub(crate) struct Run<'a> {
     pub local_ranks: Vec<usize>,
     pub reloads: Option<&'a super::reload::Reloads>,
     pub want_grads: bool,
+    pub stop: Option<&'a Stop>,
     pub io: Io,
     pub stages: Option<Stages>,
     pub batches: StepBatches,
@@ -276,20 +277,72 @@ pub fn run(
     want_grads: bool,
     on_step: &mut dyn FnMut(&StepReport),
 ) -> Result<RunOutput, RunError> {
-    run_on(&InProcess, prog, cfg, src, want_grads, None, on_step)
+    let extras = Extras {
+        want_grads,
+        ..Extras::default()
+    };
+    run_on(&InProcess, prog, cfg, src, extras, on_step)
+}
+
+/// What a run does besides training: gather the first step's gradients,
+/// take live reloads, and end early when asked.
+#[derive(Clone, Copy, Default)]
+pub struct Extras<'a> {
+    pub want_grads: bool,
+    /// Edits published here replace the program (and the optimizers'
+    /// hyperparameters) from the step the devices agree on.
+    pub reloads: Option<&'a super::reload::Reloads>,
+    /// A request to end the run at a step boundary (in this process's devices).
+    pub stop: Option<&'a Stop>,
+}
+
+/// A request to end a run at a step boundary (Ctrl-C in a notebook, a
+/// callback that says enough). The first device to start a step after the
+/// request fixes the step every device stops before, so all stop at the
+/// same step, and no device waits for another in a collective. Within one
+/// process only: over MPI the processes would have to agree.
+#[derive(Default)]
+pub struct Stop {
+    asked: std::sync::atomic::AtomicBool,
+    /// The highest step a device has started, and the step all stop before.
+    state: std::sync::Mutex<(Option<usize>, Option<usize>)>,
+}
+
+impl Stop {
+    /// End the run before the next step no device has started.
+    pub fn ask(&self) {
+        self.asked.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+    /// Whether the run stopped early (the request came before its last step).
+    pub fn stopped_at(&self) -> Option<usize> {
+        self.state.lock().ok().and_then(|s| s.1)
+    }
+    /// Whether a device runs `step`: every device gets the same answer.
+    pub(crate) fn runs(&self, step: usize) -> bool {
+        let Ok(mut s) = self.state.lock() else {
+            return false;
+        };
+        if s.1.is_none() && self.asked.load(std::sync::atomic::Ordering::SeqCst) {
+            // No device has started the step after the highest started one.
+            s.1 = Some(s.0.map_or(step, |hi| hi + 1));
+        }
+        let go = s.1.is_none_or(|end| step < end);
+        if go {
+            s.0 = Some(s.0.map_or(step, |hi| hi.max(step)));
+        }
+        go
+    }
 }
 
 /// Train on the devices `cluster` gives this process. Step reports, the memory
 /// figures and gathered gradients come from device 0: only the process that runs
-/// it sees them. With `reloads`, edits published there replace the program (and
-/// the optimizers' hyperparameters) from the step the devices agree on.
+/// it sees them. [`Extras`] says what else the run does.
 pub fn run_on(
     cluster: &dyn Cluster,
     prog: &Program,
     cfg: &Config,
     src: &Source,
-    want_grads: bool,
-    reloads: Option<&super::reload::Reloads>,
+    extras: Extras<'_>,
     on_step: &mut dyn FnMut(&StepReport),
 ) -> Result<RunOutput, RunError> {
     let topo = Topology::of(&prog.mesh);
@@ -336,8 +389,9 @@ pub fn run_on(
         topo,
         comm: comm.as_ref(),
         local_ranks,
-        reloads,
-        want_grads,
+        reloads: extras.reloads,
+        want_grads: extras.want_grads,
+        stop: extras.stop,
         pieces: Default::default(),
         slots: Default::default(),
         held: Default::default(),

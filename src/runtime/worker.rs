@@ -201,6 +201,14 @@ impl<'r, 'a> Worker<'r, 'a> {
     pub fn train(mut self) -> Result<Gathered, RunError> {
         crate::heap::steps_begin();
         for step in self.run.cfg.start_step..self.run.end {
+            if self.run.stop.is_some_and(|s| !s.runs(step)) {
+                // Asked to end here: the parameters as they are now are the
+                // final ones (every device stops before the same step).
+                if self.run.cfg.keep_final && step > self.run.cfg.start_step {
+                    self.last = super::train::gather_global(&self.ex, &self.params)?;
+                }
+                break;
+            }
             self.step(step)?;
         }
         Ok(Gathered {

@@ -1,0 +1,5 @@
+"""`python -m shardc ARGS...`: the command line."""
+
+from ._cli import main
+
+main()
