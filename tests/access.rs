@@ -224,7 +224,8 @@ fn symlinked_outputs_are_replaced_not_followed() {
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(std::fs::read_to_string(&v).ok().as_deref(), Some("keep me"));
     assert!(
-        std::fs::read_to_string(run.join("metrics.jsonl")).is_ok_and(|m| m.lines().count() == 20)
+        // The configuration, then 20 steps.
+        std::fs::read_to_string(run.join("metrics.jsonl")).is_ok_and(|m| m.lines().count() == 21)
     );
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -635,7 +635,9 @@ fn reference_limits_train_up_to_the_failing_step_then_stop() {
         "{err}"
     );
     let metrics = std::fs::read_to_string(dir.join("metrics.jsonl")).expect("metrics");
-    assert_eq!(metrics.lines().count(), step - 1, "{metrics}");
+    // The configuration's line, then one per step.
+    assert_eq!(metrics.lines().count(), step, "{metrics}");
+    assert!(metrics.starts_with("{\"config\":"), "{metrics}");
     let fdo: Vec<_> = std::fs::read_dir(dir.join("fdo")).expect("fdo").collect();
     assert_eq!(fdo.len(), 1);
     let _ = std::fs::remove_dir_all(&dir);

@@ -34,7 +34,9 @@ fn python() -> Option<PathBuf> {
         return Some(py);
     }
     if std::env::var_os("SHARDC_REQUIRE_PY").is_some() {
-        panic!("SHARDC_REQUIRE_PY is set, but no venv with maturin, pytest and numpy could be made");
+        panic!(
+            "SHARDC_REQUIRE_PY is set, but no venv with maturin, pytest and numpy could be made"
+        );
     }
     eprintln!("skipped: no python venv with maturin, pytest and numpy (set SHARDC_PY_PYTHON; .ci/run does)");
     None
@@ -48,11 +50,9 @@ fn the_python_package_builds_and_its_pytest_suite_passes() {
         .and_then(Path::parent)
         .expect("a venv's python is VENV/bin/python");
     let bin = venv.join("bin");
-    let path = std::env::join_paths(
-        std::iter::once(bin.clone()).chain(std::env::split_paths(
-            &std::env::var_os("PATH").unwrap_or_default(),
-        )),
-    )
+    let path = std::env::join_paths(std::iter::once(bin.clone()).chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))
     .expect("PATH");
     let built = Command::new(bin.join("maturin"))
         .args(["develop", "--quiet"])
@@ -67,7 +67,14 @@ fn the_python_package_builds_and_its_pytest_suite_passes() {
         String::from_utf8_lossy(&built.stderr)
     );
     let tested = Command::new(&py)
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "python/tests"])
+        .args([
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "python/tests",
+        ])
         .current_dir(root())
         .env("SHARDC_BIN", env!("CARGO_BIN_EXE_shardc"))
         .env("PATH", &path)

@@ -836,6 +836,13 @@ fn every_loss_metric_and_precision_builds_its_kind() {
             ));
         }
     }
+    for w in vocab::LOG_SINKS.defs {
+        let (t, diags) = train_of(&sample(TABLE, &format!("{base}, log: [{}]", w.name)));
+        let got = t.map(|t| t.log);
+        if got != Some(vec![w.tag]) || !diags.is_empty() {
+            errs.push(format!("`log: [{}]` builds {got:?} ({diags:?})", w.name));
+        }
+    }
     for w in vocab::PRECISIONS.defs {
         let c = compiled(&sample(TABLE, &format!("{base}, precision: {}", w.name)));
         let got = c.spec.trains.first().map(|t| t.precision);
@@ -886,7 +893,7 @@ fn every_pipeline_schedule_reaches_the_program() {
 
 /// The base of the live-reload test: every `train` and `table` option given.
 const RELOAD_TABLE: &str = "  init: normal(1.0), combiner: sum, optimizer: adagrad(lr: 0.05)\n  max_ids_per_partition: 64\n  max_unique_ids_per_partition: 64\n  stack_max_ids_per_partition: 64, stack_max_unique_ids_per_partition: 64\n  suggested_buffer_size: 64, overflow: error, shard: rows(device)";
-const RELOAD_TRAIN: &str = "  data: synthetic(vocab: 64), batch: 8, steps: 10, loss: softmax_cross_entropy\n  metrics: [accuracy], optimizer: adam(lr: 0.01), log_every: 1, seed: 1\n  clip_grad_norm: 1.0, accumulate: 1, precision: f32\n  eval: { every: 5 }, checkpoint: { every: 5, dir: \"ck\" }, fdo: { every: 5, dir: \"fdo\" }";
+const RELOAD_TRAIN: &str = "  data: synthetic(vocab: 64), batch: 8, steps: 10, loss: softmax_cross_entropy\n  metrics: [accuracy], optimizer: adam(lr: 0.01), log_every: 1, log: [jsonl], seed: 1\n  clip_grad_norm: 1.0, accumulate: 1, precision: f32\n  eval: { every: 5 }, checkpoint: { every: 5, dir: \"ck\" }, fdo: { every: 5, dir: \"fdo\" }";
 
 /// An edit of each `train` option (an exhaustive match: a new option needs one).
 fn train_edit(o: vocab::TrainOption) -> (&'static str, &'static str) {
@@ -902,6 +909,7 @@ fn train_edit(o: vocab::TrainOption) -> (&'static str, &'static str) {
         T::Metrics => ("metrics: [accuracy]", "metrics: []"),
         T::Optimizer => ("adam(lr: 0.01)", "adam(lr: 0.02)"),
         T::LogEvery => ("log_every: 1", "log_every: 2"),
+        T::Log => ("log: [jsonl]", "log: [jsonl, tensorboard]"),
         T::Seed => ("seed: 1", "seed: 2"),
         T::ClipGradNorm => ("clip_grad_norm: 1.0", "clip_grad_norm: 2.0"),
         T::Accumulate => ("accumulate: 1", "accumulate: 2"),

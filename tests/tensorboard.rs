@@ -41,7 +41,9 @@ fn metrics(dir: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(dir.join("metrics.jsonl"))
         .expect("metrics.jsonl")
         .lines()
-        .map(|l| serde_json::from_str(l).expect("record"))
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("record"))
+        // The first line is the run's configuration.
+        .filter(|r| r.get("config").is_none())
         .collect()
 }
 
@@ -122,8 +124,92 @@ fn tensorboard_reads_every_scalar_of_every_step() {
     compare(&tb, &records);
     let config = tb["text"]["config"].as_str().expect("config");
     assert!(
-        config.contains("training C on m") && config.contains("seed: 1"),
+        config.contains("training C on m") && config.contains("\"seed\": 1"),
         "{config}"
+    );
+    // The configuration is metrics.jsonl's first line too, the same JSON.
+    let first: serde_json::Value = std::fs::read_to_string(out.join("metrics.jsonl"))
+        .ok()
+        .and_then(|m| serde_json::from_str(m.lines().next()?).ok())
+        .expect("a first line");
+    let json_part = &config[config.find('{').expect("json")..];
+    let shown: serde_json::Value = serde_json::from_str(
+        &json_part
+            .lines()
+            .map(|l| l.trim_start())
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+    .expect("the config's JSON");
+    assert_eq!(first["config"], shown);
+    assert_eq!(first["config"]["model"], "C");
+    assert_eq!(first["config"]["axes"]["data"], 2);
+    assert!(first["config"]["plan"]["bytes_per_device"].as_f64() > Some(0.0));
+    let plan = tb["text"]["plan"].as_str().expect("the plan as text");
+    assert!(plan.contains("per device"), "{plan}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `log:` in the file and `--log` choose the sinks: only TensorBoard, only
+/// metrics.jsonl, or neither.
+#[test]
+fn log_chooses_where_the_records_go() {
+    let dir = common::temp("tensorboard", "sinks");
+    let m = dir.join("c.shard");
+    std::fs::write(
+        &m,
+        MODEL.replace(
+            "metrics: [accuracy]",
+            "metrics: [accuracy], log: [tensorboard]",
+        ),
+    )
+    .expect("write");
+    let files = |run: &Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(run)
+            .expect("run dir")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n != "ck" && n != "final" && !n.starts_with('.'))
+            .map(|n| {
+                if n.starts_with("events.out.tfevents.") {
+                    "events".into()
+                } else {
+                    n
+                }
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    for (flag, want) in [
+        (None, vec!["events"]),
+        (Some("jsonl"), vec!["loss.svg", "metrics.jsonl"]),
+        (
+            Some("jsonl,tensorboard"),
+            vec!["events", "loss.svg", "metrics.jsonl"],
+        ),
+        (Some("none"), vec![]),
+    ] {
+        let out = dir.join(format!("run-{}", flag.unwrap_or("file")));
+        let mut cmd = shardc();
+        cmd.args(["run", "--quiet", "--out"]).arg(&out).arg(&m);
+        if let Some(f) = flag {
+            cmd.args(["--log", f]);
+        }
+        let o = cmd.output().expect("run");
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(files(&out), want, "--log {flag:?}");
+    }
+    let o = shardc()
+        .args(["run", "--quiet", "--log", "tensorbord"])
+        .arg(&m)
+        .output()
+        .expect("run");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("did you mean `tensorboard`?"),
+        "{}",
+        stderr(&o)
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -208,6 +208,7 @@ def run(
     resume: bool = False,
     overwrite: bool = False,
     quiet: bool = True,
+    log: Optional[Sequence[str]] = None,
     allow_path: Sequence[PathLike] = (),
 ) -> Run:
     """Train a model as `shardc run` does, in this process, on the virtual mesh.
@@ -217,6 +218,8 @@ def run(
     arrays shaped `[batch, ...]` or `[steps, batch, ...]` (as `--data`). Both
     are written into the run directory (`out`, default `runs/MODEL`) as
     `inputs/init.safetensors` and `inputs/data.npz` and read from there.
+    `log` chooses the run directory's logs (`["jsonl", "tensorboard"]`, `[]`)
+    instead of the file's `log:`.
     `on_step(step)` sees every step; returning False ends the run after it.
     Ctrl-C ends it at the next step boundary; the run so far is returned
     with `interrupted` set. Everything the run writes is in its directory.
@@ -250,6 +253,8 @@ def run(
     for flag, value in (("--steps", steps), ("--seed", seed), ("--model", model)):
         if value is not None:
             words += [flag, str(value)]
+    if log is not None:
+        words += ["--log", ",".join(log) if log else "none"]
     if mesh_l:
         words += ["--mesh", ",".join(f"{a}={n}" for a, n in mesh_l)]
     for flag, on in (("--f64", f64), ("--resume", resume), ("--overwrite", overwrite), ("--quiet", quiet)):

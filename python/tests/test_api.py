@@ -214,3 +214,19 @@ def test_the_console_script_runs_the_command_line(tmp_path):
     assert p.returncode == 0 and "E0212" in p.stdout
     p = subprocess.run([exe, "check", "nope.shard"], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 2
+
+
+def test_log_chooses_the_run_directory_logs(tmp_path):
+    import json
+
+    run = shardc.run(MLP, model="DPClassifier", steps=2, out=tmp_path / "a", log=["jsonl"])
+    names = sorted(n for n in os.listdir(run.dir) if not n.startswith("."))
+    assert names == ["final", "loss.svg", "metrics.jsonl"]
+    lines = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
+    config = json.loads(lines[0])["config"]
+    assert config["model"] == "DPClassifier" and config["steps"] == 2 and config["log"] == ["jsonl"]
+    assert [json.loads(l)["loss"] for l in lines[1:]] == run.losses
+    run = shardc.run(MLP, model="DPClassifier", steps=2, out=tmp_path / "b", log=[])
+    assert sorted(n for n in os.listdir(run.dir) if not n.startswith(".")) == ["final"]
+    with pytest.raises(ValueError, match="did you mean `tensorboard`"):
+        shardc.run(MLP, model="DPClassifier", steps=2, out=tmp_path / "c", log=["tensorbord"])

@@ -142,11 +142,42 @@ pub struct RunArgs {
     /// cuda`, see scripts/build-cuda.sh).
     #[arg(long, default_value = "cpu")]
     device: crate::runtime::device::DeviceArg,
+    /// Where the per-step records go, instead of the file's `log:`: a
+    /// comma-separated list of `jsonl` (metrics.jsonl, loss.svg) and
+    /// `tensorboard` (an event file), or `none`.
+    #[arg(long, value_parser = parse_log)]
+    log: Option<LogArg>,
     /// Live reload: on every save of the file (or its imports), recompile, and
     /// apply an edit that keeps the parameters (the forward, optimizer settings,
     /// clipping) from the next step on, keeping the parameters and optimizer state.
     #[arg(long)]
     watch: bool,
+}
+
+/// `--log jsonl,tensorboard`: the sinks, each once.
+#[derive(Clone, Debug)]
+pub struct LogArg(Vec<crate::vocab::LogSink>);
+
+fn parse_log(s: &str) -> Result<LogArg, String> {
+    let sinks = &crate::vocab::LOG_SINKS;
+    if s.trim() == "none" {
+        return Ok(LogArg(Vec::new()));
+    }
+    let mut out = Vec::new();
+    for w in s.split(',').map(str::trim) {
+        let Some(d) = sinks.find(w) else {
+            let hint = crate::diag::did_you_mean(w, sinks.names().into_iter())
+                .map_or(String::new(), |n| format!(" (did you mean `{n}`?)"));
+            return Err(format!(
+                "`{w}` is not a log{hint}; logs are {}, or `none`",
+                sinks.names().join(", ")
+            ));
+        };
+        if !out.contains(&d.tag) {
+            out.push(d.tag);
+        }
+    }
+    Ok(LogArg(out))
 }
 
 fn parse_steps(s: &str) -> Result<usize, String> {
@@ -237,6 +268,7 @@ struct Overrides {
     seed: Option<u64>,
     f64: bool,
     device: candle_core::Device,
+    log: Option<Vec<crate::vocab::LogSink>>,
 }
 
 impl Overrides {
@@ -252,6 +284,9 @@ impl Overrides {
             cfg.dtype = candle_core::DType::F64;
         }
         cfg.device = self.device.clone();
+        if let Some(l) = &self.log {
+            cfg.log = l.clone();
+        }
     }
 }
 
@@ -360,6 +395,7 @@ fn run_hooked(args: RunArgs, grants: Vec<PathBuf>, hooks: &mut Hooks) -> ExitCod
             seed: args.seed,
             f64: args.f64,
             device,
+            log: args.log.as_ref().map(|l| l.0.clone()),
         },
     };
     let ready = cx
@@ -403,7 +439,8 @@ fn run_hooked(args: RunArgs, grants: Vec<PathBuf>, hooks: &mut Hooks) -> ExitCod
     let reloads = crate::runtime::reload::Reloads::default();
     let compiled: std::sync::Mutex<Vec<crate::source::SourceMap>> = Default::default();
     // The TensorBoard log opens before step 1: a run that cannot write it stops here.
-    let events = match lead.then(|| cx.events(&cfg)).transpose() {
+    let tensorboard = cfg.log.contains(&crate::vocab::LogSink::Tensorboard);
+    let events = match (lead && tensorboard).then(|| cx.events(&cfg)).transpose() {
         Ok(e) => e,
         Err(e) => {
             eprintln!("error: {e}");
@@ -639,16 +676,57 @@ impl Ctx<'_> {
         &self,
         cfg: &crate::runtime::train::Config,
     ) -> Result<crate::runtime::tensorboard::Events, crate::runtime::tensorboard::EventsError> {
-        let config = format!(
-            "{}\n\n    file: {}\n    seed: {}\n    loss: {}\n    shardc {}",
-            self.headline(cfg),
-            self.args.file.display(),
-            cfg.seed,
-            self.train.loss_name(),
-            env!("CARGO_PKG_VERSION")
-        );
+        // Markdown: indented lines show as written.
+        let indent = |t: &str| -> String { t.lines().map(|l| format!("    {l}\n")).collect() };
+        let config = serde_json::to_string_pretty(&self.configuration(cfg)).unwrap_or_default();
+        let mut texts = vec![(
+            "config",
+            format!("{}\n\n{}", self.headline(cfg), indent(&config)),
+        )];
+        if let Some(p) = self.plan() {
+            texts.push(("plan", indent(&crate::plan::render(p, &self.c.sources))));
+        }
         let earlier = crate::runtime::report::earlier(&self.over.dir, cfg.start_step);
-        crate::runtime::tensorboard::Events::create(&self.over.dir, &config, &earlier)
+        crate::runtime::tensorboard::Events::create(&self.over.dir, &texts, &earlier)
+    }
+
+    /// The run's configuration, as `metrics.jsonl`'s first line and the
+    /// TensorBoard log's `config` text hold it: the file, model, mesh and
+    /// settings, this shardc, and the plan's figures per device and step.
+    fn configuration(&self, cfg: &crate::runtime::train::Config) -> serde_json::Value {
+        let axes: serde_json::Map<String, serde_json::Value> = self
+            .prog
+            .mesh
+            .iter()
+            .map(|(a, n)| (a.clone(), (*n).into()))
+            .collect();
+        let plan = self.plan().map(|p| {
+            serde_json::json!({
+                "bytes_per_device": p.total_memory(),
+                "flops_per_step": p.step_flops(),
+                "collectives_per_step": p.comms.iter().map(|c| c.count).sum::<u64>(),
+                "comm_bytes_per_step": p.comms.iter().map(|c| c.bytes * c.count as f64).sum::<f64>(),
+            })
+        });
+        let log: Vec<&str> = cfg.log.iter().map(|l| l.name()).collect();
+        serde_json::json!({
+            "file": self.args.file.display().to_string(),
+            "model": self.prog.model,
+            "mesh": self.train.mesh,
+            "axes": axes,
+            "processes": self.processes,
+            "device": self.args.device.to_string(),
+            "steps": cfg.steps,
+            "start_step": cfg.start_step,
+            "batch": cfg.batch,
+            "seed": cfg.seed,
+            "optimizer": cfg.optimizer.name(),
+            "precision": if self.args.f64 { "f64" } else { self.train.precision.name() },
+            "loss": self.train.loss_name(),
+            "log": log,
+            "shardc": env!("CARGO_PKG_VERSION"),
+            "plan": plan,
+        })
     }
 
     /// What is about to train, and where its devices really are.
@@ -870,16 +948,19 @@ impl Ctx<'_> {
             };
         }
         let dir = &self.over.dir;
-        let wrote = crate::runtime::report::write_metrics(dir, &records)
-            .map_err(|e| e.to_string())
-            .and_then(|_| {
-                crate::runtime::report::write_loss_curve(
-                    dir,
-                    &format!("{} on {}", self.prog.model, self.mesh_text()),
-                    &records,
-                )
-            });
-        if let Err(e) = &wrote {
+        let jsonl = cfg.log.contains(&crate::vocab::LogSink::Jsonl);
+        let wrote = jsonl.then(|| {
+            crate::runtime::report::write_metrics(dir, &self.configuration(cfg), &records)
+                .map_err(|e| e.to_string())
+                .and_then(|_| {
+                    crate::runtime::report::write_loss_curve(
+                        dir,
+                        &format!("{} on {}", self.prog.model, self.mesh_text()),
+                        &records,
+                    )
+                })
+        });
+        if let Some(Err(e)) = &wrote {
             eprintln!(
                 "warning: could not write the run's metrics to `{}`: {e}",
                 dir.display()
@@ -921,7 +1002,7 @@ impl Ctx<'_> {
         let first = out.losses.first().copied().unwrap_or(f64::NAN);
         let lastl = out.losses.last().copied().unwrap_or(f64::NAN);
         let secs = start.elapsed().as_secs_f64();
-        let written = if wrote.is_ok() {
+        let written = if let Some(Ok(())) = wrote {
             format!("; wrote {}/{{metrics.jsonl, loss.svg}}", dir.display())
         } else {
             String::new()

@@ -27,8 +27,8 @@ pub const KEYWORDS: &[&str] = &[
 // The options and the words they take are the registry's (`crate::vocab`),
 // so completion cannot drift from what `check` accepts.
 use crate::vocab::{
-    docs::option_detail, Entry, Field, Vocab, DATA_SOURCES, LOSSES, LR_SCHEDULES, METRICS,
-    OPTIMIZERS, PIPELINE_SCHEDULES, PRECISIONS, TABLE_OPTIONS, TRAIN_OPTIONS,
+    docs::option_detail, Entry, Field, Vocab, DATA_SOURCES, LOG_SINKS, LOSSES, LR_SCHEDULES,
+    METRICS, OPTIMIZERS, PIPELINE_SCHEDULES, PRECISIONS, TABLE_OPTIONS, TRAIN_OPTIONS,
 };
 
 /// The text before the cursor with comments and strings blanked (same
@@ -434,6 +434,7 @@ pub fn completion(st: &State, p: CompletionParams) -> Option<CompletionResponse>
             }
         }
         Some(('[', key)) if key == "metrics" => return list(words(&METRICS)),
+        Some(('[', key)) if key == "log" => return list(words(&LOG_SINKS)),
         Some(('[', _)) => return list(scope(at.ix, at.file, at.offset, true)),
         Some(('{', head)) if head.starts_with("train") || head.starts_with("table") => {
             return list(in_options(&at, &cx, head));

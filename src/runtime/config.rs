@@ -55,6 +55,8 @@ pub struct Config {
     pub data: Option<spec::Data>,
     /// Steps between logged lines.
     pub log_every: usize,
+    /// Where the per-step records go (`log:`, or `shardc run --log`).
+    pub log: Vec<crate::vocab::LogSink>,
     /// The embedding tables as declared.
     pub tables: Vec<spec::Table>,
     /// Where every device of this process computes (`--device`): the CPU, or
@@ -99,6 +101,7 @@ impl Config {
             eval: t.eval,
             data: t.data.clone(),
             log_every: t.log_every,
+            log: t.log.clone(),
             device: candle_core::Device::Cpu,
             tables: spec.tables.clone(),
         }
@@ -263,6 +266,10 @@ pub fn change(o: TrainOption, a: &Config, b: &Config) -> Option<Change> {
         }),
         TrainOption::Optimizer => optimizer_change(&a.optimizer, &b.optimizer),
         TrainOption::LogEvery => moved(&a.log_every, &b.log_every, |x| shown(x)),
+        TrainOption::Log => moved(&a.log, &b.log, |l| {
+            let names: Vec<&str> = l.iter().map(|s| s.name()).collect();
+            format!("[{}]", names.join(", "))
+        }),
         TrainOption::Seed => moved(&a.seed, &b.seed, |x| shown(x)),
         TrainOption::ClipGradNorm => moved(&a.clip, &b.clip, optional),
         TrainOption::Accumulate => moved(&a.accumulate, &b.accumulate, |x| shown(x)),

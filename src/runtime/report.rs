@@ -75,9 +75,15 @@ pub fn earlier(dir: &Path, resumed_after: usize) -> Vec<Record> {
         .collect()
 }
 
-/// Write `metrics.jsonl` (replacing the file, never following a link there).
-pub fn write_metrics(dir: &Path, records: &[Record]) -> std::io::Result<()> {
+/// Write `metrics.jsonl` (replacing the file, never following a link there):
+/// `{"config": ...}` (the run's configuration), then one record per step.
+pub fn write_metrics(
+    dir: &Path,
+    config: &serde_json::Value,
+    records: &[Record],
+) -> std::io::Result<()> {
     let mut out = Vec::new();
+    writeln!(out, "{}", serde_json::json!({ "config": config }))?;
     for r in records {
         writeln!(out, "{}", serde_json::to_string(r).unwrap_or_default())?;
     }

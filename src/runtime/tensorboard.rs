@@ -128,7 +128,13 @@ impl Events {
     /// A new event file in `dir` (not following a link planted there), with
     /// the file version, `config` as text at step 0, and the `earlier`
     /// records of a resumed run; then the run's earlier event files go.
-    pub fn create(dir: &Path, config: &str, earlier: &[Record]) -> Result<Events, EventsError> {
+    /// A new log in `dir` with `texts` (tag, markdown: the configuration, the
+    /// plan) at step 0 and a resumed run's `earlier` steps.
+    pub fn create(
+        dir: &Path,
+        texts: &[(&str, String)],
+        earlier: &[Record],
+    ) -> Result<Events, EventsError> {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_string())
             .unwrap_or_else(|_| "localhost".into());
@@ -170,7 +176,7 @@ impl Events {
             step: 0,
             file_version: None,
             summary: Some(Summary {
-                value: vec![text("config", config)],
+                value: texts.iter().map(|(tag, s)| text(tag, s)).collect(),
             }),
         })
         .map_err(err)?;

@@ -246,6 +246,8 @@ pub struct Train {
     pub accumulate_span: Option<Span>,
     pub seed: u64,
     pub log_every: usize,
+    /// `log:` where the per-step records go (default: every sink).
+    pub log: Vec<crate::vocab::LogSink>,
     pub loss: Loss,
     pub loss_span: Option<Span>,
     /// `loss: NAME` naming a `fn` of the model ([`Loss::Function`]).

@@ -10,8 +10,8 @@ use crate::ast::{self, Expr, ExprKind, OptValue};
 use crate::diag::{did_you_mean, Problem};
 use crate::source::{SourceMap, Span};
 use crate::vocab::{
-    DataSource, Entry, TrainOption, Value, DATA_SOURCES, LOSSES, METRICS, OPTIMIZERS, PRECISIONS,
-    TRAIN_OPTIONS,
+    DataSource, Entry, LogSink, TrainOption, Value, DATA_SOURCES, LOG_SINKS, LOSSES, METRICS,
+    OPTIMIZERS, PRECISIONS, TRAIN_OPTIONS,
 };
 use std::path::Path;
 
@@ -26,6 +26,7 @@ struct Written<'a> {
     metrics: Option<&'a OptValue>,
     optimizer: Option<&'a OptValue>,
     log_every: Option<&'a OptValue>,
+    log: Option<&'a OptValue>,
     seed: Option<&'a OptValue>,
     clip: Option<&'a OptValue>,
     accumulate: Option<&'a OptValue>,
@@ -51,6 +52,7 @@ impl<'a> Written<'a> {
                 TrainOption::Metrics => &mut w.metrics,
                 TrainOption::Optimizer => &mut w.optimizer,
                 TrainOption::LogEvery => &mut w.log_every,
+                TrainOption::Log => &mut w.log,
                 TrainOption::Seed => &mut w.seed,
                 TrainOption::ClipGradNorm => &mut w.clip,
                 TrainOption::Accumulate => &mut w.accumulate,
@@ -117,6 +119,10 @@ impl<'a> Builder<'a> {
         });
         let (loss, loss_fn) = self.loss(w.loss, decl);
         let precision = self.precision(w.precision);
+        let log = w.log.map_or_else(
+            || LOG_SINKS.defs.iter().map(|d| d.tag).collect(),
+            |v| self.log_sinks(v),
+        );
         let metrics = w
             .metrics
             .map(|v| self.metrics(v, loss, loss_fn.as_deref(), span(w.loss)))
@@ -162,6 +168,7 @@ impl<'a> Builder<'a> {
             accumulate_span: span(w.accumulate),
             seed,
             log_every,
+            log,
             loss,
             loss_span: span(w.loss),
             loss_fn,
@@ -481,6 +488,59 @@ impl<'a> Builder<'a> {
                 });
             } else {
                 out.push(m);
+            }
+        }
+        out
+    }
+
+    /// `log: [jsonl, tensorboard]`: each sink once (an empty list logs nothing
+    /// but the progress lines).
+    fn log_sinks(&mut self, v: &OptValue) -> Vec<LogSink> {
+        let items = match v {
+            OptValue::Expr(Expr {
+                kind: ExprKind::List(items),
+                ..
+            }) => items,
+            other => {
+                self.report(Problem::WrongKind {
+                    span: other.span(),
+                    expected: "a list of logs like `[jsonl, tensorboard]`".into(),
+                    found: "something else".into(),
+                });
+                return Vec::new();
+            }
+        };
+        let mut out = Vec::new();
+        for item in items {
+            let Some((name, span)) = item.as_name() else {
+                self.report(Problem::WrongKind {
+                    span: item.span(),
+                    expected: "a log name".into(),
+                    found: match item {
+                        ast::ListItem::Expr(_) => "an expression",
+                        ast::ListItem::Dim(_) => "a dimension",
+                    }
+                    .into(),
+                });
+                continue;
+            };
+            let Some(sink) = LOG_SINKS.find(name) else {
+                self.report(Problem::UnknownChoice {
+                    span,
+                    kind: LOG_SINKS.what,
+                    name: name.into(),
+                    known: LOG_SINKS.names(),
+                });
+                continue;
+            };
+            if out.contains(&sink.tag) {
+                self.report(Problem::BadValue {
+                    span,
+                    message: format!("`{name}` is listed twice"),
+                    help: Some("list each log once".into()),
+                });
+            } else {
+                out.push(sink.tag);
             }
         }
         out

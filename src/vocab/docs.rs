@@ -4,8 +4,8 @@
 //! `editors/` equal to these (and rewrites them with `SHARDC_BLESS=1`).
 
 use super::{
-    Arg, Entry, Field, Vocab, Word, DATA_SOURCES, LOSSES, LR_SCHEDULES, METRICS, OPTIMIZERS,
-    PIPELINE_SCHEDULES, PRECISIONS, TABLE_OPTIONS, TRAIN_OPTIONS,
+    Arg, Entry, Field, Vocab, Word, DATA_SOURCES, LOG_SINKS, LOSSES, LR_SCHEDULES, METRICS,
+    OPTIMIZERS, PIPELINE_SCHEDULES, PRECISIONS, TABLE_OPTIONS, TRAIN_OPTIONS,
 };
 
 /// Every generated table of `docs/language.md`: the name of its region
@@ -23,6 +23,7 @@ pub fn reference() -> Vec<(&'static str, String)> {
         ("data sources", words(&DATA_SOURCES, "Source", "Examples")),
         ("losses", words(&LOSSES, "Loss", "Targets and value")),
         ("metrics", metrics()),
+        ("logs", words(&LOG_SINKS, "Log", "Writes")),
         ("precisions", words(&PRECISIONS, "Precision", "Computes in")),
         (
             "pipeline schedules",
@@ -170,6 +171,7 @@ pub fn unknown_choices() -> String {
         ),
         ("metrics", quoted(&METRICS)),
         ("precisions", quoted(&PRECISIONS)),
+        ("logs", quoted(&LOG_SINKS)),
         (
             "pipeline schedules (`repeat(..., schedule: ...)`)",
             quoted(&PIPELINE_SCHEDULES),
@@ -197,6 +199,7 @@ pub fn constants() -> Vec<&'static str> {
     v.extend(METRICS.names());
     v.extend(OPTIMIZERS.names());
     v.extend(PIPELINE_SCHEDULES.names());
+    v.extend(LOG_SINKS.names());
     v
 }
 

@@ -28,8 +28,8 @@ mod words;
 pub use optim::{Lr, Opt, LR_SCHEDULES, OPTIMIZERS};
 pub use options::{TableOption, TrainOption, TABLE_OPTIONS, TRAIN_OPTIONS};
 pub use words::{
-    DataSource, Loss, Metric, MetricDef, Pipe, Precision, DATA_SOURCES, LOSSES, METRICS,
-    PIPELINE_SCHEDULES, PRECISIONS,
+    DataSource, LogSink, Loss, Metric, MetricDef, Pipe, Precision, DATA_SOURCES, LOG_SINKS, LOSSES,
+    METRICS, PIPELINE_SCHEDULES, PRECISIONS,
 };
 
 /// How an argument's value is checked (each kind has its diagnostic).

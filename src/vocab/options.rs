@@ -72,6 +72,13 @@ vocabulary! {
             reload: Reload::Restart,
             args: &[],
         }
+        Log {
+            name: "log",
+            doc: "where the per-step records go: a list of `jsonl`, `tensorboard` (see **Logs** below; default: both); `shardc run --log` overrides it",
+            required: false,
+            reload: Reload::Restart,
+            args: &[],
+        }
         Seed {
             name: "seed",
             doc: "seed for initialization, data order and dropout (≥ 0); same seed, program and mesh give bit-identical losses",

@@ -175,6 +175,24 @@ impl Metric {
 }
 
 vocabulary! {
+    /// Where a run writes its per-step records (`log: [jsonl, tensorboard]`,
+    /// or `shardc run --log`); the default is every one.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum LogSink: Word in LOG_SINKS ("log") {
+        Jsonl {
+            name: "jsonl",
+            doc: "`metrics.jsonl` in the run directory (the run's configuration, then one record per step, with its wall-clock `time`) and the curve `loss.svg`; a resumed run continues from it",
+            args: &[],
+        }
+        Tensorboard {
+            name: "tensorboard",
+            doc: "a TensorBoard event file in the run directory: every scalar of every step (loss, lr, grad norm, metrics, observed values, step time, examples/s, eval loss), the configuration and the plan as text; W&B and MLflow import it",
+            args: &[],
+        }
+    }
+}
+
+vocabulary! {
     /// The float precision a `train` computes in (`precision: bf16`): mixed
     /// precision keeps f32 master weights, gradients and optimizer state, and
     /// computes the forward and backward passes (parameters' working copies,

@@ -118,8 +118,8 @@
   (#any-of? @constant.builtin
     "zeros" "ones" "xavier" "lecun" "softmax_cross_entropy" "mse"
     "sigmoid_binary_cross_entropy" "accuracy" "auc" "sgd" "adam" "adamw" "adagrad"
-    "ftrl" "lion" "muon" "gpipe" "one_f_one_b" "sum" "mean" "sqrtn" "virtual" "cuda"
-    "mpi"))
+    "ftrl" "lion" "muon" "gpipe" "one_f_one_b" "jsonl" "tensorboard" "sum" "mean"
+    "sqrtn" "virtual" "cuda" "mpi"))
 ((option value: (list (dim size: (ident) @constant.builtin)))
   (#any-of? @constant.builtin
     "accuracy" "auc"))
