@@ -166,7 +166,7 @@ fn parse_log(s: &str) -> Result<LogArg, String> {
     let mut out = Vec::new();
     for w in s.split(',').map(str::trim) {
         let Some(d) = sinks.find(w) else {
-            let hint = crate::diag::did_you_mean(w, sinks.names().into_iter())
+            let hint = crate::diag::did_you_mean(w, sinks.names())
                 .map_or(String::new(), |n| format!(" (did you mean `{n}`?)"));
             return Err(format!(
                 "`{w}` is not a log{hint}; logs are {}, or `none`",
