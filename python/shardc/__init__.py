@@ -246,8 +246,12 @@ def run(
         except _native.CompileError as e:
             err = _raise_compile(e)
             if err.codes and all(c in _DATA_CODES for c in err.codes):
-                msgs = "; ".join(d.message for d in err.diagnostics if d.is_error)
-                raise ValueError(f"data: {msgs}") from err
+                msgs = []
+                for d in err.diagnostics:
+                    m = d.message.replace(f"`--data {data_path}`", "`data`")
+                    if d.is_error and m not in msgs:
+                        msgs.append(m)
+                raise ValueError(f"data: {'; '.join(msgs)}") from err
             raise err from None
         words += ["--data", data_path]
     for flag, value in (("--steps", steps), ("--seed", seed), ("--model", model)):

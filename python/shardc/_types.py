@@ -168,9 +168,16 @@ class Plan:
     def to_dict(self) -> Dict[str, Any]:
         return json.loads(json.dumps(self._d))
 
+    @property
+    def total_memory(self) -> float:
+        """Bytes per device at the step's peak, as `shardc plan` totals them."""
+        return float(self._d["total_memory"])
+
     def __repr__(self) -> str:
-        total = sum(self.memory.values())
-        return f"Plan(model={self._d.get('model')!r}, mesh={self._d.get('mesh')!r}, {total / 2**20:.1f} MiB per device)"
+        return (
+            f"Plan(model={self._d.get('model')!r}, mesh={self._d.get('mesh')!r}, "
+            f"{self.total_memory / 2**20:.1f} MiB per device, {self._d['step_flops']:.3g} FLOPs per step)"
+        )
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,19 @@ fn plan(
     let c = py.detach(|| compile_clean(&path, &options(mesh, allow, false, None)))?;
     let plans = shardc::cli::plans_of(&c, &path, model.as_deref(), device)
         .map_err(PyValueError::new_err)?;
-    serde_json::to_string(&plans).map_err(|e| PyValueError::new_err(e.to_string()))
+    // Each plan as `plan --json` gives it, with its total bytes per device.
+    let plans: Vec<serde_json::Value> = plans
+        .iter()
+        .map(|p| {
+            let mut v = serde_json::to_value(p).unwrap_or_default();
+            if let Some(o) = v.as_object_mut() {
+                o.insert("total_memory".into(), p.total_memory().into());
+                o.insert("step_flops".into(), p.step_flops().into());
+            }
+            v
+        })
+        .collect();
+    Ok(serde_json::Value::Array(plans).to_string())
 }
 
 /// `shardc show`: how the named parameters or inputs lie on the mesh.

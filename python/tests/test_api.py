@@ -29,6 +29,7 @@ def test_check_and_plan_the_seed_models(model):
         d = p.to_dict()
         assert d["model"] == p.model and d["mesh"] == p.mesh
         assert p.memory["params"] > 0
+        assert p.total_memory >= p.memory["params"]
         assert p.forward_flops > 0
         for c in p.collectives:
             assert {"kind", "axes", "bytes"} <= set(c)
