@@ -247,3 +247,37 @@ fn a_resumed_run_logs_each_step_once() {
     compare(&tb, &records);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A run directory where the event file cannot be created stops the run
+/// before step 1 with an error naming the file (a read-only directory; as
+/// root, which writes anywhere, the fault-injection hook).
+#[test]
+fn an_unwritable_log_stops_the_run_before_step_1() {
+    let dir = common::temp("tensorboard", "unwritable");
+    let m = dir.join("c.shard");
+    std::fs::write(&m, MODEL).expect("write");
+    let out = dir.join("run");
+    std::fs::create_dir_all(&out).expect("mkdir");
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut cmd = shardc();
+    cmd.args(["run", "--out"]).arg(&out).arg(&m);
+    if root {
+        cmd.env("SHARDC_FAULT_EVENTS_FAIL", "1");
+    } else {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o555)).expect("chmod");
+    }
+    let o = cmd.output().expect("run");
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("events.out.tfevents.") && err.contains("ermission denied"),
+        "{err}"
+    );
+    assert!(!err.contains("step     1"), "stopped before step 1: {err}");
+    if !root {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o755));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -126,10 +126,9 @@ impl std::error::Error for EventsError {}
 
 impl Events {
     /// A new event file in `dir` (not following a link planted there), with
-    /// the file version, `config` as text at step 0, and the `earlier`
-    /// records of a resumed run; then the run's earlier event files go.
-    /// A new log in `dir` with `texts` (tag, markdown: the configuration, the
-    /// plan) at step 0 and a resumed run's `earlier` steps.
+    /// the file version, `texts` (tag, markdown: the configuration, the plan)
+    /// at step 0, and the `earlier` records of a resumed run; then the run's
+    /// earlier event files go.
     pub fn create(
         dir: &Path,
         texts: &[(&str, String)],
@@ -157,6 +156,13 @@ impl Events {
         {
             use std::os::unix::fs::OpenOptionsExt;
             opts.custom_flags(libc::O_NOFOLLOW);
+        }
+        if std::env::var_os("SHARDC_FAULT_EVENTS_FAIL").is_some() {
+            // Fault injection (tests/tensorboard.rs): a directory root can write
+            // to, failing as a read-only one does for anyone else.
+            return Err(err(std::io::Error::from(
+                std::io::ErrorKind::PermissionDenied,
+            )));
         }
         let out = opts.open(&path).map_err(err)?;
         let mut ev = Events {
