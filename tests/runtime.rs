@@ -767,6 +767,31 @@ fn scalar_functions_of_sizes_fold_to_their_numbers() {
     );
 }
 
+/// A number argument of an elementwise function, dropout's rate, a norm's
+/// `eps` may be any expression that folds (`C * 1.0`, `1.0 / sqrt(E)`,
+/// `-inf`-free arithmetic of sizes): the run equals the one with the numbers
+/// written out, bit for bit.
+#[test]
+fn number_arguments_fold_from_sizes_and_constants() {
+    let run = |lo: &str, hi: &str, cut: &str, eps: &str| {
+        let text = format!("import nn\nconst C = 4\nmesh m(dp: 2)\nlayer Gate(E) {{\n  w : f32[E] init ones\n  fn forward(x: f32[B, E]) -> f32[B, E] {{\n    let h = rms_norm(x, w, eps: {eps})\n    let c = clamp(h, {lo}, {hi})\n    where(less(c, {cut}), c, maximum(h, {lo}))\n  }}\n}}\nmodel M {{\n  a = Dense(6 -> 6)\n  g = Gate(6)\n  out = Dense(6 -> 3)\n  fn forward(x: f32[B@dp, 6]) -> f32[B@dp, 3] {{ out(g(a(x))) }}\n}}\ntrain M on m {{ data: synthetic(classes: 3), batch: 8, steps: 4, optimizer: adam(lr: 0.01) }}\n");
+        let (prog, cfg, src) = setup_text("numbers.shard", &text, &[], None);
+        let l = train::run(&prog, &cfg, &src, false, &mut |_| {})
+            .expect("run")
+            .losses;
+        l.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        run(
+            "-1.0 / sqrt(E - 2)",
+            "C * 0.125",
+            "C / 8.0 - 0.25",
+            "1.0 / (C * 250000.0)"
+        ),
+        run("-0.5", "0.5", "0.25", "0.000001")
+    );
+}
+
 /// A model held by another as a sublayer trains exactly as the same
 /// declaration written as a `layer`, with its parameters under the member.
 #[test]

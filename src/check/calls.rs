@@ -16,7 +16,7 @@ impl<'p> Checker<'p> {
     /// anything: literals, `inf`, sizes and constants, and `-`, `+ - * /`
     /// and the foldable unary functions of them (`1.0 / sqrt(E)`). `None`
     /// for anything that reads a tensor, a weight or a sublayer.
-    fn const_number(&self, inst: &Arc<Inst>, e: &Expr, scope: &Scope) -> Option<f64> {
+    pub(super) fn const_number(&self, inst: &Arc<Inst>, e: &Expr, scope: &Scope) -> Option<f64> {
         let num = |x: &Expr| self.const_number(inst, x, scope);
         match &e.kind {
             ExprKind::Float(v) => Some(*v),

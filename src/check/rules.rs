@@ -52,6 +52,9 @@ impl Rules for RuleCx<'_, '_> {
         let consts = &self.ck.prog.consts;
         crate::resolve::eval_int(e, &mut |n, _| consts.get(n).map(|v| v.0).ok_or(())).ok()
     }
+    fn number(&self, e: &Expr) -> Option<f64> {
+        self.ck.const_number(self.inst, e, self.scope)
+    }
     fn report(&mut self, p: Problem) {
         self.ck.report(p)
     }

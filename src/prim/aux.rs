@@ -12,7 +12,7 @@
 
 use super::cost::{Cost, CostCx};
 use super::kernel::{ce, Kernel};
-use super::rules::{arity, known_named, number, Call, Rules, Typed};
+use super::rules::{arity, known_named, Call, Rules, Typed};
 use super::{Def, Forward, Grad, Kind, Primitive, R};
 use crate::ast::ExprKind;
 use crate::diag::Problem;
@@ -147,7 +147,7 @@ fn add_loss(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
     }
     let weight = match c.named_expr("weight") {
         None => 1.0,
-        Some(e) => match number(e) {
+        Some(e) => match cx.number(e) {
             Some(w) if w >= 0.0 && w.is_finite() => w,
             _ => {
                 cx.report(Problem::BadValue {

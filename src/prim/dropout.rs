@@ -5,7 +5,7 @@
 
 use super::cost::{Cost, CostCx};
 use super::kernel::{ce, Kernel};
-use super::rules::{arity, known_named, number, Call, Rules, Typed};
+use super::rules::{arity, known_named, Call, Rules, Typed};
 use super::{Def, Forward, Grad, Kind, Primitive, R};
 use crate::diag::Problem;
 use crate::types::TType;
@@ -37,7 +37,7 @@ fn check(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
     let t = cx.tensor(c.pos[0], "`dropout`")?;
     let rate = match c.pos.get(1).copied().or(c.named_expr("rate")) {
         None => 0.0,
-        Some(e) => match number(e) {
+        Some(e) => match cx.number(e) {
             Some(r) if (0.0..1.0).contains(&r) => r,
             _ => {
                 cx.report(Problem::BadValue {

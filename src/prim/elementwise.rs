@@ -11,7 +11,7 @@
 
 use super::cost::{Cost, CostCx};
 use super::kernel::{ce, Kernel};
-use super::rules::{arity, known_named, number, Call, Rules, Typed};
+use super::rules::{arity, known_named, Call, Rules, Typed};
 use super::{Def, Forward, Grad, Kind, Primitive, R};
 use crate::ast::{DType, Expr};
 use crate::diag::Problem;
@@ -34,7 +34,7 @@ macro_rules! defs {
 }
 
 defs! {
-    "maximum" "maximum(a, b)" "elementwise larger of two tensors (or a tensor and a number), broadcast as `+` (E0209, E0213); operands reduced (E0214); a tie sends half the gradient to each side"
+    "maximum" "maximum(a, b)" "elementwise larger of two tensors (or a tensor and a number: a literal, or sizes and constants that fold, `C * 0.5`, `1.0 / sqrt(D)`), broadcast as `+` (E0209, E0213); operands reduced (E0214); a tie sends half the gradient to each side"
         ["maximum({a: f32[4, 6]}, {b: f32[4, 6]})", "maximum({a: f32[4, 6]}, {b: f32[6]})", "maximum({a: f32[4, 6]}, 0.1)"] true,
     "minimum" "minimum(a, b)" "elementwise smaller; as `maximum`"
         ["minimum({a: f32[4, 6]}, {b: f32[4, 1]})", "minimum(0.2, {a: f32[4, 6]})"] true,
@@ -127,7 +127,7 @@ fn check(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
     let mut args = Vec::new();
     let mut tensors: Vec<(TType, &Expr)> = Vec::new();
     for (i, x) in c.pos.iter().enumerate() {
-        if let Some(v) = number(x) {
+        if let Some(v) = cx.number(x) {
             args.push(Arg::Number(v));
             continue;
         }
@@ -163,7 +163,7 @@ fn check(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
             c.pos
                 .iter()
                 .enumerate()
-                .filter(|(_, x)| number(x).is_none()),
+                .filter(|(_, x)| cx.number(x).is_none()),
         )
         .filter(|(_, (i, _))| !(f == Fun::Where && *i == 0))
         .map(|((t, x), _)| (t, *x))

@@ -89,7 +89,7 @@ fn check(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
     }
     let eps = match c.named_expr("eps") {
         None => 1e-5,
-        Some(e) => match super::rules::number(e) {
+        Some(e) => match cx.number(e) {
             Some(v) if v > 0.0 => v,
             _ => {
                 cx.report(Problem::BadValue {

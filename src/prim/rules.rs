@@ -99,6 +99,10 @@ pub trait Rules {
     fn tyvars(&self) -> BTreeMap<String, Poly>;
     /// A constant integer (literal or `const`).
     fn const_int(&self, e: &DimExpr) -> Option<i64>;
+    /// The number `e` folds to at check time (literals, `inf`, sizes and
+    /// constants, arithmetic and the foldable functions of them: `C * 1.0`,
+    /// `1.0 / sqrt(D)`), or `None` for anything that reads a tensor.
+    fn number(&self, e: &Expr) -> Option<f64>;
     fn report(&mut self, p: Problem);
     /// Report with the shape-flow trace of `e`.
     fn report_traced(&mut self, p: Problem, e: &Expr);
