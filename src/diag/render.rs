@@ -186,8 +186,76 @@ pub fn short(d: &Diagnostic, sources: &SourceMap) -> String {
     out
 }
 
+/// A note (an inserted collective, a layout the checker chose) for people,
+/// in a few lines: the message, the op's line with its label, and each other
+/// place (where the layer was instantiated) named on one line. A clean
+/// file's notes are context, not a wall of source.
+fn note(d: &Diagnostic, sources: &SourceMap, style: Style) -> String {
+    let (bold, cyan, reset) = match style {
+        Style::Color => ("\x1b[1m", "\x1b[36m", "\x1b[0m"),
+        Style::Plain => ("", "", ""),
+    };
+    let file = sources.get(d.primary.span.file);
+    let (line, col) = file.line_col(d.primary.span.start as usize);
+    let text = file.text.lines().nth(line - 1).unwrap_or_default();
+    // The span's part of this line, in characters.
+    let width = file
+        .text
+        .get(d.primary.span.start as usize..d.primary.span.end as usize)
+        .map_or(1, |s| s.lines().next().unwrap_or_default().chars().count())
+        .max(1);
+    let num = line.to_string();
+    let pad = " ".repeat(num.len());
+    let lead: String = text
+        .chars()
+        .take(col - 1)
+        .map(|c| if c == '\t' { '\t' } else { ' ' })
+        .collect();
+    let mut out = format!(
+        "{bold}{}{reset} {cyan}☞{reset} {}\n",
+        d.code.as_str(),
+        d.message.replace('\n', &format!("\n{pad}   "))
+    );
+    out.push_str(&format!(
+        " {pad} ╭─[{}]\n",
+        sources.describe(d.primary.span)
+    ));
+    out.push_str(&format!(" {num} │ {text}\n"));
+    let mark = "─".repeat(width);
+    out.push_str(&format!(
+        " {pad} · {lead}{cyan}{mark}{reset} {}\n",
+        d.primary.text
+    ));
+    let places: Vec<String> = d
+        .secondary
+        .iter()
+        .map(|l| format!("{}: {}", l.text, sources.describe(l.span)))
+        .chain(d.notes.iter().map(|n| format!("note: {n}")))
+        .collect();
+    for (i, p) in places.iter().enumerate() {
+        let corner = if i + 1 == places.len() {
+            "╰─"
+        } else {
+            "├─"
+        };
+        out.push_str(&format!(" {pad} {corner} {p}\n"));
+    }
+    if places.is_empty() {
+        out.push_str(&format!(" {pad} ╰─\n"));
+    }
+    if let Some(h) = &d.help {
+        out.push_str(&format!("  help: {h}\n"));
+    }
+    out.push('\n');
+    out
+}
+
 /// Render one diagnostic for people.
 pub fn human(d: &Diagnostic, sources: &SourceMap, style: Style) -> String {
+    if d.severity == Severity::Note && d.trace.is_empty() && d.fix.is_none() && quotable(d, sources)
+    {
+        return note(d, sources, style);
+    }
     if !quotable(d, sources) {
         let mut out = compact(d, sources);
         for n in &d.notes {
