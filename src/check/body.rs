@@ -924,7 +924,8 @@ impl<'p> Checker<'p> {
             };
             let suggestion = did_you_mean(&seg.name, cands);
             self.report(Problem::UnknownName {
-                span: seg.span,
+                // The whole path: the suggestion (and its fix) is the whole path.
+                span: root_span.to(seg.span),
                 name: format!("{}.{}", path.join("."), seg.name),
                 what: if last { "weight" } else { "sublayer" },
                 suggestion: suggestion.map(|s| format!("{}.{s}", path.join("."))),

@@ -1,0 +1,95 @@
+//! Every fix fixes: each diagnostic in `tests/ui` that offers an edit (the
+//! `suggested fix` a human reads, the code action an editor applies) is
+//! applied to its file alone, and the file is checked again: the diagnostic
+//! it fixed must be gone (no diagnostic of that code starting where the edit
+//! was), and the edit must not leave the file unparsable.
+
+use shardc::world::{self, Options};
+use std::path::{Path, PathBuf};
+
+fn ui_files() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ui");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("tests/ui exists")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "shard"))
+        .collect();
+    v.sort();
+    v
+}
+
+fn options(path: &Path) -> Options {
+    let map = path.with_extension("map.toml");
+    Options {
+        map: map.exists().then_some(map),
+        ..Options::default()
+    }
+}
+
+#[test]
+fn every_fix_fixes_its_diagnostic() {
+    let mut failures = Vec::new();
+    let mut applied = 0;
+    for path in ui_files() {
+        // (A file that is not UTF-8 is E0004's test, with no fix.)
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let opts = options(&path);
+        let c = world::compile_source(&path, text.clone(), &opts);
+        let Some(file) = c.sources.find(&path) else {
+            continue;
+        };
+        for d in &c.diagnostics {
+            let Some(fix) = &d.fix else { continue };
+            if fix.span.file != file {
+                continue;
+            }
+            let (a, b) = (fix.span.start as usize, fix.span.end as usize);
+            let mut fixed = text.clone();
+            fixed.replace_range(a..b, &fix.replacement);
+            applied += 1;
+            let again = world::compile_source(&path, fixed, &opts);
+            let syntax = again
+                .diagnostics
+                .iter()
+                .find(|e| e.code.as_str().starts_with("E00"));
+            // The edit's start is where the fixed diagnostic would recur.
+            let recurs = again.diagnostics.iter().find(|e| {
+                e.code == d.code
+                    && e.primary.span.file == file
+                    && e.primary.span.start as usize >= a.min(d.primary.span.start as usize)
+                    && e.primary.span.start as usize
+                        <= (d.primary.span.end as usize).max(a + fix.replacement.len())
+            });
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if let Some(e) = syntax.filter(|_| !d.code.as_str().starts_with("E00")) {
+                failures.push(format!(
+                    "{name}: {} fix `{}` → `{}` breaks the syntax: {}",
+                    d.code.as_str(),
+                    &text[a..b],
+                    fix.replacement,
+                    e.message
+                ));
+            } else if let Some(e) = recurs {
+                failures.push(format!(
+                    "{name}: {} fix `{}` → `{}` does not fix it: {}",
+                    d.code.as_str(),
+                    &text[a..b],
+                    fix.replacement,
+                    e.message
+                ));
+            }
+        }
+    }
+    assert!(applied > 0, "no UI test offers a fix");
+    assert!(
+        failures.is_empty(),
+        "{} of {applied} fixes do not fix:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
