@@ -806,3 +806,36 @@ fn notes_quote_the_op_and_name_the_instantiation() {
     assert!(err.lines().count() < 40, "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `shardc lower` counts a step's collectives as `shardc plan` does (one
+/// count of one quantity): a dim split over two axes gathered whole is two
+/// all-gathers per pass in both, and one note.
+#[test]
+fn lower_counts_collectives_as_plan_does() {
+    for file in ["tests/ui/note_gather_two_axes.shard", "models/gptj.shard"] {
+        let o = shardc().args(["lower", file]).output().expect("lower");
+        let out = String::from_utf8_lossy(&o.stdout);
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("verified: "))
+            .unwrap_or_else(|| panic!("{out}"));
+        let said: u64 = line
+            .split(", ")
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{line}"));
+        let o = shardc()
+            .args(["plan", "--json", file])
+            .output()
+            .expect("plan");
+        let plans: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+        let counted: u64 = plans[0]["comms"]
+            .as_array()
+            .expect("comms")
+            .iter()
+            .map(|c| c["count"].as_u64().expect("count"))
+            .sum();
+        assert_eq!(said, counted, "{file}: {line}");
+    }
+}

@@ -211,7 +211,7 @@ impl<'p> Checker<'p> {
         };
         let to = t.to_string();
         let changed = !events.is_empty() || t != *got;
-        for ev in events {
+        for ev in one_note_per_gather(events) {
             self.implicit(span, ev.what, ev.from, to.clone(), ev.bytes.text, scope);
         }
         if changed && !self.in_builtin {
@@ -401,4 +401,35 @@ impl<'p> Checker<'p> {
             }
         }
     }
+}
+
+/// A reshard's collectives as its notes say them: consecutive all-gathers
+/// (one dim split over several axes, gathered whole; the kernel gathers one
+/// axis after the other) are one note over all their axes, from the first's
+/// type, with their bytes together.
+fn one_note_per_gather(
+    events: Vec<crate::prim::reshard::Event>,
+) -> Vec<crate::prim::reshard::Event> {
+    let mut out: Vec<crate::prim::reshard::Event> = Vec::new();
+    for ev in events {
+        match out.last_mut() {
+            Some(last) if last.kind == "all-gather" && ev.kind == "all-gather" => {
+                last.axes.extend(ev.axes);
+                let names: Vec<String> = last.axes.iter().map(|a| format!("`{a}`")).collect();
+                last.what = format!("all-gather over {}", names.join(", "));
+                last.bytes = match (last.bytes.num, ev.bytes.num) {
+                    (Some(a), Some(b)) => crate::prim::cost::Bytes {
+                        text: crate::units::human_bytes(a + b),
+                        num: Some(a + b),
+                    },
+                    _ => crate::prim::cost::Bytes {
+                        text: format!("{} + {}", last.bytes.text, ev.bytes.text),
+                        num: None,
+                    },
+                };
+            }
+            _ => out.push(ev),
+        }
+    }
+    out
 }

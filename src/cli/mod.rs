@@ -725,11 +725,28 @@ fn lower(grants: &[PathBuf], file: &std::path::Path, mesh: Vec<(String, i64)>) -
             syncs = format!(" and {n} gradient all-reduce(s)");
         }
         let errs = p.verify();
+        // The collectives a step runs, as `shardc plan` counts them (forward
+        // and backward, every repeat and microbatch): one count of them.
+        let calls = c.plans.iter().find(|pl| pl.model == p.model).map(|pl| {
+            let mut kinds: Vec<(String, u64)> = Vec::new();
+            for cm in &pl.comms {
+                match kinds.iter_mut().find(|k| k.0 == cm.kind) {
+                    Some(k) => k.1 += cm.count,
+                    None => kinds.push((cm.kind.clone(), cm.count)),
+                }
+            }
+            let total: u64 = kinds.iter().map(|k| k.1).sum();
+            let each: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} ×{n}")).collect();
+            format!("{total} collective calls per step ({})", each.join(", "))
+        });
         if errs.is_empty() {
             outln!(
-                "verified: {} ops, {} collectives{syncs} per step (same sequence on every device)\n",
+                "verified: {} ops, {} (same sequence on every device)\n",
                 p.nodes.len(),
-                p.collectives().len()
+                calls.unwrap_or_else(|| format!(
+                    "{} collectives{syncs} per step",
+                    p.collectives().len()
+                ))
             );
         } else {
             ok = false;
