@@ -627,7 +627,7 @@ impl Problem {
             Ambiguous { span, lhs, rhs, detail } => d(Code::E0213, format!("ambiguous sharding: {detail}"), *span, "which layout should the result have?".into())
                 .secondary(lhs.0, lhs.1.clone())
                 .secondary(rhs.0, rhs.1.clone())
-                .help("annotate the result (`let y: f32[B@dp, D] = ...`) and the compiler will reshard to it, or reshard an operand with an explicit collective"),
+                .help("write the layout you want on the result, each mesh axis splitting one dimension at most (`let y: f32[...] = ...` with the result's sizes and your mesh's axes), and the compiler reshards the operands to it; or reshard an operand yourself with an explicit collective"),
             PendingUsed { span, ty, op, axes } => d(Code::E0214, format!("{op} needs a reduced value, but this value is `{ty}`"), *span, format!("still owes a reduction over {axes}"))
                 .help(format!("reduce it first: `psum(x, {})` (or `pmax` for a pending max)", axes.replace('`', "")))
                 .note("a partial value holds one addend per device; this operation needs their sum"),
