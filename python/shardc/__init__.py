@@ -152,7 +152,8 @@ def _float_array(name: str, a: Any) -> np.ndarray:
 def _write_init(
     init: Mapping[str, Any], params: Sequence[tuple], model: str, path: str
 ) -> None:
-    shapes = {n: tuple(s) for n, s in params}
+    shapes = {n: tuple(s) for n, s, _ in params}
+    computed = {n for n, _, c in params if c}
     unknown = [n for n in init if n not in shapes]
     if unknown:
         import difflib
@@ -162,7 +163,7 @@ def _write_init(
             near = difflib.get_close_matches(n, list(shapes), n=1)
             hints.append(f"`{n}`" + (f" (did you mean `{near[0]}`?)" if near else ""))
         raise ValueError(f"init: {model} has no parameter {', '.join(hints)}")
-    missing = [n for n in shapes if n not in init]
+    missing = [n for n in shapes if n not in init and n not in computed]
     if missing:
         raise ValueError(
             f"init: every parameter starts from `init` or none does; missing {', '.join(f'`{n}`' for n in missing)}"

@@ -174,8 +174,9 @@ fn show(
     Ok(text)
 }
 
-/// A model's name, its parameters' names and global shapes, its inputs' names.
-type Signature = (String, Vec<(String, Vec<usize>)>, Vec<String>);
+/// A model's name, its parameters' names, global shapes and whether each is
+/// a computed buffer (which `init` may leave out), its inputs' names.
+type Signature = (String, Vec<(String, Vec<usize>, bool)>, Vec<String>);
 
 /// The trained model's parameters (name and global shape) and inputs
 /// (name): what `init=` is checked against. With `data` (an array file),
@@ -194,10 +195,11 @@ fn signature(
     let (prog, ..) = c
         .settings(model.as_deref())
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
-    let params = prog
-        .params
-        .iter()
-        .map(|p| (p.name.clone(), p.stored.known_shape()))
+    // A computed buffer (a rotary table) may be left out of `init`, as of `--init`.
+    let params = shardc::weights::identity(prog)
+        .bindings
+        .into_iter()
+        .map(|b| (b.source, b.file_shape, b.optional))
         .collect();
     Ok((prog.model.clone(), params, prog.input_names.clone()))
 }

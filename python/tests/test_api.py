@@ -231,3 +231,14 @@ def test_log_chooses_the_run_directory_logs(tmp_path):
     assert sorted(n for n in os.listdir(run.dir) if not n.startswith(".")) == ["final"]
     with pytest.raises(ValueError, match="did you mean `tensorboard`"):
         shardc.run(MLP, model="DPClassifier", steps=2, out=tmp_path / "c", log=["tensorbord"])
+
+
+def test_init_may_leave_out_computed_buffers(cli, tmp_path):
+    # Llama's rotary tables are computed: `init` (like `--init`) may omit them.
+    model = "models/llama.shard"
+    cli("run", model, "--steps", 1, "--out", tmp_path / "d", "--dump-init", tmp_path / "init.safetensors", "--quiet")
+    init = {k: v for k, v in read_safetensors(tmp_path / "init.safetensors").items() if "rope" not in k}
+    write_safetensors(tmp_path / "norope.safetensors", init)
+    cli("run", model, "--steps", 2, "--init", tmp_path / "norope.safetensors", "--out", tmp_path / "cli", "--dump-losses", tmp_path / "l.json", "--quiet")
+    run = shardc.run(model, steps=2, init=init, out=tmp_path / "py")
+    assert run.losses == losses_of(tmp_path / "l.json")
