@@ -4,7 +4,10 @@
 
 use super::*;
 
+mod logs;
 mod progress;
+use logs::parse_log;
+pub use logs::LogArg;
 use progress::{progress_say, Progress};
 
 thread_local! {
@@ -152,32 +155,6 @@ pub struct RunArgs {
     /// clipping) from the next step on, keeping the parameters and optimizer state.
     #[arg(long)]
     watch: bool,
-}
-
-/// `--log jsonl,tensorboard`: the sinks, each once.
-#[derive(Clone, Debug)]
-pub struct LogArg(Vec<crate::vocab::LogSink>);
-
-fn parse_log(s: &str) -> Result<LogArg, String> {
-    let sinks = &crate::vocab::LOG_SINKS;
-    if s.trim() == "none" {
-        return Ok(LogArg(Vec::new()));
-    }
-    let mut out = Vec::new();
-    for w in s.split(',').map(str::trim) {
-        let Some(d) = sinks.find(w) else {
-            let hint = crate::diag::did_you_mean(w, sinks.names())
-                .map_or(String::new(), |n| format!(" (did you mean `{n}`?)"));
-            return Err(format!(
-                "`{w}` is not a log{hint}; logs are {}, or `none`",
-                sinks.names().join(", ")
-            ));
-        };
-        if !out.contains(&d.tag) {
-            out.push(d.tag);
-        }
-    }
-    Ok(LogArg(out))
 }
 
 fn parse_steps(s: &str) -> Result<usize, String> {
@@ -668,65 +645,6 @@ impl Ctx<'_> {
                 (false, p) => format!("{} (f32 master weights)", p.name()),
             }
         )
-    }
-
-    /// The TensorBoard log of this run (the first process writes it): the
-    /// configuration as text, and a resumed run's earlier steps.
-    fn events(
-        &self,
-        cfg: &crate::runtime::train::Config,
-    ) -> Result<crate::runtime::tensorboard::Events, crate::runtime::tensorboard::EventsError> {
-        // Markdown: indented lines show as written.
-        let indent = |t: &str| -> String { t.lines().map(|l| format!("    {l}\n")).collect() };
-        let config = serde_json::to_string_pretty(&self.configuration(cfg)).unwrap_or_default();
-        let mut texts = vec![(
-            "config",
-            format!("{}\n\n{}", self.headline(cfg), indent(&config)),
-        )];
-        if let Some(p) = self.plan() {
-            texts.push(("plan", indent(&crate::plan::render(p, &self.c.sources))));
-        }
-        let earlier = crate::runtime::report::earlier(&self.over.dir, cfg.start_step);
-        crate::runtime::tensorboard::Events::create(&self.over.dir, &texts, &earlier)
-    }
-
-    /// The run's configuration, as `metrics.jsonl`'s first line and the
-    /// TensorBoard log's `config` text hold it: the file, model, mesh and
-    /// settings, this shardc, and the plan's figures per device and step.
-    fn configuration(&self, cfg: &crate::runtime::train::Config) -> serde_json::Value {
-        let axes: serde_json::Map<String, serde_json::Value> = self
-            .prog
-            .mesh
-            .iter()
-            .map(|(a, n)| (a.clone(), (*n).into()))
-            .collect();
-        let plan = self.plan().map(|p| {
-            serde_json::json!({
-                "bytes_per_device": p.total_memory(),
-                "flops_per_step": p.step_flops(),
-                "collectives_per_step": p.comms.iter().map(|c| c.count).sum::<u64>(),
-                "comm_bytes_per_step": p.comms.iter().map(|c| c.bytes * c.count as f64).sum::<f64>(),
-            })
-        });
-        let log: Vec<&str> = cfg.log.iter().map(|l| l.name()).collect();
-        serde_json::json!({
-            "file": self.args.file.display().to_string(),
-            "model": self.prog.model,
-            "mesh": self.train.mesh,
-            "axes": axes,
-            "processes": self.processes,
-            "device": self.args.device.to_string(),
-            "steps": cfg.steps,
-            "start_step": cfg.start_step,
-            "batch": cfg.batch,
-            "seed": cfg.seed,
-            "optimizer": cfg.optimizer.name(),
-            "precision": if self.args.f64 { "f64" } else { self.train.precision.name() },
-            "loss": self.train.loss_name(),
-            "log": log,
-            "shardc": env!("CARGO_PKG_VERSION"),
-            "plan": plan,
-        })
     }
 
     /// What is about to train, and where its devices really are.
