@@ -5,18 +5,10 @@
 //! was), and the edit must not leave the file unparsable.
 
 use shardc::world::{self, Options};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-fn ui_files() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ui");
-    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("tests/ui exists")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "shard"))
-        .collect();
-    v.sort();
-    v
-}
+mod common;
+use common::ui_files;
 
 fn options(path: &Path) -> Options {
     let map = path.with_extension("map.toml");

@@ -13,18 +13,10 @@ use shardc::diag::render::{self, Style};
 use shardc::diag::Code;
 use shardc::world::{self, Options};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-fn ui_files() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ui");
-    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("tests/ui exists")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "shard"))
-        .collect();
-    v.sort();
-    v
-}
+mod common;
+use common::ui_files;
 
 /// (line, code) → count; line 0 = outside the file.
 fn expected(text: &str) -> BTreeMap<(usize, String), usize> {

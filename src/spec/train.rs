@@ -427,6 +427,42 @@ impl<'a> Builder<'a> {
         b
     }
 
+    /// The names of a list option (`[accuracy, auc]`) with their spans; a
+    /// value that is not a list (`list` says what was expected) or an item
+    /// that is not a name (`item`) is reported and left out.
+    fn name_list<'v>(&mut self, v: &'v OptValue, list: &str, item: &str) -> Vec<(&'v str, Span)> {
+        let items = match v {
+            OptValue::Expr(Expr {
+                kind: ExprKind::List(items),
+                ..
+            }) => items,
+            other => {
+                self.report(Problem::WrongKind {
+                    span: other.span(),
+                    expected: list.into(),
+                    found: "something else".into(),
+                });
+                return Vec::new();
+            }
+        };
+        let mut out = Vec::new();
+        for it in items {
+            match it.as_name() {
+                Some(named) => out.push(named),
+                None => self.report(Problem::WrongKind {
+                    span: it.span(),
+                    expected: item.into(),
+                    found: match it {
+                        ast::ListItem::Expr(_) => "an expression",
+                        ast::ListItem::Dim(_) => "a dimension",
+                    }
+                    .into(),
+                }),
+            }
+        }
+        out
+    }
+
     /// `metrics: [accuracy, auc]`: known names, each once, each defined for
     /// the run's loss.
     fn metrics(
@@ -436,34 +472,10 @@ impl<'a> Builder<'a> {
         loss_fn: Option<&str>,
         loss_span: Option<Span>,
     ) -> Vec<Metric> {
-        let items = match v {
-            OptValue::Expr(Expr {
-                kind: ExprKind::List(items),
-                ..
-            }) => items,
-            other => {
-                self.report(Problem::WrongKind {
-                    span: other.span(),
-                    expected: "a list of metrics like `[accuracy]`".into(),
-                    found: "something else".into(),
-                });
-                return Vec::new();
-            }
-        };
         let mut out = Vec::new();
-        for item in items {
-            let Some((name, span)) = item.as_name() else {
-                self.report(Problem::WrongKind {
-                    span: item.span(),
-                    expected: "a metric name".into(),
-                    found: match item {
-                        ast::ListItem::Expr(_) => "an expression",
-                        ast::ListItem::Dim(_) => "a dimension",
-                    }
-                    .into(),
-                });
-                continue;
-            };
+        for (name, span) in
+            self.name_list(v, "a list of metrics like `[accuracy]`", "a metric name")
+        {
             let Some(m) = Metric::from_name(name) else {
                 self.report(Problem::UnknownChoice {
                     span,
@@ -496,34 +508,13 @@ impl<'a> Builder<'a> {
     /// `log: [jsonl, tensorboard]`: each sink once (an empty list logs nothing
     /// but the progress lines).
     fn log_sinks(&mut self, v: &OptValue) -> Vec<LogSink> {
-        let items = match v {
-            OptValue::Expr(Expr {
-                kind: ExprKind::List(items),
-                ..
-            }) => items,
-            other => {
-                self.report(Problem::WrongKind {
-                    span: other.span(),
-                    expected: "a list of logs like `[jsonl, tensorboard]`".into(),
-                    found: "something else".into(),
-                });
-                return Vec::new();
-            }
-        };
         let mut out = Vec::new();
-        for item in items {
-            let Some((name, span)) = item.as_name() else {
-                self.report(Problem::WrongKind {
-                    span: item.span(),
-                    expected: "a log name".into(),
-                    found: match item {
-                        ast::ListItem::Expr(_) => "an expression",
-                        ast::ListItem::Dim(_) => "a dimension",
-                    }
-                    .into(),
-                });
-                continue;
-            };
+        let names = self.name_list(
+            v,
+            "a list of logs like `[jsonl, tensorboard]`",
+            "a log name",
+        );
+        for (name, span) in names {
             let Some(sink) = LOG_SINKS.find(name) else {
                 self.report(Problem::UnknownChoice {
                     span,

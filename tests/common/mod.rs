@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 /// A fresh directory `shardc-{suite}-{name}-{pid}` under the system's temp dir.
+#[allow(dead_code)]
 pub fn temp(suite: &str, name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("shardc-{suite}-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -118,4 +119,17 @@ pub fn shardc() -> std::process::Command {
 #[allow(dead_code)]
 pub fn stderr(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Every `tests/ui/*.shard` file, sorted (the UI tests and the fixes test).
+#[allow(dead_code)]
+pub fn ui_files() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ui");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("tests/ui exists")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "shard"))
+        .collect();
+    v.sort();
+    v
 }
