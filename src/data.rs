@@ -281,6 +281,28 @@ struct Shapes {
     regression: bool,
     loss: String,
     eval: Option<Span>,
+    /// The loss's `ignore_index`: a label that may lie outside the classes.
+    ignore: Option<i64>,
+}
+
+/// The ids outside `[0, limit)` an array may still hold.
+#[derive(Clone, Copy)]
+enum Beyond {
+    Nothing,
+    /// Any negative id (a lookup's padding).
+    Negatives,
+    /// This one (the loss's `ignore_index`).
+    Id(i64),
+}
+
+impl Beyond {
+    fn allows(self, v: f64) -> bool {
+        match self {
+            Beyond::Nothing => false,
+            Beyond::Negatives => v < 0.0,
+            Beyond::Id(i) => v == i as f64,
+        }
+    }
 }
 
 impl Shapes {
@@ -348,6 +370,7 @@ impl Shapes {
             classes,
             regression,
             loss: t.loss_name(),
+            ignore: t.loss_ignore,
             eval: t.eval_span,
         }
     }
@@ -544,7 +567,7 @@ impl Cx<'_> {
                        name: &str,
                        want: &[usize],
                        int: bool,
-                       vocab: Option<(usize, &str, bool)>|
+                       vocab: Option<(usize, &str, Beyond)>|
          -> Option<Array> {
             let Some(a) = all.iter().find(|a| a.name == name) else {
                 cx.problems.push(Problem::DataMismatch {
@@ -609,12 +632,12 @@ impl Cx<'_> {
                 });
                 return None;
             }
-            if let Some((limit, what, pad)) = vocab {
+            if let Some((limit, what, beyond)) = vocab {
                 if let Some((i, v)) = a
                     .values
                     .iter()
                     .enumerate()
-                    .find(|(_, v)| (*v < 0.0 && !pad) || *v >= limit as f64)
+                    .find(|(_, v)| (*v < 0.0 || *v >= limit as f64) && !beyond.allows(*v))
                 {
                     cx.problems.push(Problem::DataOutOfRange {
                         span,
@@ -623,7 +646,15 @@ impl Cx<'_> {
                             index(i, &a.shape)
                         ),
                         label: format!("from {shown}"),
-                        help: format!("{what} are 0 to {}", limit.saturating_sub(1)),
+                        help: match beyond {
+                            // A negative label is a masked target, as
+                            // Hugging Face writes them.
+                            Beyond::Nothing if what == "classes" && v < 0.0 => format!(
+                                "{what} are 0 to {}; for targets that must not count, write `loss: softmax_cross_entropy(ignore_index: {v})`",
+                                limit.saturating_sub(1)
+                            ),
+                            _ => format!("{what} are 0 to {}", limit.saturating_sub(1)),
+                        },
                     });
                     return None;
                 }
@@ -640,7 +671,14 @@ impl Cx<'_> {
                     &format!("{name}{suffix}"),
                     want,
                     *int,
-                    vocab.map(|v| (v, "embedding rows", pad)),
+                    vocab.map(|v| {
+                        let beyond = if pad {
+                            Beyond::Negatives
+                        } else {
+                            Beyond::Nothing
+                        };
+                        (v, "embedding rows", beyond)
+                    }),
                 );
                 inputs.push(a);
             }
@@ -652,7 +690,11 @@ impl Cx<'_> {
                     &format!("y{suffix}"),
                     &shape.labels,
                     true,
-                    Some((shape.classes, "classes", false)),
+                    Some((
+                        shape.classes,
+                        "classes",
+                        shape.ignore.map_or(Beyond::Nothing, Beyond::Id),
+                    )),
                 ),
             };
             let inputs: Option<Vec<Array>> = inputs.into_iter().collect();

@@ -271,7 +271,7 @@ fn compile_here(files: &dyn Files, path: &Path, text: String, opts: &Options) ->
             let mut p = crate::lower::lower(m, &checked.bodies);
             if let Some(t) = spec.train(Some(&p.model)) {
                 let span = t.loss_span.unwrap_or(t.span);
-                crate::step::attach(&mut p, t.loss, &t.metrics, span);
+                crate::step::attach(&mut p, t.loss, t.loss_ignore, &t.metrics, span);
                 step_notes.extend(
                     crate::step::check(&p, t, &spec)
                         .iter()

@@ -179,3 +179,128 @@ fn a_pipelined_model_adds_losses_observes_and_logs_metrics() {
         assert_eq!(m2, m1);
     }
 }
+
+/// The masked-loss model of `scripts/masked_fixtures.py`: an embedding and a
+/// vocabulary-parallel projection (logits `E[x] @ W`), its cross-entropy
+/// ignoring the targets equal to `ignore`.
+fn masked_model(data: &str, ignore: i64, accumulate: usize) -> String {
+    format!("import nn\nmesh host(dp: 2, tp: 2)\nconst V = 16\nconst D = 8\nconst T = 6\nmodel Masked {{\n  emb = Embed(V, D)\n  w: f32[D, V@tp] init normal(0.5)\n  fn forward(x: i32[B@dp, T]) -> f32[B@dp, T, V@tp] {{ emb(x) @ w }}\n}}\ntrain Masked on host {{\n  data: arrays(path: \"{data}.npz\"), batch: 8, steps: 3, accumulate: {accumulate}\n  loss: softmax_cross_entropy(ignore_index: {ignore})\n  metrics: [accuracy]\n  optimizer: sgd(lr: 0.5)\n}}\n")
+}
+
+/// The fixture's numpy reference (`tests/fixtures/masked/reference.json`).
+fn masked_reference() -> serde_json::Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/masked/reference.json");
+    serde_json::from_str(&std::fs::read_to_string(path).expect("the fixture")).expect("JSON")
+}
+
+fn floats(v: &serde_json::Value) -> Vec<f64> {
+    v.as_array()
+        .expect("a list")
+        .iter()
+        .map(|x| x.as_f64().expect("a number"))
+        .collect()
+}
+
+/// Losses and accuracies of 3 steps of the masked model from the fixture's
+/// initial parameters.
+fn masked_run(data: &str, mesh: &[(&str, i64)], accumulate: usize, f64: bool) -> [Vec<f64>; 2] {
+    let r = masked_reference();
+    let ignore = r["data"][data]["ignore_index"].as_i64().expect("an id");
+    let file = format!("tests/fixtures/masked/{data}_{accumulate}.shard");
+    let text = masked_model(data, ignore, accumulate);
+    let (prog, mut cfg, src) = setup_text(&file, &text, mesh, None);
+    if f64 {
+        cfg.dtype = candle_core::DType::F64;
+    }
+    cfg.init = [("emb.w", floats(&r["embed"])), ("w", floats(&r["head"]))]
+        .into_iter()
+        .map(|(n, v)| (n.to_string(), v))
+        .collect();
+    let mut accuracy = Vec::new();
+    let out = train::run(&prog, &cfg, &src, false, &mut |s| {
+        accuracy.push(s.metrics[0].1)
+    })
+    .expect("runs");
+    [out.losses, accuracy]
+}
+
+/// A masked LM (Hugging Face's -100 labels) and a padded LM (the pad id
+/// ignored): the loss is the mean over the step's counted targets, as numpy
+/// computes it, on one device, on a dp × tp mesh (the logits split over the
+/// vocabulary) and with `accumulate: 2` (whose microbatches count different
+/// numbers of targets: each divides by the whole step's count); accuracy
+/// counts only those targets.
+#[test]
+fn ignored_targets_count_neither_in_the_loss_nor_its_mean() {
+    let r = masked_reference();
+    for data in ["mlm", "padded"] {
+        let want = floats(&r["data"][data]["losses"]);
+        let want_acc = floats(&r["data"][data]["accuracy"]);
+        for (mesh, acc) in [
+            (&[("dp", 1), ("tp", 1)], 1),
+            (&[("dp", 2), ("tp", 2)], 1),
+            (&[("dp", 1), ("tp", 1)], 2),
+            (&[("dp", 2), ("tp", 2)], 2),
+        ] {
+            let [got, accuracy] = masked_run(data, mesh, acc, true);
+            let d = max_rel(&got, &want);
+            assert!(
+                d < 1e-12,
+                "{data} {mesh:?} accumulate {acc}: {got:?} vs numpy {want:?}"
+            );
+            assert_eq!(accuracy.len(), 3);
+            for (a, b) in accuracy.iter().zip(&want_acc) {
+                assert!(
+                    (a - b).abs() < 1e-12,
+                    "{data} {mesh:?}: accuracy {accuracy:?} vs {want_acc:?}"
+                );
+            }
+        }
+        // In f32, accumulation equals the full batch.
+        let [full, _] = masked_run(data, &[("dp", 2), ("tp", 2)], 1, false);
+        let [halves, _] = masked_run(data, &[("dp", 2), ("tp", 2)], 2, false);
+        let d = max_rel(&halves, &full);
+        assert!(d < 1e-6, "{data}: accumulate 2 {halves:?} vs {full:?}");
+        assert!(
+            max_rel(&full, &want) < 1e-5,
+            "{data}: f32 {full:?} vs {want:?}"
+        );
+    }
+}
+
+/// The masked loss's gradients against finite differences, on a dp × tp mesh.
+#[test]
+fn ignored_targets_gradients_match_finite_differences() {
+    for (data, ignore) in [("mlm", -100), ("padded", 0)] {
+        finite_differences(
+            &format!("tests/fixtures/masked/{data}_fd.shard"),
+            &masked_model(data, ignore, 1),
+            &[("dp", 2), ("tp", 2)],
+        );
+    }
+}
+
+/// Through a pipeline (2 stages, 2 microbatches that count different numbers
+/// of targets), the padded LM's losses and accuracies equal one device's.
+#[test]
+fn ignored_targets_through_a_pipeline_equal_one_device() {
+    let text = "import nn\nmesh host(pp: 2, dp: 2)\nconst V = 16\nconst D = 8\nconst T = 6\nlayer Block(D) {\n  w: f32[D, D] init normal(0.3)\n  fn forward(x: f32[B@dp, T, D]) -> f32[B@dp, T, D] { tanh(x @ w) }\n}\nmodel Piped {\n  emb = Embed(V, D)\n  blocks = repeat(2, Block(D), stages: pp, microbatches: 2)\n  w: f32[D, V] init normal(0.5)\n  fn forward(x: i32[B@dp, T]) -> f32[B@dp, T, V] { blocks(emb(x)) @ w }\n}\ntrain Piped on host {\n  data: arrays(path: \"padded.npz\"), batch: 8, steps: 3\n  loss: softmax_cross_entropy(ignore_index: 0)\n  metrics: [accuracy]\n  optimizer: sgd(lr: 0.5)\n}\n";
+    let run = |mesh: &[(&str, i64)]| {
+        let (prog, mut cfg, src) =
+            setup_text("tests/fixtures/masked/piped.shard", text, mesh, None);
+        cfg.dtype = candle_core::DType::F64;
+        let mut seen = Vec::new();
+        train::run(&prog, &cfg, &src, false, &mut |r| {
+            seen.push((r.loss, r.metrics[0].1))
+        })
+        .expect("runs");
+        seen
+    };
+    let (staged, one) = (run(&[("pp", 2), ("dp", 2)]), run(&[("pp", 1), ("dp", 1)]));
+    assert_eq!(staged.len(), 3);
+    for ((l2, a2), (l1, a1)) in staged.iter().zip(&one) {
+        assert!((l2 - l1).abs() < 1e-12 * l1.abs(), "{staged:?} vs {one:?}");
+        assert!((a2 - a1).abs() < 1e-12, "{staged:?} vs {one:?}");
+    }
+}

@@ -561,6 +561,7 @@ fn value_for(a: &vocab::Arg, i: usize) -> String {
     match a.value {
         Value::Count => format!("{}", 3 + 2 * i),
         Value::Number | Value::Positive => format!("0.0{}", i + 1),
+        Value::Integer => format!("-{}", 100 + i),
         Value::Unit => format!("0.{}", 5 + i),
         Value::Flag => "true".into(),
         Value::Path => "\"registry_sample.txt\"".into(),
@@ -819,6 +820,31 @@ fn every_loss_metric_and_precision_builds_its_kind() {
         let got = t.map(|t| t.loss);
         if got != Some(w.tag) || w.tag.name() != w.name {
             errs.push(format!("`loss: {}` builds {got:?} ({diags:?})", w.name));
+        }
+        // With every argument given, each is read.
+        if w.args.is_empty() {
+            continue;
+        }
+        let given: Vec<String> = w
+            .args
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("{}: {}", a.name, value_for(a, i)))
+            .collect();
+        let call = format!("{}({})", w.name, given.join(", "));
+        let (t, diags) = train_of(&sample(TABLE, &format!("{base}, loss: {call}")));
+        let got = t.map(|t| (t.loss, t.loss_ignore));
+        for (i, a) in w.args.iter().enumerate() {
+            let read = match a.name {
+                "ignore_index" => got.map(|g| g.1) == Some(Some(-100 - i as i64)),
+                _ => false,
+            };
+            if !read || got.map(|g| g.0) != Some(w.tag) || !diags.is_empty() {
+                errs.push(format!(
+                    "`loss: {call}` builds {got:?}, not its `{}` ({diags:?})",
+                    a.name
+                ));
+            }
         }
     }
     for m in vocab::METRICS.defs {

@@ -43,6 +43,9 @@ pub struct Kernel<'a> {
     /// A pipeline's stage axis: a value is computed on one stage only, so it
     /// is not replicated over this axis.
     pub stage_axis: Option<&'a str>,
+    /// The targets that count per microbatch when the loss has an
+    /// `ignore_index` (see `Exec::counted`): the loss's denominator.
+    pub counted: Option<f64>,
 }
 
 impl Kernel<'_> {

@@ -31,6 +31,8 @@ pub const DEFS: &[Def] = &[
 pub struct Metrics {
     pub loss: Loss,
     pub metrics: Vec<Metric>,
+    /// The loss's `ignore_index`: rows with this target are not counted.
+    pub ignore: Option<i64>,
 }
 
 impl Metrics {
@@ -76,15 +78,25 @@ impl Metrics {
         })()
         .map_err(ce)?;
         let tgt = k.comm.psum(k.rank, &local, &vaxes).map_err(ce)?;
+        // Rows whose target is the ignored id count neither as right nor at all.
+        let counted: Vec<f64> = lab
+            .iter()
+            .map(|l| f64::from(u8::from(Some(*l) != self.ignore)))
+            .collect();
+        let all: f64 = counted.iter().sum();
         let right = m
             .to_dtype(f64)
             .and_then(|m| m.reshape((rows, 1)))
             .and_then(|m| tgt.ge(&m))
             .and_then(|r| r.to_dtype(f64))
+            .and_then(|r| match self.ignore {
+                Some(_) => r.mul(&Tensor::from_vec(counted, (rows, 1), dev)?),
+                None => Ok(r),
+            })
             .and_then(|r| r.sum_all())
             .and_then(|r| crate::kernels::host::scalar(&r))
             .map_err(ce)?;
-        Ok(vec![right, rows as f64])
+        Ok(vec![right, all])
     }
 
     /// Accuracy (the logit's sign is the target's) and AUC (σ(z) binned by

@@ -39,11 +39,15 @@ pub const DEFS: &[Def] = &[
 
 /// A built-in loss of the output (operand 0) against the targets (operand 1):
 /// the mean over `rows` targets (label rows for cross-entropy, output
-/// elements otherwise).
+/// elements otherwise). With `ignore` (cross-entropy's `ignore_index`), rows
+/// whose target is that id add nothing, and the mean is over the targets
+/// that count in the whole step ([`Kernel::counted`]), so every microbatch,
+/// device and stage divides by the same number.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Objective {
     pub loss: Loss,
     pub rows: usize,
+    pub ignore: Option<i64>,
 }
 
 /// The axes an output's elements are split over (its devices' sums cover it).
@@ -94,6 +98,31 @@ fn scalar(t: &Tensor) -> R<f64> {
 }
 
 impl Objective {
+    /// What the summed loss is divided by: the targets of the microbatch, or
+    /// with `ignore` the step's targets that count (per microbatch).
+    fn denominator(&self, k: &Kernel) -> f64 {
+        match self.ignore {
+            Some(_) => k.counted.unwrap_or(self.rows as f64),
+            None => self.rows as f64,
+        }
+    }
+
+    /// 1 for each label row that counts and 0 for an ignored one, shaped
+    /// `dims` in `dtype` (`None` without `ignore`).
+    fn row_mask(&self, lab: &[i64], dims: &[usize], like: &Tensor) -> R<Option<Tensor>> {
+        let Some(skip) = self.ignore else {
+            return Ok(None);
+        };
+        let m: Vec<f32> = lab
+            .iter()
+            .map(|l| f32::from(u8::from(*l != skip)))
+            .collect();
+        Tensor::from_vec(m, dims, like.device())
+            .and_then(|t| t.to_dtype(like.dtype()))
+            .map(Some)
+            .map_err(ce)
+    }
+
     /// Mean softmax cross-entropy over all label rows; saves exp(x − max)
     /// and the global row sums for the derivative.
     fn cross_entropy(
@@ -108,18 +137,23 @@ impl Objective {
         let m = k.comm.pmax(k.rank, &m, &vaxes).map_err(ce)?;
         let lab: Vec<i64> = crate::kernels::host::read::<i64>(labels).map_err(ce)?;
         // exp(x − max), its row sums and each row's target logit (fused for f32).
+        let mask = self.row_mask(&lab, m.dims(), logits)?;
         let r = fast::Rows::new(logits, &m, lab, off).map_err(ce)?;
         let se = k.comm.psum(k.rank, &r.se, &vaxes).map_err(ce)?;
         let lse = se.log().and_then(|l| l.add(&m)).map_err(ce)?;
         let tgt = k.comm.psum(k.rank, &r.tgt, &vaxes).map_err(ce)?;
         let local = lse
             .sub(&tgt)
+            .and_then(|x| match &mask {
+                Some(mask) => x.mul(mask),
+                None => Ok(x),
+            })
             .and_then(|x| x.sum_all())
             .and_then(|x| x.to_dtype(DType::F64))
             .map_err(ce)?;
         // Rows are split over the label dims' axes: sum over those devices.
         let total = k.comm.psum(k.rank, &local, &row_axes(lt)).map_err(ce)?;
-        let loss = crate::kernels::host::scalar(&total).map_err(ce)? / self.rows as f64;
+        let loss = crate::kernels::host::scalar(&total).map_err(ce)? / self.denominator(k);
         Ok(Forward {
             y: Tensor::new(loss, k.dev).map_err(ce)?,
             saved: vec![r.e, se],
@@ -165,10 +199,14 @@ impl Primitive for Objective {
         "loss"
     }
     fn attrs(&self) -> Vec<String> {
-        vec![
+        let mut a = vec![
             self.loss.name().to_string(),
             format!("mean over {}", self.rows),
-        ]
+        ];
+        if let Some(i) = self.ignore {
+            a.push(format!("ignoring target {i}"));
+        }
+        a
     }
     fn accumulates(&self) -> bool {
         true
@@ -201,8 +239,15 @@ impl Primitive for Objective {
                 };
                 let (_, off) = classes(k, out, ot)?;
                 let lab: Vec<i64> = crate::kernels::host::read::<i64>(y).map_err(ce)?;
+                let mask = self.row_mask(&lab, se.dims(), out)?;
                 let r = fast::Rows::resume(e.clone(), out, lab, off).map_err(ce)?;
-                r.grad(se, v / (self.rows * rep) as f64, None).map_err(ce)?
+                let d = r
+                    .grad(se, v / (self.denominator(k) * rep as f64), None)
+                    .map_err(ce)?;
+                match mask {
+                    Some(mask) => d.broadcast_mul(&mask).map_err(ce)?,
+                    None => d,
+                }
             }
             Loss::Mse => {
                 let diff = out.sub(y).map_err(ce)?;

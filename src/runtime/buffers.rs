@@ -61,6 +61,7 @@ fn evaluate(prog: &Program, p: &Param, k: usize) -> R<Vec<f64>> {
         stage: None,
         held: Default::default(),
         bwd: Default::default(),
+        counted: Default::default(),
     };
     let tape = ex.forward(&[], &[], None).map_err(|e| {
         e.fault

@@ -19,6 +19,8 @@ use std::collections::HashMap;
 pub struct Config {
     pub steps: usize,
     pub loss: Loss,
+    /// Cross-entropy's `ignore_index` (see `spec::Train::loss_ignore`).
+    pub loss_ignore: Option<i64>,
     /// Metrics computed each step (their losses checked by the spec).
     pub metrics: Vec<spec::Metric>,
     pub seed: u64,
@@ -70,6 +72,7 @@ impl Config {
         Config {
             steps: t.steps,
             loss: t.loss,
+            loss_ignore: t.loss_ignore,
             metrics: t.metrics.clone(),
             seed: t.seed,
             batch: t.batch.unwrap_or(1).max(1),
@@ -259,7 +262,14 @@ pub fn change(o: TrainOption, a: &Config, b: &Config) -> Option<Change> {
         }
         TrainOption::Batch => moved(&a.batch, &b.batch, |x| shown(x)),
         TrainOption::Steps => moved(&a.steps, &b.steps, |x| shown(x)),
-        TrainOption::Loss => moved(&a.loss, &b.loss, |x| x.name().into()),
+        TrainOption::Loss => moved(
+            &(a.loss, a.loss_ignore),
+            &(b.loss, b.loss_ignore),
+            |(l, i)| match i {
+                Some(i) => format!("{}(ignore_index: {i})", l.name()),
+                None => l.name().into(),
+            },
+        ),
         TrainOption::Metrics => moved(&a.metrics, &b.metrics, |m| {
             let names: Vec<&str> = m.iter().map(|m| m.name()).collect();
             format!("[{}]", names.join(", "))

@@ -47,6 +47,11 @@ pub struct Exec<'a> {
     /// The program's backward pass, made when first needed and kept while
     /// the program is the same.
     pub bwd: Schedules,
+    /// Targets that count in the loss per microbatch of this step (those
+    /// not equal to the loss's `ignore_index`, over the whole step, divided
+    /// by its microbatches), set before the step's passes; `None` without an
+    /// `ignore_index`.
+    pub counted: Cell<Option<f64>>,
 }
 
 /// See [`Exec::bwd`].
@@ -112,6 +117,7 @@ impl<'a> Exec<'a> {
             sparse: self.sparse.fresh(),
             stage: self.stage.clone(),
             held: Cell::default(),
+            counted: Cell::default(),
             bwd: if std::ptr::eq(prog, self.prog) {
                 self.bwd.clone()
             } else {
@@ -159,6 +165,7 @@ impl<'a> Exec<'a> {
             sparse: &self.sparse,
             table,
             stage_axis: self.stage.as_ref().map(|s| s.0.as_str()),
+            counted: self.counted.get(),
         }
     }
 

@@ -11,6 +11,7 @@ use super::optim::GradSum;
 use super::pieces::{local_piece, master_grads};
 use super::pipeline::{add_into, aux_flat, Micro, Stages};
 use super::train::{aux_split, Run};
+use crate::prim::kernel::ce;
 use crate::spmd::Program;
 use candle_core::{DType, Tensor};
 
@@ -100,6 +101,14 @@ impl StepCx<'_, '_, '_> {
 
     /// Every microbatch of the step, through the pipeline or not.
     pub fn passes(&self) -> Result<Passes, RunError> {
+        count_targets(
+            self.ex,
+            self.run,
+            self.prog,
+            self.rank,
+            &self.batch.labels,
+            self.run.io.k,
+        )?;
         match self.stages {
             Some(st) => self.pipelined(st),
             None => self.plain(),
@@ -201,6 +210,62 @@ impl StepCx<'_, '_, '_> {
             peaks,
         })
     }
+}
+
+/// The loss's `ignore_index`, when it has one.
+fn ignored_target(prog: &Program) -> Option<i64> {
+    let root = prog.objective.as_ref()?.root as usize;
+    match &prog.nodes.get(root)?.op {
+        crate::spmd::Op::Prim(crate::prim::Prim::Objective(o)) => o.ignore,
+        _ => None,
+    }
+}
+
+/// With an `ignore_index`, set `ex.counted` to the targets of `labels` (a
+/// step's global batch of `k` microbatches) that count, per microbatch: the
+/// loss of every microbatch is then its sum over the step's count, and the
+/// step's mean over its microbatches the mean over every counted target.
+/// Each device counts its pieces; the sum crosses the devices the targets
+/// are split over. At least one target counts (a batch of ignored targets
+/// has loss 0).
+pub(super) fn count_targets(
+    ex: &Exec,
+    run: &Run,
+    prog: &Program,
+    rank: usize,
+    labels: &[f64],
+    k: usize,
+) -> R<()> {
+    let Some(skip) = ignored_target(prog) else {
+        ex.counted.set(None);
+        return Ok(());
+    };
+    let (k, t) = (k.max(1), &run.io.label_t);
+    let n = labels.len() / k;
+    let mut here = 0usize;
+    for j in 0..k {
+        let piece = local_piece(
+            &run.topo,
+            rank,
+            t,
+            prog,
+            &labels[j * n..(j + 1) * n],
+            DType::F64,
+            &ex.dev,
+        )?;
+        let ids = crate::kernels::host::read::<f64>(&piece).map_err(ce)?;
+        here += ids.iter().filter(|v| **v != skip as f64).count();
+    }
+    let axes: Vec<String> = t.dims.iter().flat_map(|d| d.axes.clone()).collect();
+    let local = Tensor::new(&[here as f64], &ex.dev).map_err(ce)?;
+    let all = ex
+        .comm
+        .psum(rank, &local, &axes)
+        .and_then(|t| crate::kernels::host::read::<f64>(&t))
+        .map_err(ce)?;
+    let all = all.first().copied().unwrap_or(0.0).max(1.0);
+    ex.counted.set(Some(all / k as f64));
+    Ok(())
 }
 
 /// One more microbatch's gradients and loss into the step's sums.

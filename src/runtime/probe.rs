@@ -114,6 +114,7 @@ fn device(
         stage: None,
         held: Default::default(),
         bwd: Default::default(),
+        counted: Default::default(),
     };
     let ps: Vec<Tensor> = prog
         .params

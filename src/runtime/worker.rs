@@ -87,6 +87,7 @@ impl<'r, 'a> Worker<'r, 'a> {
                 .map(|st| (st.axis.clone(), st.param_stage.clone())),
             held: Default::default(),
             bwd: Default::default(),
+            counted: Default::default(),
         };
         let (params, alone) = init_params(run, &ex, rank)?;
         let opts = run
@@ -551,6 +552,8 @@ impl<'r, 'a> Worker<'r, 'a> {
                 cfg.dtype,
                 &ex.dev,
             )?);
+            // A held-out batch's loss is the mean over its counted targets.
+            super::passes::count_targets(ex, run, prog, rank, &b.labels, 1)?;
             total += match stages {
                 // Through the stages, forward only.
                 Some(st) => {

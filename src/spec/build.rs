@@ -79,6 +79,7 @@ impl Builder<'_> {
     pub(super) fn int_value(&self, e: &Expr) -> Option<i64> {
         match &e.kind {
             ExprKind::Int(x) => Some(*x),
+            ExprKind::Neg(x) => self.int_value(x).map(|v| -v),
             ExprKind::Name(n) => self.prog.consts.get(n).map(|c| c.0),
             _ => None,
         }
@@ -94,7 +95,11 @@ impl Builder<'_> {
             _ => {
                 self.report(Problem::BadValue {
                     span: v.span(),
-                    message: format!("`{what}` must be an integer of at least {min}"),
+                    message: if min == i64::MIN {
+                        format!("`{what}` must be an integer")
+                    } else {
+                        format!("`{what}` must be an integer of at least {min}")
+                    },
                     help: None,
                 });
                 None
@@ -296,6 +301,9 @@ impl Builder<'_> {
             }
             Value::Number => {
                 self.opt_num(val, name, false);
+            }
+            Value::Integer => {
+                self.opt_int(val, name, i64::MIN);
             }
             Value::Positive => {
                 self.opt_num(val, name, true);

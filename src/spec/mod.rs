@@ -252,6 +252,9 @@ pub struct Train {
     pub loss_span: Option<Span>,
     /// `loss: NAME` naming a `fn` of the model ([`Loss::Function`]).
     pub loss_fn: Option<String>,
+    /// `softmax_cross_entropy(ignore_index: N)`: targets equal to N count
+    /// neither in the loss nor in its mean.
+    pub loss_ignore: Option<i64>,
     /// `metrics: [accuracy, auc]`.
     pub metrics: Vec<Metric>,
     pub optimizer: Optimizer,

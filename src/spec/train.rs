@@ -117,7 +117,11 @@ impl<'a> Builder<'a> {
                 OptValue::Options(_) => None,
             }
         });
-        let (loss, loss_fn) = self.loss(w.loss, decl);
+        let LossChoice {
+            loss,
+            function: loss_fn,
+            ignore: loss_ignore,
+        } = self.loss(w.loss, decl);
         let precision = self.precision(w.precision);
         let log = w.log.map_or_else(
             || LOG_SINKS.defs.iter().map(|d| d.tag).collect(),
@@ -172,6 +176,7 @@ impl<'a> Builder<'a> {
             loss,
             loss_span: span(w.loss),
             loss_fn,
+            loss_ignore,
             metrics,
             optimizer,
             clip,
@@ -308,16 +313,25 @@ impl<'a> Builder<'a> {
         }
     }
 
-    /// `loss:` a built-in loss, or a `fn` of the model.
-    fn loss(&mut self, v: Option<&OptValue>, decl: &ast::LayerDecl) -> (Loss, Option<String>) {
+    /// `loss:` a built-in loss (with its arguments:
+    /// `softmax_cross_entropy(ignore_index: -100)`), or a `fn` of the model.
+    fn loss(&mut self, v: Option<&OptValue>, decl: &ast::LayerDecl) -> LossChoice {
+        let builtin = |loss| LossChoice {
+            loss,
+            ..LossChoice::default()
+        };
         match v {
-            None => (Loss::default(), None),
+            None => LossChoice::default(),
             Some(OptValue::Expr(Expr {
                 kind: ExprKind::Name(n),
                 span,
             })) => match Loss::from_name(n) {
-                Some(l) => (l, None),
-                None if n != "forward" && has_fn(decl, n) => (Loss::Function, Some(n.clone())),
+                Some(l) => builtin(l),
+                None if n != "forward" && has_fn(decl, n) => LossChoice {
+                    loss: Loss::Function,
+                    function: Some(n.clone()),
+                    ignore: None,
+                },
                 None => {
                     self.report(Problem::UnknownChoice {
                         span: *span,
@@ -325,16 +339,37 @@ impl<'a> Builder<'a> {
                         name: n.clone(),
                         known: LOSSES.names(),
                     });
-                    (Loss::default(), None)
+                    LossChoice::default()
                 }
             },
+            Some(
+                v @ OptValue::Expr(
+                    e @ Expr {
+                        kind: ExprKind::Call(..),
+                        ..
+                    },
+                ),
+            ) => {
+                let Some(word) = self.check_choice(v, &LOSSES) else {
+                    return LossChoice::default();
+                };
+                let ignore = super::build::named_args(e)
+                    .into_iter()
+                    .find(|a| a.0 == "ignore_index")
+                    .and_then(|a| self.int_value(a.1));
+                LossChoice {
+                    loss: word.tag,
+                    function: None,
+                    ignore,
+                }
+            }
             Some(other) => {
                 self.report(Problem::WrongKind {
                     span: other.span(),
                     expected: "a loss name".into(),
                     found: "something else".into(),
                 });
-                (Loss::default(), None)
+                LossChoice::default()
             }
         }
     }
@@ -417,6 +452,7 @@ impl<'a> Builder<'a> {
                     | Value::Name
                     | Value::Unit
                     | Value::Flag
+                    | Value::Integer
                     | Value::Lr
                     | Value::Patterns
                     | Value::Scales,
@@ -632,6 +668,15 @@ impl<'a> Builder<'a> {
 }
 
 /// `a, b or c`.
+/// What `loss:` names: a built-in loss and its `ignore_index`, or a
+/// function of the model.
+#[derive(Default)]
+struct LossChoice {
+    loss: Loss,
+    function: Option<String>,
+    ignore: Option<i64>,
+}
+
 fn or_list(names: &[String]) -> String {
     match names.split_last() {
         Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),

@@ -336,8 +336,9 @@ fn render_backward(s: &mut String, prog: &Program, sources: &SourceMap) {
 /// Append the step's loss to `prog`, lowered for a `train` with `loss` and
 /// `metrics`: the targets, the built-in loss (or the model's loss function,
 /// inlined with the output and the targets as its inputs) and the metrics'
-/// sums. Backward then starts at the loss ([`LossNodes::root`]).
-pub fn attach(prog: &mut Program, loss: Loss, metrics: &[Metric], span: Span) {
+/// sums. Backward then starts at the loss ([`LossNodes::root`]). Targets
+/// equal to `ignore` count neither in the loss nor in the metrics.
+pub fn attach(prog: &mut Program, loss: Loss, ignore: Option<i64>, metrics: &[Metric], span: Span) {
     if prog.objective.is_some() {
         return;
     }
@@ -372,6 +373,7 @@ pub fn attach(prog: &mut Program, loss: Loss, metrics: &[Metric], span: Span) {
             let op = Prim::Objective(crate::prim::objective::Objective {
                 loss: builtin,
                 rows,
+                ignore,
             });
             let ty = TType::scalar(crate::ast::DType::F64);
             (
@@ -385,6 +387,7 @@ pub fn attach(prog: &mut Program, loss: Loss, metrics: &[Metric], span: Span) {
         let op = Prim::Metrics(crate::prim::metrics::Metrics {
             loss,
             metrics: metrics.to_vec(),
+            ignore,
         });
         let mut ty = TType::scalar(crate::ast::DType::F64);
         ty.dims

@@ -39,6 +39,8 @@ pub enum Value {
     Count,
     /// Any number.
     Number,
+    /// Any integer (negative too), written or a constant.
+    Integer,
     /// A number above 0.
     Positive,
     /// A number in [0, 1).
@@ -65,6 +67,7 @@ impl Value {
         match self {
             Value::Count => "an integer ≥ 1",
             Value::Number => "a number",
+            Value::Integer => "an integer",
             Value::Positive => "a number > 0",
             Value::Unit => "a number in [0, 1)",
             Value::Flag => "`true` or `false`",

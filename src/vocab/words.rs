@@ -96,8 +96,13 @@ vocabulary! {
         #[default]
         SoftmaxCrossEntropy {
             name: "softmax_cross_entropy",
-            doc: "integer labels; the logits may stay split over the class dim",
-            args: &[],
+            doc: "integer labels; the logits may stay split over the class dim. With `ignore_index`, the targets equal to it count neither in the loss nor in its mean: the loss is the mean over the other targets of the whole step (every microbatch, device and pipeline stage), so `accumulate` and any mesh give the loss of the full batch (`softmax_cross_entropy(ignore_index: -100)` for Hugging Face's masked-LM labels, or a pad id)",
+            args: &[Arg::new(
+                "ignore_index",
+                Value::Integer,
+                Omitted::From("none: every target counts"),
+                "a target id that counts neither in the loss nor in its mean (e.g. `-100`, or the pad id)",
+            )],
         }
         /// Targets shaped like the output: the mean over every element of (out − y)².
         Mse {
@@ -153,7 +158,7 @@ vocabulary! {
         /// target's (sigmoid binary cross-entropy).
         Accuracy {
             name: "accuracy",
-            doc: "softmax: the target has the largest logit, ties count; sigmoid: the logit's sign is the target's",
+            doc: "softmax: the target has the largest logit, ties count, over the targets the loss counts (not those equal to its `ignore_index`); sigmoid: the logit's sign is the target's",
             losses: &[Loss::SoftmaxCrossEntropy, Loss::SigmoidBinaryCrossEntropy],
         }
         /// Area under the ROC curve of a binary output (sigmoid binary

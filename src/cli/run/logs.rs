@@ -84,6 +84,7 @@ impl Ctx<'_> {
             "optimizer": cfg.optimizer.name(),
             "precision": if self.args.f64 { "f64" } else { self.train.precision.name() },
             "loss": self.train.loss_name(),
+            "ignore_index": self.train.loss_ignore,
             "log": log,
             "shardc": env!("CARGO_PKG_VERSION"),
             "plan": plan,
