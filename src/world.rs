@@ -201,7 +201,9 @@ pub fn compile_text(files: &dyn Files, path: &Path, text: String, opts: &Options
             .ok()
             .and_then(|mut t| t.take())
             .unwrap_or_default();
-        compile_here(files, path, text, opts)
+        let mut c = compile_here(files, path, text, opts);
+        choose_fixes(files, path, opts, &mut c);
+        c
     };
     // `&work`, not `work`: the fallback below calls it again.
     #[allow(clippy::needless_borrows_for_generic_args)]
@@ -218,6 +220,73 @@ pub fn compile_text(files: &dyn Files, path: &Path, text: String, opts: &Options
             Err(_) => work(),
         }
     })
+}
+
+/// A fix-it among equally near names ([`crate::diag::Fix::also`]: `mp` on a
+/// mesh `(dp, tp)`) keeps the name whose file checks with the fewest errors:
+/// each is tried by compiling the root file with every error of the same code
+/// at the same word replaced by it (the first wins a tie). The help names the
+/// kept one.
+fn choose_fixes(files: &dyn Files, path: &Path, opts: &Options, c: &mut Compilation) {
+    let Some((root, file)) = c.sources.files().next() else {
+        return;
+    };
+    let text = file.text.clone();
+    let mut chosen: std::collections::HashMap<(crate::diag::Code, String), String> =
+        Default::default();
+    for i in 0..c.diagnostics.len() {
+        let d = &c.diagnostics[i];
+        let Some(fix) = d
+            .fix
+            .as_ref()
+            .filter(|f| !f.also.is_empty() && f.span.file == root)
+        else {
+            continue;
+        };
+        let Some(word) = text.get(fix.span.range()) else {
+            continue;
+        };
+        let key = (d.code, word.to_string());
+        let pick = match chosen.get(&key) {
+            Some(p) => p.clone(),
+            None => {
+                let mut spans: Vec<std::ops::Range<usize>> = c
+                    .diagnostics
+                    .iter()
+                    .filter(|e| e.code == d.code)
+                    .filter_map(|e| e.fix.as_ref())
+                    .filter(|f| f.span.file == root && text.get(f.span.range()) == Some(word))
+                    .map(|f| f.span.range())
+                    .collect();
+                spans.sort_by_key(|r| r.start);
+                spans.dedup();
+                let mut best: Option<(usize, &String)> = None;
+                for cand in std::iter::once(&fix.replacement).chain(&fix.also) {
+                    let mut edited = text.clone();
+                    for r in spans.iter().rev() {
+                        edited.replace_range(r.clone(), cand);
+                    }
+                    let tried = compile_here(files, path, edited, opts);
+                    let errors = tried.diagnostics.iter().filter(|d| d.is_error()).count();
+                    if best.is_none_or(|(e, _)| errors < e) {
+                        best = Some((errors, cand));
+                    }
+                }
+                let pick = best.map_or_else(|| fix.replacement.clone(), |b| b.1.clone());
+                chosen.insert(key, pick.clone());
+                pick
+            }
+        };
+        let d = &mut c.diagnostics[i];
+        let Some(fix) = d.fix.as_mut() else { continue };
+        if fix.replacement != pick {
+            let (was, now) = (format!("`{}`", fix.replacement), format!("`{pick}`"));
+            d.help = d.help.as_ref().map(|h| h.replace(&was, &now));
+            fix.also.retain(|a| *a != pick);
+            fix.also
+                .insert(0, std::mem::replace(&mut fix.replacement, pick));
+        }
+    }
 }
 
 fn compile_here(files: &dyn Files, path: &Path, text: String, opts: &Options) -> Compilation {

@@ -40,6 +40,10 @@ impl Label {
 pub struct Fix {
     pub span: Span,
     pub replacement: String,
+    /// Other replacements as close to what was written (a typo as near two
+    /// names): the compile tries each and keeps the one whose file checks
+    /// with the fewest errors (`world::compile_text`).
+    pub also: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -87,6 +91,20 @@ impl Diagnostic {
         self.fix = Some(Fix {
             span,
             replacement: replacement.into(),
+            also: Vec::new(),
+        });
+        self
+    }
+    /// A fix with several equally close replacements (see [`Fix::also`]).
+    pub fn fix_among(mut self, span: Span, mut choices: Vec<String>) -> Self {
+        if choices.is_empty() {
+            return self;
+        }
+        let first = choices.remove(0);
+        self.fix = Some(Fix {
+            span,
+            replacement: first,
+            also: choices,
         });
         self
     }
@@ -95,19 +113,29 @@ impl Diagnostic {
     }
 }
 
-/// Closest candidate by edit distance, for "did you mean" help.
 /// Names longer than this get no "did you mean" (and are never suggested).
 pub const MAX_SUGGEST_LEN: usize = 64;
 
+/// Closest candidate by edit distance, for "did you mean" help.
 pub fn did_you_mean<'a>(
     name: &str,
     candidates: impl IntoIterator<Item = &'a str>,
 ) -> Option<String> {
+    did_you_mean_all(name, candidates).into_iter().next()
+}
+
+/// Every candidate at the smallest edit distance (within the limit), in the
+/// order given: a typo may be as near two names (`mp` to `dp` and `tp`).
+pub fn did_you_mean_all<'a>(
+    name: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Vec<String> {
     // Names this long are not typos of anything; the distance is quadratic.
     if name.len() > MAX_SUGGEST_LEN {
-        return None;
+        return Vec::new();
     }
-    let mut best: Option<(usize, &str)> = None;
+    let mut best: Option<usize> = None;
+    let mut all: Vec<&str> = Vec::new();
     for c in candidates {
         let limit = (name.len().max(c.len()) / 3).max(1);
         // The distance is at least the difference in length: skip without computing.
@@ -115,11 +143,18 @@ pub fn did_you_mean<'a>(
             continue;
         }
         let d = edit_distance(name, c);
-        if d <= limit && best.is_none_or(|(bd, _)| d < bd) {
-            best = Some((d, c));
+        if d > limit || best.is_some_and(|b| d > b) {
+            continue;
+        }
+        if best.is_none_or(|b| d < b) {
+            best = Some(d);
+            all.clear();
+        }
+        if !all.contains(&c) {
+            all.push(c);
         }
     }
-    best.map(|(_, c)| c.to_string())
+    all.into_iter().map(str::to_string).collect()
 }
 
 fn edit_distance(a: &str, b: &str) -> usize {

@@ -550,8 +550,11 @@ impl Problem {
                 if let Some((m, s)) = mesh {
                     x = x.secondary(*s, format!("`{m}` is declared here"));
                 }
-                if let Some(s) = super::did_you_mean(axis, axes.iter().map(|s| s.as_str())) {
-                    x = x.help(format!("did you mean `{s}`?")).fix(*span, s);
+                let near = super::did_you_mean_all(axis, axes.iter().map(|s| s.as_str()));
+                if let Some(s) = near.first() {
+                    // With several as near, the compile keeps the one that
+                    // checks best and rewrites this help to name it.
+                    x = x.help(format!("did you mean `{s}`?")).fix_among(*span, near.clone());
                 } else if !axes.is_empty() {
                     x = x.help(format!("the mesh axes are {}", list(axes)));
                 } else {
