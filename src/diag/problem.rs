@@ -578,10 +578,15 @@ impl Problem {
                 let mut divisors: Vec<i64> = (1..=(*size).min(64)).filter(|k| size % k == 0).collect();
                 divisors.truncate(8);
                 let divs: Vec<String> = divisors.iter().map(|k| k.to_string()).collect();
-                let sug: Vec<String> = suggest.iter().map(|k| k.to_string()).collect();
+                // Padding first: cutting a vocabulary or a table loses rows.
+                let up: Vec<String> = suggest.iter().filter(|k| *k > size).map(|k| k.to_string()).collect();
+                let down: Vec<String> = suggest.iter().filter(|k| *k < size).map(|k| k.to_string()).collect();
                 let mut h = format!("make the size a multiple of {n}");
-                if !sug.is_empty() {
-                    h.push_str(&format!(" (e.g. {})", sug.join(" or ")));
+                match (up.is_empty(), down.is_empty()) {
+                    (false, false) => h.push_str(&format!(" (pad it to {}, or cut it to {})", up.join(" or "), down.join(" or "))),
+                    (false, true) => h.push_str(&format!(" (pad it to {})", up.join(" or "))),
+                    (true, false) => h.push_str(&format!(" (e.g. {})", down.join(" or "))),
+                    (true, true) => {}
                 }
                 h.push_str(&format!(", or use an axis size in {{{}}}", divs.join(", ")));
                 x = x.help(h);
