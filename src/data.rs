@@ -666,9 +666,10 @@ impl Cx<'_> {
             for (k, (name, want, int)) in shape.inputs.iter().enumerate() {
                 let vocab = shape.input_vocab.get(k).copied().flatten();
                 let pad = shape.padded.get(k).copied().unwrap_or(false);
+                let full = format!("{name}{suffix}");
                 let a = get(
                     cx,
-                    &format!("{name}{suffix}"),
+                    &full,
                     want,
                     *int,
                     vocab.map(|v| {
@@ -680,6 +681,26 @@ impl Cx<'_> {
                         (v, "embedding rows", beyond)
                     }),
                 );
+                // Integers (uint8 pixels) feed only an input declared as
+                // integers, where the model casts and scales them itself.
+                let a = match a {
+                    Some(a) if a.int && !*int => {
+                        cx.problems.push(Problem::DataMismatch {
+                            span,
+                            path: shown.to_string(),
+                            message: format!(
+                                "has `{full}` as {}, but the model reads floats from it",
+                                a.dtype
+                            ),
+                            label: "data named here",
+                            help: Some(format!(
+                                "declare the input `{name}: i32[...]` and cast it in the model (`cast({name}, f32) / 255.0` scales 8-bit pixels to [0, 1]), or store floats"
+                            )),
+                        });
+                        None
+                    }
+                    a => a,
+                };
                 inputs.push(a);
             }
             // Class ids for a classifier; any numbers for a regression.
