@@ -1,34 +1,40 @@
-//! Ring attention: `causal_attention` with the sequence split over a mesh
-//! axis (context parallelism). Each device keeps its block of queries; the
-//! key/value blocks travel around the axis by `ppermute`, one hop per step,
-//! and an online softmax (running max and sum, rescaled as blocks arrive)
-//! accumulates the output, so no device ever holds the whole sequence or a
-//! score matrix larger than one block by one block. Blocks after a device's
-//! own are masked out by causality and skipped (the hops still happen, so
-//! every device runs the same collectives). Backward goes around the ring
-//! again with the log-sum-exp forward saved, the keys' and values'
-//! cotangents travelling with their blocks, and one last hop brings each
-//! block's cotangent home: the gradients are those of attention on the whole
-//! sequence, computed blockwise.
+//! Ring attention: `causal_attention` or `attention` with the sequence
+//! split over a mesh axis (context parallelism). Each device keeps its block
+//! of queries; the key/value blocks travel around the axis by `ppermute`, one
+//! hop per step, and an online softmax (running max and sum, rescaled as
+//! blocks arrive) accumulates the output, so no device ever holds the whole
+//! sequence or a score matrix larger than one block by one block. Blocks the
+//! mask hides entirely (after a device's own under causality, or beyond a
+//! sliding window) are skipped; the hops still happen, so every device runs
+//! the same collectives. Backward goes around the ring again with the
+//! log-sum-exp forward saved, the keys' and values' cotangents travelling
+//! with their blocks, and one last hop brings each block's cotangent home:
+//! the gradients are those of attention on the whole sequence, computed
+//! blockwise.
 
+use super::attention::Mask;
 use super::einsum::einsum;
 use super::kernel::{ce, Kernel};
 use super::R;
 use candle_core::{Tensor, D};
 
-/// Scores of local queries `q` against a key block `k` ([B, H, Tq, Tk]),
-/// masked causally when the block is the device's own.
-fn scores(q: &Tensor, k: &Tensor, own: bool) -> R<Tensor> {
+/// Scores of local queries `q` (block `qb`) against key block `kb` `k`
+/// ([B, H, Tq, Tk]), masked where `mask` hides a pair.
+fn scores(q: &Tensor, k: &Tensor, mask: Mask, qb: usize, kb: usize) -> R<Tensor> {
     let e = q.dims()[3] as f64;
     let s = einsum(&["bthe", "bshe"], "bhts", &[q, k])?;
     let s = (s / e.sqrt()).map_err(ce)?;
-    if own {
-        let t = q.dims()[1];
-        s.broadcast_add(&super::attention::causal_mask(t, &s)?)
-            .map_err(ce)
-    } else {
-        Ok(s)
+    let (tq, tk) = (q.dims()[1], k.dims()[1]);
+    match mask.block((qb * tq, tq), (kb * tk, tk), &s)? {
+        Some(m) => s.broadcast_add(&m).map_err(ce),
+        None => Ok(s),
     }
+}
+
+/// Whether the mask hides every pair of query block `qb` and key block `kb`
+/// (of `t` positions each).
+fn hidden(mask: Mask, qb: usize, kb: usize, t: usize) -> bool {
+    mask.empty(qb * t, t, kb * t, t)
 }
 
 /// Pass a block one device further along `axis` (device i gets i−1's).
@@ -39,30 +45,38 @@ fn hop(k: &Kernel, t: &Tensor, axis: &str) -> R<Tensor> {
 /// Forward on this device's blocks of q, k, v ([B, T/n, H, E], the sequence
 /// split over `axis`): the output block and the log-sum-exp of each query's
 /// scores ([B, H, T/n, 1]), which backward needs.
-pub fn forward(k: &Kernel, axis: &str, q: &Tensor, kk: &Tensor, v: &Tensor) -> R<(Tensor, Tensor)> {
+pub fn forward(
+    k: &Kernel,
+    axis: &str,
+    q: &Tensor,
+    kk: &Tensor,
+    v: &Tensor,
+    mask: Mask,
+) -> R<(Tensor, Tensor)> {
     let n = k.size(axis);
     let i = k.topo().coord(k.rank, axis);
-    let e = q.dims()[3];
+    let (e, t) = (q.dims()[3], q.dims()[1]);
     // Keys and values travel together.
     let mut kv = Tensor::cat(&[kk, v], 3).map_err(ce)?;
     // The device's own block first: every query sees at least itself, so the
     // running max is finite from the start.
-    let s = scores(q, kk, true)?;
+    let s = scores(q, kk, mask, i, i)?;
     let mut m = super::reduce_fast::max_last_keepdim(&s).map_err(ce)?;
     let p = s.broadcast_sub(&m).and_then(|x| x.exp()).map_err(ce)?;
     let mut l = p.sum_keepdim(D::Minus1).map_err(ce)?;
     let mut o = einsum(&["bhts", "bshe"], "bhte", &[&p, v])?;
     for r in 1..n {
         kv = hop(k, &kv, axis)?;
-        // Block i − r: later than this device's queries once r > i.
-        if r > i {
+        // Block i − r (mod n): skipped when the mask hides all of it.
+        let j = (i + n - r) % n;
+        if hidden(mask, i, j, t) {
             continue;
         }
         let (kb, vb) = (
             kv.narrow(3, 0, e).map_err(ce)?,
             kv.narrow(3, e, e).map_err(ce)?,
         );
-        let s = scores(q, &kb, false)?;
+        let s = scores(q, &kb, mask, i, j)?;
         let m_new = m
             .maximum(&super::reduce_fast::max_last_keepdim(&s).map_err(ce)?)
             .map_err(ce)?;
@@ -94,10 +108,11 @@ pub fn vjp(
     out: &Tensor,
     lse: &Tensor,
     g: &Tensor,
+    mask: Mask,
 ) -> R<(Tensor, Tensor, Tensor)> {
     let n = k.size(axis);
     let i = k.topo().coord(k.rank, axis);
-    let e = q.dims()[3];
+    let (e, t) = (q.dims()[3], q.dims()[1]);
     let scale = 1.0 / (e as f64).sqrt();
     // Δ = rowsum(dO ∘ O), per query: [B, H, Tq, 1].
     let delta = g
@@ -113,12 +128,13 @@ pub fn vjp(
         if r > 0 {
             blk = hop(k, &blk, axis)?;
         }
-        if r > i {
+        let j = (i + n - r) % n;
+        if hidden(mask, i, j, t) {
             continue;
         }
         let part = |j: usize| blk.narrow(3, j * e, e).map_err(ce);
         let (kb, vb, dkb, dvb) = (part(0)?, part(1)?, part(2)?, part(3)?);
-        let s = scores(q, &kb, r == 0)?;
+        let s = scores(q, &kb, mask, i, j)?;
         let p = s.broadcast_sub(lse).and_then(|x| x.exp()).map_err(ce)?;
         let dv = einsum(&["bhts", "bthe"], "bshe", &[&p, g])?;
         let dp = einsum(&["bthe", "bshe"], "bhts", &[g, &vb])?;
