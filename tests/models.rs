@@ -207,6 +207,16 @@ fn grouped_query_attention_equals_attention_with_repeated_heads() {
     let a = run(&gqa, k.clone(), v.clone());
     let b = run(&mha, widen(&k), widen(&v));
     assert!(max_rel(&a.output, &b.output) < 1e-12, "outputs differ");
+    // The built-in grouped heads of `attention` equal the repeat.
+    let built_in = program(
+        "  q: f32[1, 4, 4@tp, 3] init normal(1.0)\n  k: f32[1, 4, 2@tp, 3] init normal(1.0)\n  v: f32[1, 4, 2@tp, 3] init normal(1.0)",
+        "attention(q, k, v, causal: true)",
+    );
+    let c = run(&built_in, k.clone(), v.clone());
+    assert!(max_rel(&c.output, &a.output) < 1e-12, "outputs differ");
+    for ((n, gc), (_, ga)) in c.grads.iter().zip(&a.grads) {
+        assert!(max_rel(gc, ga) < 1e-12, "gradient of `{n}` differs");
+    }
     // A K/V head's gradient is the sum over the query heads it serves.
     for (name, (ga, gb)) in ["q", "k", "v"].iter().zip(a.grads.iter().zip(&b.grads)) {
         let folded: Vec<f64> = if *name == "q" {
@@ -359,5 +369,20 @@ fn mixtral_logs_tokens_per_expert_and_dropped_tokens() {
         assert_eq!(kept + dropped, (2 * 2 * 16 * 32) as f64);
         let balance = get("balance")[0];
         assert!(balance > 0.0 && balance.is_finite(), "balance {balance}");
+    }
+}
+
+/// The examples written with the attention family (a ViT: bidirectional;
+/// an encoder–decoder: bidirectional, causal and cross-attention) train on
+/// their dp × tp meshes like one device.
+#[test]
+fn the_attention_family_examples_match_one_device() {
+    for file in ["examples/vit.shard", "examples/encoder_decoder.shard"] {
+        matches_one_device(
+            file,
+            &read(file),
+            &[("dp", 2), ("tp", 2)],
+            &[("dp", 1), ("tp", 1)],
+        );
     }
 }
