@@ -386,3 +386,58 @@ fn the_attention_family_examples_match_one_device() {
         );
     }
 }
+
+/// `attention(…, keys: m)` hides the keys whose entry is 0: its output and
+/// the queries' gradient equal attention over the kept keys alone, and the
+/// hidden keys and values get no gradient; the heads split over `tp`.
+#[test]
+fn a_keys_padding_mask_equals_attention_over_the_kept_keys() {
+    let (t, s, h, e, kept) = (3usize, 5usize, 2usize, 2usize, [0usize, 1, 3]);
+    let masked = program(
+        "  q: f32[1, 3, 2@tp, 2] init normal(1.0)\n  k: f32[1, 5, 2@tp, 2] init normal(1.0)\n  v: f32[1, 5, 2@tp, 2] init normal(1.0)\n  m: f32[1, 5] init zeros",
+        "attention(q, k, v, keys: m)",
+    );
+    let short = program(
+        "  q: f32[1, 3, 2@tp, 2] init normal(1.0)\n  k: f32[1, 3, 2@tp, 2] init normal(1.0)\n  v: f32[1, 3, 2@tp, 2] init normal(1.0)",
+        "attention(q, k, v)",
+    );
+    let q = values(t * h * e, 1.0);
+    let (k, v) = (values(s * h * e, 2.0), values(s * h * e, 5.0));
+    let pick = |x: &[f64]| -> Vec<f64> {
+        kept.iter()
+            .flat_map(|j| x[j * h * e..(j + 1) * h * e].to_vec())
+            .collect()
+    };
+    let ct = values(t * h * e, 7.0);
+    let m = vec![1.0, 1.0, 0.0, 1.0, 0.0];
+    let p = HashMap::from([
+        ("q".into(), q.clone()),
+        ("k".into(), k.clone()),
+        ("v".into(), v.clone()),
+        ("m".into(), m),
+    ]);
+    let a = probe(&masked, &p, &[], &ct, candle_core::DType::F64, None).expect("runs");
+    let p = HashMap::from([
+        ("q".into(), q),
+        ("k".into(), pick(&k)),
+        ("v".into(), pick(&v)),
+    ]);
+    let b = probe(&short, &p, &[], &ct, candle_core::DType::F64, None).expect("runs");
+    assert!(max_rel(&a.output, &b.output) < 1e-12, "outputs differ");
+    let grad = |r: &shardc::runtime::probe::Probe, n: &str| -> Vec<f64> {
+        r.grads
+            .iter()
+            .find(|g| g.0 == n)
+            .expect("a gradient")
+            .1
+            .clone()
+    };
+    assert!(max_rel(&grad(&a, "q"), &grad(&b, "q")) < 1e-12);
+    for n in ["k", "v"] {
+        let full = grad(&a, n);
+        assert!(max_rel(&pick(&full), &grad(&b, n)) < 1e-12, "`{n}`");
+        for j in [2, 4] {
+            assert!(full[j * h * e..(j + 1) * h * e].iter().all(|x| *x == 0.0));
+        }
+    }
+}

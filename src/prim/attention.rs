@@ -9,7 +9,8 @@
 //!   causal, Mistral's); keys and values of another length than the queries
 //!   (cross-attention, `[B, S, KV, E]`); and fewer key/value heads than query
 //!   heads (grouped-query attention: KV divides H, each key/value head serves
-//!   H / KV query heads, as Llama's and Mistral's do).
+//!   H / KV query heads, as Llama's and Mistral's do); `keys: m` (`[B, S]`)
+//!   hides the keys whose entry is 0 (padding).
 //!
 //! Batch and heads keep their layout (heads split over the model axis is
 //! Megatron attention; the key/value heads must be split like the query
@@ -47,8 +48,8 @@ pub const DEFS: &[Def] = &[
     Def {
         name: "attention",
         kind: Kind::Function,
-        signature: "attention(q, k, v, causal: false, window: W)",
-        rule: "`q: [B, T, H, E]`, `k` and `v` of one type `[B, S, KV, E]`, reduced; bidirectional unless `causal: true`; `window: W` (an integer ≥ 1) lets a query see only keys less than `W` positions away; causal and windowed attention need `S = T` (E0212); `KV` divides `H` (grouped-query attention, each key/value head serving `H / KV` query heads) and is split like `H` (E0204); `B` and `H` keep their layout; with `S = T` of one layout, a sequence split over one axis runs as ring attention over it (blocks the mask hides are skipped; reported), otherwise it is gathered; `E` is gathered if split",
+        signature: "attention(q, k, v, causal: false, window: W, keys: m)",
+        rule: "`q: [B, T, H, E]`, `k` and `v` of one type `[B, S, KV, E]`, reduced; bidirectional unless `causal: true`; `window: W` (an integer ≥ 1) lets a query see only keys less than `W` positions away; `keys: m` (`[B, S]`, any dtype, reduced) hides the keys whose entry is 0 from every query (padding; no gradient; the sequence is then gathered, not ringed); causal and windowed attention need `S = T` (E0212); `KV` divides `H` (grouped-query attention, each key/value head serving `H / KV` query heads) and is split like `H` (E0204); `B` and `H` keep their layout; with `S = T` of one layout, a sequence split over one axis runs as ring attention over it (blocks the mask hides are skipped; reported), otherwise it is gathered; `E` is gathered if split",
         check: Some(check_general),
         examples: &[
             "attention({q: f32[2, 3, 2, 4]}, {k: f32[2, 3, 2, 4]}, {v: f32[2, 3, 2, 4]})",
@@ -56,6 +57,7 @@ pub const DEFS: &[Def] = &[
             "attention({q: f32[1, 5, 2, 3]}, {k: f32[1, 5, 2, 3]}, {v: f32[1, 5, 2, 3]}, window: 2)",
             "attention({q: f32[2, 3, 2, 4]}, {k: f32[2, 5, 2, 4]}, {v: f32[2, 5, 2, 4]})",
             "attention({q: f32[1, 4, 4, 3]}, {k: f32[1, 4, 2, 3]}, {v: f32[1, 4, 2, 3]}, causal: true)",
+            "attention({q: f32[2, 3, 2, 4]}, {k: f32[2, 5, 2, 4]}, {v: f32[2, 5, 2, 4]}, keys: {m: f32[2, 5]})",
         ],
         differentiable: true,
         same_on_one_device: true,
@@ -131,6 +133,9 @@ pub struct Attention {
     pub mask: Mask,
     /// Called as `attention` (not `causal_attention`): its name in the plan.
     pub general: bool,
+    /// A fourth operand `keys: m` `[B, S]`: the keys whose entry is 0 are
+    /// hidden from every query (a padded batch's padding).
+    pub keys: bool,
 }
 
 fn check_causal(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
@@ -179,11 +184,32 @@ fn mask_of(cx: &mut dyn Rules, c: &Call) -> Option<Mask> {
 }
 
 fn check_general(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
-    if !arity(cx, c, 3, 3) || !known_named(cx, c, &["causal", "window"]) {
+    if !arity(cx, c, 3, 3) || !known_named(cx, c, &["causal", "window", "keys"]) {
         return None;
     }
     let mask = mask_of(cx, c)?;
     check(cx, c, mask, true)
+}
+
+/// `keys: m`, the keys' padding mask: `[B, S]` of the keys' batch and
+/// length, reduced (any dtype: 0 hides a key). Its operand follows q, k, v.
+fn keys_of(cx: &mut dyn Rules, c: &Call, k: &TType) -> Option<Option<TType>> {
+    let Some(e) = c.named_expr("keys") else {
+        return Some(None);
+    };
+    let m = cx.tensor(e, "`attention`'s `keys`")?;
+    let fits = m.rank() == 2 && m.dims[0] == k.dims[0] && m.dims[1].size == k.dims[1].size;
+    if !fits {
+        cx.report(Problem::Mismatch {
+            span: e.span,
+            expected: format!("[{}, {}]", k.dims[0], k.dims[1].size),
+            found: m.to_string(),
+            decl: None,
+            detail: "the keys' mask is [batch, key length], laid out like the keys' batch".into(),
+        });
+        return None;
+    }
+    cx.need_reduced(&m, "attention", e).then_some(Some(m))
 }
 
 /// `q`, `k` and `v` as tensors of rank 4, reduced, `k` and `v` of one type.
@@ -270,6 +296,7 @@ fn check(cx: &mut dyn Rules, c: &Call, mask: Mask, general: bool) -> Option<Type
     if !agree(cx, c, &q, &k, mask, general) {
         return None;
     }
+    let keys = keys_of(cx, c, &k)?;
     for (t, x) in [(&q, c.pos[0]), (&k, c.pos[1])] {
         let h = &t.dims[2];
         let n = axes_product(cx, &h.axes);
@@ -290,7 +317,7 @@ fn check(cx: &mut dyn Rules, c: &Call, mask: Mask, general: bool) -> Option<Type
     // of one length and layout); otherwise it is gathered.
     let seq = &q.dims[1].axes;
     let ring = match seq.as_slice() {
-        [a] if cx.axis_size(a) > 1 && k.dims[1] == q.dims[1] => Some(a.clone()),
+        [a] if cx.axis_size(a) > 1 && k.dims[1] == q.dims[1] && keys.is_none() => Some(a.clone()),
         _ => None,
     };
     let mut target = vec![None; 4];
@@ -336,6 +363,7 @@ fn check(cx: &mut dyn Rules, c: &Call, mask: Mask, general: bool) -> Option<Type
             ring,
             mask,
             general,
+            keys: keys.is_some(),
         },
     )
 }
@@ -374,15 +402,40 @@ fn fold(d: &Tensor, g: usize) -> R<Tensor> {
         .map_err(ce)
 }
 
-/// Softmax attention on q [B, T, H, E] and k, v [B, S, H, E] under `mask`;
-/// the output and the weights [B, H, T, S].
-fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Mask) -> R<(Tensor, Tensor)> {
+/// The additive mask of a keys' padding mask `m` [B, S] for scores
+/// [B, H, T, S] like `like`: -1e10 where `m` is 0, else 0, as [B, 1, 1, S].
+fn key_bias(m: &Tensor, like: &Tensor) -> R<Tensor> {
+    let (b, s) = m.dims2().map_err(ce)?;
+    let hidden: Vec<f64> = crate::kernels::host::read::<f64>(m)
+        .map_err(ce)?
+        .iter()
+        .map(|x| if *x == 0.0 { -1e10 } else { 0.0 })
+        .collect();
+    Tensor::from_vec(hidden, (b, 1, 1, s), like.device())
+        .and_then(|t| t.to_dtype(like.dtype()))
+        .map_err(ce)
+}
+
+/// Softmax attention on q [B, T, H, E] and k, v [B, S, H, E] under `mask`
+/// and the keys' padding mask `keys` [B, S]; the output and the weights
+/// [B, H, T, S].
+fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Mask,
+    keys: Option<&Tensor>,
+) -> R<(Tensor, Tensor)> {
     let e = q.dims()[3] as f64;
     let (t, s_len) = (q.dims()[1], k.dims()[1]);
     let s = einsum(&["bthe", "bshe"], "bhts", &[q, k])?;
     let s = (s / e.sqrt()).map_err(ce)?;
     let s = match mask.block((0, t), (0, s_len), &s)? {
         Some(m) => s.broadcast_add(&m).map_err(ce)?,
+        None => s,
+    };
+    let s = match keys {
+        Some(m) => s.broadcast_add(&key_bias(m, &s)?).map_err(ce)?,
         None => s,
     };
     let mx = super::reduce_fast::max_last_keepdim(&s).map_err(ce)?;
@@ -421,6 +474,14 @@ impl Attention {
     /// layout, their sequence laid out like the queries' when it is the same
     /// (a ring keeps it split) and whole otherwise, the head dim whole.
     fn wanted(i: usize, t: &TType, q: &TType, out: &TType) -> TType {
+        if i == 3 {
+            // The keys' mask: the queries' batch layout, the keys whole.
+            let mut w = t.clone();
+            w.dims[0].axes = out.dims[0].axes.clone();
+            w.dims[1].axes.clear();
+            w.pending.clear();
+            return w;
+        }
         if i == 0 || t.dims == q.dims {
             return out.clone();
         }
@@ -445,13 +506,14 @@ impl Attention {
         ts: &[&TType],
         out: &TType,
     ) -> R<(Vec<Tensor>, usize)> {
-        let v: Vec<Tensor> = (0..3)
+        let n = if self.keys { 4 } else { 3 };
+        let mut v: Vec<Tensor> = (0..n)
             .map(|i| k.reshard(x[i], ts[i], &Self::wanted(i, ts[i], ts[0], out)))
             .collect::<R<_>>()?;
         let g = v[0].dims()[2] / v[1].dims()[2].max(1);
-        let kk = expand(&v[1], g)?;
-        let vv = expand(&v[2], g)?;
-        Ok((vec![v[0].clone(), kk, vv], g))
+        v[1] = expand(&v[1], g)?;
+        v[2] = expand(&v[2], g)?;
+        Ok((v, g))
     }
 }
 
@@ -472,6 +534,9 @@ impl Primitive for Attention {
         if let Some(w) = self.mask.window {
             a.push(format!("window: {w}"));
         }
+        if self.keys {
+            a.push("keys masked".into());
+        }
         a
     }
 
@@ -488,7 +553,7 @@ impl Primitive for Attention {
                 saved: vec![lse],
             });
         }
-        Forward::of(attention(&v[0], &v[1], &v[2], self.mask)?.0)
+        Forward::of(attention(&v[0], &v[1], &v[2], self.mask, v.get(3))?.0)
     }
 
     fn vjp(&self, k: &Kernel, g: &Grad) -> R<Vec<Option<Tensor>>> {
@@ -503,7 +568,7 @@ impl Primitive for Attention {
                 super::ring::vjp(k, a, ops, g.y, lse, g.g, self.mask)?
             }
             None => {
-                let (_, p) = attention(&v[0], &v[1], &v[2], self.mask)?;
+                let (_, p) = attention(&v[0], &v[1], &v[2], self.mask, v.get(3))?;
                 attention_vjp(&v[0], &v[1], &v[2], &p, g.g)?
             }
         };
@@ -516,6 +581,10 @@ impl Primitive for Attention {
             } else {
                 d
             }));
+        }
+        if self.keys {
+            // The mask has no gradient.
+            out.push(None);
         }
         Ok(out)
     }
