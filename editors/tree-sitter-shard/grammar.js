@@ -47,6 +47,10 @@ module.exports = grammar({
 
   extras: $ => [/\s/, $.comment],
 
+  // The `(` of a call and the `[` of an index, on the callee's line
+  // (src/scanner.c: the blanks before them are skipped, not part of them).
+  externals: $ => [$._call_open, $._index_open],
+
   // Inside `[...]` lists and call arguments a size expression (`4*D@mp`,
   // `D -> FF@mp`) and an ordinary expression look alike for a while; the GLR
   // parser keeps both and, as pest does, prefers the dimension reading.
@@ -278,7 +282,7 @@ module.exports = grammar({
     _list_item: $ => choice($.dim, $._expr),
 
     // pest's `same_line`: only spaces and tabs between the callee and `(`.
-    call_args: $ => seq(alias(token.immediate(prec(1, /[ \t]*\(/)), '('), commaSep($._arg), ')'),
+    call_args: $ => seq(alias($._call_open, '('), commaSep($._arg), ')'),
 
     _arg: $ => choice($.arrow_arg, $.named_arg, alias($._sharded_size, $.dim), $._expr),
 
@@ -291,7 +295,7 @@ module.exports = grammar({
     named_arg: $ => seq(field('key', $.key), ':', field('value', choice($.options, $._expr))),
 
     index: $ => seq(
-      alias(token.immediate(prec(1, /[ \t]*\[/)), '['),
+      alias($._index_open, '['),
       $.slice,
       repeat(seq(',', $.slice)),
       ']',
