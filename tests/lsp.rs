@@ -819,6 +819,8 @@ fn hints_actions_symbols_tokens_and_folding() {
         "documentSymbolProvider",
         "semanticTokensProvider",
         "foldingRangeProvider",
+        "workspaceSymbolProvider",
+        "documentLinkProvider",
         "hoverProvider",
         "documentFormattingProvider",
     ] {

@@ -285,3 +285,61 @@ fn the_server_registers_for_shard_file_changes_where_the_client_allows() {
     );
     s.notify("exit", Value::Null);
 }
+
+fn names(v: &Value) -> Vec<(String, String)> {
+    v.as_array()
+        .expect("a list of symbols")
+        .iter()
+        .map(|s| {
+            let u = s["location"]["uri"].as_str().unwrap_or_default();
+            let file = u.rsplit('/').next().unwrap_or_default().to_string();
+            (s["name"].as_str().unwrap_or_default().to_string(), file)
+        })
+        .collect()
+}
+
+/// `workspace/symbol` finds declarations by name, ignoring case, in the open
+/// file's compilation and in workspace files no buffer has open (not under
+/// `target/`, `node_modules/` or hidden directories), each once; the
+/// imports of a file are links to the files they load.
+#[test]
+fn workspace_symbols_and_import_links() {
+    let w = workspace("symbols");
+    let mut s = start(&w, root_uri(&w));
+    let found = s.request("workspace/symbol", json!({"query": "proj"}));
+    assert_eq!(
+        names(&found),
+        [("Proj".to_string(), "lib.shard".to_string())],
+        "{found}"
+    );
+    let models = s.request("workspace/symbol", json!({"query": ""}));
+    let all = names(&models);
+    for want in [
+        ("A", "a.shard"),
+        ("B", "b.shard"),
+        ("m", "a.shard"),
+        ("n", "b.shard"),
+        ("C", "f.shard"),
+    ] {
+        assert!(
+            all.contains(&(want.0.to_string(), want.1.to_string())),
+            "no {want:?} in {all:?}"
+        );
+    }
+    // `y/f.shard` only: the copies under target/, node_modules/ and .hidden are skipped.
+    assert_eq!(all.iter().filter(|(n, _)| n == "C").count(), 1, "{all:?}");
+    let links = s.request(
+        "textDocument/documentLink",
+        json!({"textDocument": {"uri": uri(&w.a)}}),
+    );
+    let links = links.as_array().expect("links");
+    assert_eq!(links.len(), 2, "{links:?}");
+    assert_eq!(links[0]["target"], json!(uri(&w.lib)), "{links:?}");
+    assert_eq!(
+        links[0]["range"]["start"],
+        json!({"line": 0, "character": 0})
+    );
+    let std = links[1]["target"].as_str().unwrap_or_default();
+    assert!(std.ends_with("nn.shard"), "{links:?}");
+    s.finish();
+}

@@ -292,6 +292,11 @@ fn capabilities(enc: text::Encoding) -> Result<Value, Refusal> {
             },
         )),
         folding_range_provider: Some(FoldingRangeProviderCapability::Simple(true)),
+        workspace_symbol_provider: Some(OneOf::Left(true)),
+        document_link_provider: Some(lsp_types::DocumentLinkOptions {
+            resolve_provider: Some(false),
+            work_done_progress_options: Default::default(),
+        }),
         workspace: Some(WorkspaceServerCapabilities {
             workspace_folders: Some(WorkspaceFoldersServerCapabilities {
                 supported: Some(true),
@@ -519,6 +524,12 @@ impl<W: Write> Server<'_, W> {
             }
             (Phase::Running, FoldingRangeRequest::METHOD) => {
                 params(&req).and_then(|p| json(outline::folding(st, p)))
+            }
+            (Phase::Running, lsp_types::request::WorkspaceSymbolRequest::METHOD) => {
+                params(&req).and_then(|p| json(nav::workspace_symbols(st, p)))
+            }
+            (Phase::Running, lsp_types::request::DocumentLinkRequest::METHOD) => {
+                params(&req).and_then(|p| json(nav::document_links(st, p)))
             }
             // Every request gets an answer, or the client waits for it.
             (Phase::Running, m) => Err((

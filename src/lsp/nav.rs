@@ -4,17 +4,19 @@
 //! under the workspace folders and beside the open buffers, open or not,
 //! which may import them), and hover (inferred types and layouts of bindings, the
 //! declaration of what a name refers to, constants' values, axes' sizes,
-//! built-in ops with their row of the op registry).
+//! built-in ops with their row of the op registry); workspace symbols (the
+//! declarations of every such file by name) and the links of `import`s.
 
 use super::index::{Index, Kind, Occ, Target};
 use super::state::{Analysis, State};
 use super::text::{self, Lines};
 use lsp_server::ErrorCode;
 use lsp_types::{
-    DocumentHighlight, DocumentHighlightKind, DocumentHighlightParams, GotoDefinitionParams,
-    GotoDefinitionResponse, Hover, HoverContents, HoverParams, Location, MarkupContent, MarkupKind,
-    Position, PrepareRenameResponse, ReferenceParams, RenameParams, TextDocumentPositionParams,
-    TextEdit, Uri, WorkspaceEdit,
+    DocumentHighlight, DocumentHighlightKind, DocumentHighlightParams, DocumentLink,
+    DocumentLinkParams, GotoDefinitionParams, GotoDefinitionResponse, Hover, HoverContents,
+    HoverParams, Location, MarkupContent, MarkupKind, Position, PrepareRenameResponse,
+    ReferenceParams, RenameParams, SymbolInformation, TextDocumentPositionParams, TextEdit, Uri,
+    WorkspaceEdit, WorkspaceSymbolParams, WorkspaceSymbolResponse,
 };
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -524,4 +526,89 @@ pub fn hover(st: &State, p: HoverParams) -> Option<Hover> {
     let mut h = markdown(value);
     h.range = Some(Lines::new(at.text, st.enc).range(o.start, o.end));
     Some(h)
+}
+
+/// `workspace/symbol`: the declarations (constants, meshes, layers, models,
+/// tables, features, trains and layers' functions) whose name holds the
+/// query, ignoring case, in every open buffer's compilation and every
+/// `.shard` file of the workspace; each once.
+pub fn workspace_symbols(st: &State, p: WorkspaceSymbolParams) -> Option<WorkspaceSymbolResponse> {
+    let query = p.query.to_lowercase();
+    let wanted = |k: Kind| {
+        matches!(
+            k,
+            Kind::Const
+                | Kind::Mesh
+                | Kind::Layer
+                | Kind::Model
+                | Kind::Table
+                | Kind::Feature
+                | Kind::Train
+                | Kind::Fn
+        )
+    };
+    let mut keys: Vec<&PathBuf> = st.analyses.keys().collect();
+    keys.sort();
+    // Every workspace file: the query matches names ignoring case, so no
+    // file can be passed over by its text.
+    let extra = others(st, "");
+    let ixs = keys
+        .into_iter()
+        .map(|k| st.analyses[k].index.as_ref())
+        .chain(&extra);
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for ix in ixs {
+        for d in &ix.defs {
+            if !wanted(d.kind) || !d.name.to_lowercase().contains(&query) {
+                continue;
+            }
+            let f = &ix.files[d.file];
+            if !seen.insert((f.key.clone(), d.name_span.0)) {
+                continue;
+            }
+            let Some(loc) = location(st, ix, d.file, d.name_span.0, d.name_span.1) else {
+                continue;
+            };
+            let container = d
+                .container
+                .and_then(|c| ix.defs.get(c))
+                .map(|c| c.name.clone());
+            #[allow(deprecated)]
+            out.push(SymbolInformation {
+                name: d.name.clone(),
+                kind: super::outline::symbol_kind(d.kind),
+                tags: None,
+                deprecated: None,
+                location: loc,
+                container_name: container,
+            });
+        }
+    }
+    out.sort_by(|a, b| {
+        (a.name.as_str(), a.location.uri.as_str()).cmp(&(b.name.as_str(), b.location.uri.as_str()))
+    });
+    Some(WorkspaceSymbolResponse::Flat(out))
+}
+
+/// `textDocument/documentLink`: each `import` of the file, linked to the
+/// file it loads (a stdlib module to its copy on disk).
+pub fn document_links(st: &State, p: DocumentLinkParams) -> Option<Vec<DocumentLink>> {
+    let at = at(st, &p.text_document.uri, Position::new(0, 0))?;
+    let ix = at.ix;
+    let lines = Lines::new(&ix.files[at.file].text, st.enc);
+    let links = ix.files[at.file]
+        .imports
+        .iter()
+        .filter_map(|(s, e, target)| {
+            let t = ix.files.get((*target)?)?;
+            Some(DocumentLink {
+                range: lines.range(*s, *e),
+                target: Some(st.uri(&t.key)?),
+                tooltip: Some(t.key.display().to_string()),
+                data: None,
+            })
+        })
+        .collect();
+    Some(links)
 }

@@ -135,7 +135,7 @@ pub fn code_actions(st: &State, p: CodeActionParams) -> Option<Vec<CodeActionOrC
     Some(out)
 }
 
-fn symbol_kind(k: Kind) -> SymbolKind {
+pub fn symbol_kind(k: Kind) -> SymbolKind {
     match k {
         Kind::Const => SymbolKind::CONSTANT,
         Kind::Mesh => SymbolKind::NAMESPACE,
