@@ -222,6 +222,35 @@ pub fn compile_text(files: &dyn Files, path: &Path, text: String, opts: &Options
     })
 }
 
+/// N0001's label says bytes per call; where a plan counts the collective
+/// (a clean file), it also says how many calls a step makes (a `repeat`'s
+/// blocks, forward and backward, every microbatch) and so the bytes per step.
+fn calls_per_step(diagnostics: &mut [crate::diag::Diagnostic], plans: &[crate::plan::Plan]) {
+    for d in diagnostics
+        .iter_mut()
+        .filter(|d| d.code == crate::diag::Code::N0001)
+    {
+        let span = d.primary.span;
+        // A gather over several axes is one note and one collective per axis
+        // in the plan: their bytes add up. One model's plan counts it.
+        let Some(p) = plans
+            .iter()
+            .find(|p| p.comms.iter().any(|c| c.span == span))
+        else {
+            continue;
+        };
+        let here: Vec<&crate::plan::Comm> = p.comms.iter().filter(|c| c.span == span).collect();
+        let calls = here.iter().map(|c| c.count).max().unwrap_or(0);
+        let bytes: f64 = here.iter().map(|c| c.bytes * c.count as f64).sum();
+        d.primary.text = format!(
+            "{}, {} per step ({calls} call{})",
+            d.primary.text,
+            crate::units::human_bytes(bytes),
+            if calls == 1 { "" } else { "s" }
+        );
+    }
+}
+
 /// A fix-it among equally near names ([`crate::diag::Fix::also`]: `mp` on a
 /// mesh `(dp, tp)`) keeps the name whose file checks with the fewest errors:
 /// each is tried by compiling the root file with every error of the same code
@@ -352,7 +381,7 @@ fn compile_here(files: &dyn Files, path: &Path, text: String, opts: &Options) ->
         .collect();
     diagnostics.extend(step_notes);
     let clean = !diagnostics.iter().any(|d| d.is_error());
-    let plans = lowered
+    let plans: Vec<crate::plan::Plan> = lowered
         .iter()
         .filter(|_| clean)
         .filter_map(|p| {
@@ -360,6 +389,7 @@ fn compile_here(files: &dyn Files, path: &Path, text: String, opts: &Options) ->
             Some(crate::plan::of(p, t, &spec, &sources))
         })
         .collect();
+    calls_per_step(&mut diagnostics, &plans);
     let programs: Vec<crate::spmd::Program> =
         lowered.into_iter().filter(|p| p.folds.is_empty()).collect();
     let (diags, data, mut data_read) =

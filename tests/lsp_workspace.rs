@@ -7,6 +7,10 @@
 //! list all three files and rename edits all three. Files under `target/`,
 //! `node_modules/` and hidden directories are not searched, and a workspace
 //! with more files than the search reads says so in the log.
+//!
+//! Also what the editor shows of the whole workspace and of each file's
+//! plan: workspace symbols, import links, and on `models/gptj.shard` the code
+//! lenses and collective hovers, whose figures are `shardc plan`'s.
 
 #[path = "common/lsp.rs"]
 mod lsp;
@@ -341,5 +345,93 @@ fn workspace_symbols_and_import_links() {
     );
     let std = links[1]["target"].as_str().unwrap_or_default();
     assert!(std.ends_with("nn.shard"), "{links:?}");
+    s.finish();
+}
+
+/// The figures `shardc plan FILE` prints: the memory total per device, the
+/// compute per step and the communication total.
+fn plan_figures(file: &str) -> [String; 3] {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shardc"))
+        .args(["plan", file])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("shardc plan runs");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let field = |prefix: &str| -> String {
+        let line = text
+            .lines()
+            .find(|l| l.trim_start().starts_with(prefix))
+            .unwrap_or_else(|| panic!("no `{prefix}` in\n{text}"));
+        let rest = line.trim_start()[prefix.len()..].trim_start();
+        let words: Vec<&str> = rest.split_whitespace().take(2).collect();
+        words.join(" ")
+    };
+    let memory = field("total");
+    let compute = field("compute per device per step:");
+    // The second `total`: communication's.
+    let comm = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with("total"))
+        .nth(1)
+        .map(|l| {
+            l.split_whitespace()
+                .skip(1)
+                .take(2)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .expect("a communication total");
+    [memory, compute, comm]
+}
+
+/// On `models/gptj.shard`: a code lens over the `train` and the `model`
+/// gives the plan's memory per device, FLOPs per step and bytes communicated
+/// per step (what `shardc plan` prints), and hovering the block's `psum`
+/// gives its bytes per call, calls per step (4 blocks) and bytes per step.
+#[test]
+fn code_lenses_and_collective_hovers_show_the_plan() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gptj.shard");
+    let text = std::fs::read_to_string(&path).expect("gptj");
+    let mut s = Server::start();
+    s.initialize(json!({}));
+    s.open(&uri(&path), &text);
+    let d = s.diags(&uri(&path));
+    assert!(d.iter().all(|x| x["severity"] != 1), "gptj checks: {d:?}");
+    let lenses = s.request(
+        "textDocument/codeLens",
+        json!({"textDocument": {"uri": uri(&path)}}),
+    );
+    let lenses = lenses.as_array().expect("lenses");
+    let lines: Vec<u64> = lenses
+        .iter()
+        .filter_map(|l| l["range"]["start"]["line"].as_u64())
+        .collect();
+    let line_of = |needle: &str| {
+        text.lines()
+            .position(|l| l.starts_with(needle))
+            .expect("a line") as u64
+    };
+    assert_eq!(lines.len(), 2, "{lenses:?}");
+    assert!(
+        lines.contains(&line_of("model GPTJ")) && lines.contains(&line_of("train GPTJ")),
+        "{lenses:?}"
+    );
+    let title = lenses[0]["command"]["title"].as_str().expect("a title");
+    let [memory, compute, comm] = plan_figures("models/gptj.shard");
+    assert_eq!(
+        title,
+        format!("{memory} per device · {compute} per step · {comm} communicated per step · pod (dp=4, mp=2)"),
+    );
+    let hover = s.request(
+        "textDocument/hover",
+        json!({"textDocument": {"uri": uri(&path)}, "position": pos(&text, "psum(attn", 0)}),
+    );
+    let value = hover["contents"]["value"].as_str().unwrap_or_default();
+    assert!(
+        value.contains(
+            "**all-reduce** over `mp`: 1.5 MiB per call × 4 calls per step = 6.0 MiB per step"
+        ),
+        "{hover}"
+    );
     s.finish();
 }

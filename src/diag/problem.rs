@@ -641,7 +641,7 @@ impl Problem {
                 .note("a partial value holds one addend per device; this operation needs their sum"),
             BadCollective { span, message, help } => d(Code::E0215, message.clone(), *span, "here".into()).help(help.clone()),
             ImplicitCollective { span, what, bytes, strict, local } => {
-                let mut x = d(Code::E0216, format!("this needs an implicit {what}"), *span, format!("{bytes} per step"));
+                let mut x = d(Code::E0216, format!("this needs an implicit {what}"), *span, format!("{bytes} per call"));
                 if let Some(s) = strict {
                     x = x.secondary(*s, "strict mode: every collective must be written");
                 }
@@ -822,7 +822,8 @@ impl Problem {
                     names => d0.help(format!("the paths of `{model}`'s parameters are made of {}, … (`shardc lower` lists them)", names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", "))),
                 }
             }
-            Reshard { span, what, from, to, bytes } => d(Code::N0001, format!("inserted {what}: {from} → {to}"), *span, format!("{bytes} per step")),
+            // Calls per step are the plan's (`world::calls_per_step`).
+            Reshard { span, what, from, to, bytes } => d(Code::N0001, format!("inserted {what}: {from} → {to}"), *span, format!("{bytes} per call")),
         }
     }
 }

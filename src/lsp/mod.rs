@@ -293,6 +293,9 @@ fn capabilities(enc: text::Encoding) -> Result<Value, Refusal> {
         )),
         folding_range_provider: Some(FoldingRangeProviderCapability::Simple(true)),
         workspace_symbol_provider: Some(OneOf::Left(true)),
+        code_lens_provider: Some(lsp_types::CodeLensOptions {
+            resolve_provider: Some(false),
+        }),
         document_link_provider: Some(lsp_types::DocumentLinkOptions {
             resolve_provider: Some(false),
             work_done_progress_options: Default::default(),
@@ -527,6 +530,9 @@ impl<W: Write> Server<'_, W> {
             }
             (Phase::Running, lsp_types::request::WorkspaceSymbolRequest::METHOD) => {
                 params(&req).and_then(|p| json(nav::workspace_symbols(st, p)))
+            }
+            (Phase::Running, lsp_types::request::CodeLensRequest::METHOD) => {
+                params(&req).and_then(|p| json(outline::code_lens(st, p)))
             }
             (Phase::Running, lsp_types::request::DocumentLinkRequest::METHOD) => {
                 params(&req).and_then(|p| json(nav::document_links(st, p)))

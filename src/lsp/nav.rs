@@ -508,22 +508,39 @@ fn def_doc(st: &State, a: &Analysis, ix: &Index, d: usize) -> String {
 pub fn hover(st: &State, p: HoverParams) -> Option<Hover> {
     let at = at_params(st, &p.text_document_position_params)?;
     let key = &at.ix.files[at.file].key;
+    // The collectives the plan counts at the innermost expression here.
+    let comms: Vec<&str> = {
+        let mut here: Vec<&(PathBuf, usize, usize, String)> =
+            at.a.comms
+                .iter()
+                .filter(|(k, s, e, _)| k == key && *s <= at.offset && at.offset < *e)
+                .collect();
+        let inner = here.iter().map(|c| c.2 - c.1).min();
+        here.retain(|c| Some(c.2 - c.1) == inner);
+        here.into_iter().map(|c| c.3.as_str()).collect()
+    };
+    let with_comms = |v: String| match comms.is_empty() {
+        true => v,
+        false => format!("{v}\n\n---\n\n{}", comms.join("\n\n")),
+    };
     // On a binding the checker typed.
     if let Some((_, _, _, t)) =
         at.a.types
             .iter()
             .find(|(k, s, e, _)| k == key && *s <= at.offset && at.offset <= *e)
     {
-        return Some(markdown(typed(t)));
+        return Some(markdown(with_comms(typed(t))));
     }
-    let o = at.occ()?;
+    let Some(o) = at.occ() else {
+        return (!comms.is_empty()).then(|| markdown(comms.join("\n\n")));
+    };
     let value = match o.target {
         Target::Def(d) => def_doc(st, at.a, at.ix, d),
         Target::Op(n) => op_doc(n)?,
         Target::Library(n) => library_doc(n),
         Target::File(f) => format!("`{}`", at.ix.files.get(f)?.name),
     };
-    let mut h = markdown(value);
+    let mut h = markdown(with_comms(value));
     h.range = Some(Lines::new(at.text, st.enc).range(o.start, o.end));
     Some(h)
 }

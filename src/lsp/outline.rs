@@ -1,18 +1,19 @@
 //! Whole-document features: formatting (as `shardc fmt`), inlay hints (each
 //! `let`'s inferred type and sharding), code actions (the fix-it of every
 //! diagnostic shown), document symbols, semantic tokens (of the whole file or
-//! a range) and folding ranges.
+//! a range), folding ranges and code lenses (each trained model's plan).
 
 use super::index::{Kind, Target};
 use super::state::State;
 use super::text::Lines;
 use lsp_types::{
-    CodeAction, CodeActionKind, CodeActionOrCommand, CodeActionParams, DocumentFormattingParams,
-    DocumentSymbol, DocumentSymbolParams, DocumentSymbolResponse, FoldingRange, FoldingRangeKind,
-    FoldingRangeParams, InlayHint, InlayHintKind, InlayHintLabel, InlayHintParams,
-    InlayHintTooltip, Position, Range, SemanticToken, SemanticTokenModifier, SemanticTokenType,
-    SemanticTokens, SemanticTokensLegend, SemanticTokensParams, SemanticTokensRangeParams,
-    SemanticTokensRangeResult, SemanticTokensResult, SymbolKind, TextEdit, Uri, WorkspaceEdit,
+    CodeAction, CodeActionKind, CodeActionOrCommand, CodeActionParams, CodeLens, CodeLensParams,
+    Command, DocumentFormattingParams, DocumentSymbol, DocumentSymbolParams,
+    DocumentSymbolResponse, FoldingRange, FoldingRangeKind, FoldingRangeParams, InlayHint,
+    InlayHintKind, InlayHintLabel, InlayHintParams, InlayHintTooltip, Position, Range,
+    SemanticToken, SemanticTokenModifier, SemanticTokenType, SemanticTokens, SemanticTokensLegend,
+    SemanticTokensParams, SemanticTokensRangeParams, SemanticTokensRangeResult,
+    SemanticTokensResult, SymbolKind, TextEdit, Uri, WorkspaceEdit,
 };
 use std::collections::HashMap;
 
@@ -360,4 +361,33 @@ pub fn folding(st: &State, p: FoldingRangeParams) -> Option<Vec<FoldingRange>> {
         });
     }
     Some(out)
+}
+
+/// Code lenses: the plan of each trained model in one line (memory per
+/// device, FLOPs and bytes communicated per step, the mesh) over its `train`
+/// and its `model` declaration, for the file's own mesh (as `shardc plan`
+/// prints them; none while the file has errors).
+pub fn code_lens(st: &State, p: CodeLensParams) -> Option<Vec<CodeLens>> {
+    let at = super::nav::at(st, &p.text_document.uri, Position::new(0, 0))?;
+    let key = &at.ix.files[at.file].key;
+    let lines = Lines::new(at.text, st.enc);
+    let lenses =
+        at.a.lenses
+            .iter()
+            .filter(|(k, ..)| k == key)
+            .map(|(_, s, e, title)| {
+                let r = lines.range(*s, *e);
+                CodeLens {
+                    // On the declaration's first line.
+                    range: Range::new(r.start, r.start),
+                    command: Some(Command {
+                        title: title.clone(),
+                        command: String::new(),
+                        arguments: None,
+                    }),
+                    data: None,
+                }
+            })
+            .collect();
+    Some(lenses)
 }

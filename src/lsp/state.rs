@@ -44,6 +44,12 @@ pub struct Analysis {
     pub shown: HashMap<PathBuf, Vec<Diagnostic>>,
     /// Whether the root file parsed (formatting needs it).
     pub parses: bool,
+    /// The plan of each trained model in one line, at its `train` and its
+    /// `model` declaration (code lenses): (file key, start, end, summary).
+    pub lenses: Vec<(PathBuf, usize, usize, String)>,
+    /// Each collective the plan counts at a place in the source (hover):
+    /// (file key, start, end, what it moves per call and per step).
+    pub comms: Vec<(PathBuf, usize, usize, String)>,
 }
 
 impl Analysis {
@@ -420,6 +426,7 @@ fn analyze(
             shown.entry(keys[root].clone()).or_default().push(lsp);
         }
     }
+    let (lenses, comms) = costs(&c, &fresh, &keys);
     let index = match old {
         Some(old) if !parses && old.file_of(key).is_some() => old,
         _ => fresh,
@@ -432,7 +439,70 @@ fn analyze(
         trains,
         shown,
         parses,
+        lenses,
+        comms,
     }
+}
+
+/// The plans' figures where the editor shows them: one line per trained
+/// model at its `train` and its `model` declaration, and per collective at
+/// its place in the source, its bytes per call, calls per step and bytes per
+/// step (`shardc plan`'s figures; none when the file has errors).
+#[allow(clippy::type_complexity)]
+fn costs(
+    c: &world::Compilation,
+    ix: &Index,
+    keys: &[PathBuf],
+) -> (
+    Vec<(PathBuf, usize, usize, String)>,
+    Vec<(PathBuf, usize, usize, String)>,
+) {
+    let at = |span: crate::source::Span| -> Option<(PathBuf, usize, usize)> {
+        let k = keys.get(span.file.0 as usize)?;
+        Some((k.clone(), span.start as usize, span.end as usize))
+    };
+    let (mut lenses, mut comms) = (Vec::new(), Vec::new());
+    for p in &c.plans {
+        let line = p.summary();
+        if let Some((k, s, e)) = c.spec.train(Some(&p.model)).and_then(|t| at(t.span)) {
+            lenses.push((k, s, e, line.clone()));
+        }
+        let model = ix
+            .defs
+            .iter()
+            .find(|d| d.kind == super::index::Kind::Model && d.name == p.model);
+        if let Some(d) = model {
+            if let Some(f) = ix.files.get(d.file) {
+                lenses.push((f.key.clone(), d.full.0, d.full.1, line));
+            }
+        }
+        for m in p
+            .comms
+            .iter()
+            .filter(|m| m.span != crate::source::Span::default())
+        {
+            let Some((k, s, e)) = at(m.span) else {
+                continue;
+            };
+            let how = if m.explicit { "" } else { " (inserted)" };
+            comms.push((
+                k,
+                s,
+                e,
+                format!(
+                    "**{}**{how} over `{}`: {} per call × {} calls per step = {} per step (`{}` on `{}`)",
+                    m.kind,
+                    m.axes.join(", "),
+                    crate::units::human_bytes(m.bytes),
+                    m.count,
+                    crate::units::human_bytes(m.bytes * m.count as f64),
+                    p.model,
+                    p.mesh
+                ),
+            ));
+        }
+    }
+    (lenses, comms)
 }
 
 /// Where the root file brings in what is at `at` of file `f`: a use of the

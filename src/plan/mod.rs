@@ -214,6 +214,29 @@ impl Plan {
     pub fn model_step_flops(&self) -> f64 {
         3.0 * self.forward_flops * self.microbatches.max(1) as f64
     }
+    /// Bytes each device sends per optimizer step: every collective's bytes
+    /// per call times its calls per step.
+    pub fn comm_per_step(&self) -> f64 {
+        self.comms.iter().map(|c| c.bytes * c.count as f64).sum()
+    }
+    /// The plan in one line, as an editor's code lens shows it: memory per
+    /// device, FLOPs and bytes communicated per step, and the mesh (the same
+    /// figures `shardc plan` prints).
+    pub fn summary(&self) -> String {
+        let axes: Vec<String> = self
+            .mesh_axes
+            .iter()
+            .map(|(a, n)| format!("{a}={n}"))
+            .collect();
+        format!(
+            "{} per device · {} per step · {} communicated per step · {} ({})",
+            human_bytes(self.total_memory()),
+            human_flops(self.step_flops()),
+            human_bytes(self.comm_per_step()),
+            self.mesh,
+            axes.join(", ")
+        )
+    }
 }
 
 pub use crate::units::{human_bytes, human_flops};
@@ -955,7 +978,6 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
             "  {:<34} {:<10} {:>12} {:>6}  source\n",
             "collective", "axes", "bytes", "count"
         ));
-        let mut total = 0.0;
         for c in &p.comms {
             let kind = if c.explicit {
                 c.kind.clone()
@@ -970,8 +992,8 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
                 c.count,
                 c.source
             ));
-            total += c.bytes * c.count as f64;
         }
+        let total = p.comm_per_step();
         s.push_str(&format!(
             "  {:<34} {:<10} {:>12}\n",
             "total",

@@ -66,7 +66,7 @@ impl Ctx<'_> {
                 "bytes_per_device": p.total_memory(),
                 "flops_per_step": p.step_flops(),
                 "collectives_per_step": p.comms.iter().map(|c| c.count).sum::<u64>(),
-                "comm_bytes_per_step": p.comms.iter().map(|c| c.bytes * c.count as f64).sum::<f64>(),
+                "comm_bytes_per_step": p.comm_per_step(),
             })
         });
         let log: Vec<&str> = cfg.log.iter().map(|l| l.name()).collect();
