@@ -3,7 +3,9 @@
 library: pygls's `BaseLanguageClient` (typed lsprotocol requests over the
 server's stdio). It opens models/gptj.shard, breaks it and fixes it (watching
 the published diagnostics), hovers, jumps to a standard-library definition
-and formats, then shuts the server down. Each step prints `ok` or `FAIL`;
+and formats, types half a line (semantic tokens, inlay hints and a
+definition must then be mapped to the new text or withheld, never stale),
+then shuts the server down. Each step prints `ok` or `FAIL`;
 the first failure (a wrong answer, an error response, a timeout, a server
 that exits early or with a non-zero status) ends the script with status 1
 and says why.
@@ -18,6 +20,7 @@ tests/lsp_pygls.rs runs this script when a Python with pygls is available.
 import asyncio
 import os
 import pathlib
+import re
 import sys
 import traceback
 
@@ -213,6 +216,8 @@ async def session(client, server):
     step("format", bool(edits) and len(edits) == 1 and edits[0].new_text == text,
          "one edit, the file as committed" if edits else "no edits")
 
+    await half_line(client, doc, text, change)
+
     await ask(client, "shutdown", client.shutdown_async(None))
     client.exit(None)
     try:
@@ -220,6 +225,65 @@ async def session(client, server):
     except asyncio.TimeoutError:
         raise Failed(f"the server did not exit within {TIMEOUT} s of `exit`") from None
     step("shut down", client.returncode == 0, f"exit status {client.returncode}")
+
+
+IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+async def half_line(client, doc, text, change):
+    """A line typed half-way (`let y = gelu(` before a block's `let ff`): the
+    file does not parse, so the server answers from the last analysis that
+    did; every position it gives must be mapped to the buffer now or
+    withheld, never stale (a token on a blank, a hint on the new line, a
+    definition at an old offset)."""
+    anchor = "    let ff = gelu(h @ w1 + b1) @ w2"
+    half = text.replace(anchor, "    let y = gelu(\n" + anchor, 1)
+    lines = half.splitlines()
+    typed = lines.index("    let y = gelu(")
+    step("the half line changes the file", half != text)
+    change(5, half)
+    d = errors(await client.diagnostics(doc.uri, 5))
+    step("a half line is a syntax error", bool(d) and d[0].code == "E0001",
+         f"{d[0].code} at line {d[0].range.start.line + 1}" if d else "no error")
+
+    toks = await ask(client, "semantic tokens", client.text_document_semantic_tokens_full_async(
+        types.SemanticTokensParams(text_document=doc)))
+    data = toks.data if toks else []
+    line = col = 0
+    found, off = 0, []
+    for i in range(0, len(data), 5):
+        dl, dc, length = data[i], data[i + 1], data[i + 2]
+        line, col = line + dl, (col + dc if dl == 0 else dc)
+        word = lines[line][col:col + length] if line < len(lines) else ""
+        found += 1
+        if not IDENT.fullmatch(word) or line == typed:
+            off.append(f"{line + 1}:{col + 1} {word!r}")
+    step("semantic tokens land on names", found > 100 and not off,
+         f"{found} tokens, {len(off)} elsewhere {off[:3]}")
+
+    whole = types.Range(start=types.Position(line=0, character=0),
+                        end=types.Position(line=len(lines), character=0))
+    hints = await ask(client, "inlay hints", client.text_document_inlay_hint_async(
+        types.InlayHintParams(text_document=doc, range=whole))) or []
+    bad = []
+    for h in hints:
+        before = lines[h.position.line][:h.position.character]
+        if h.position.line == typed or not re.search(r"^\s*let \(?[A-Za-z_][A-Za-z0-9_, ]*$", before):
+            bad.append(f"{h.position.line + 1}:{h.position.character + 1} after {before!r}")
+    # Those from before the edit are withheld or moved with their lets.
+    step("inlay hints follow their lets", not bad,
+         f"{len(hints)} hints, {len(bad)} misplaced {bad[:3]}")
+
+    r = await ask(client, "definition", client.text_document_definition_async(
+        types.DefinitionParams(text_document=doc, position=pos(half, "ln_f(blocks"))))
+    loc = r[0] if isinstance(r, list) and r else r
+    if loc is None:
+        step("definition after the edit is withheld", True, "null")
+    else:
+        at = loc.range.start
+        got = lines[at.line][at.character:loc.range.end.character]
+        step("definition after the edit lands on the name", got == "ln_f" and
+             lines[at.line].lstrip().startswith("ln_f"), f"line {at.line + 1}: {got!r}")
 
 
 def pygls_version():

@@ -215,7 +215,7 @@ fn mesh_axes(at: &At, cx: &Context) -> Vec<(String, i64)> {
     }
     let layer = at
         .ix
-        .enclosing(at.file, at.offset, &[Kind::Layer, Kind::Model])
+        .enclosing(at.file, at.near, &[Kind::Layer, Kind::Model])
         .map(|l| at.ix.defs[l].name.clone());
     let mesh = layer
         .and_then(|l| a.trains.iter().find(|t| t.0 == l))
@@ -352,8 +352,8 @@ fn in_options(at: &At, cx: &Context, head: &str) -> Vec<CompletionItem> {
         None if cx.at_key && head.starts_with("train") => option_keys(&TRAIN_OPTIONS),
         None if cx.at_key => option_keys(&TABLE_OPTIONS),
         Some("loss") => losses(at, head),
-        Some(k) => option_values(k).unwrap_or_else(|| scope(at.ix, at.file, at.offset, true)),
-        None => scope(at.ix, at.file, at.offset, true),
+        Some(k) => option_values(k).unwrap_or_else(|| scope(at.ix, at.file, at.near, true)),
+        None => scope(at.ix, at.file, at.near, true),
     }
 }
 
@@ -430,12 +430,12 @@ pub fn completion(st: &State, p: CompletionParams) -> Option<CompletionResponse>
                 if cx.key.is_none() {
                     return list(keys(&args));
                 }
-                return list(scope(at.ix, at.file, at.offset, true));
+                return list(scope(at.ix, at.file, at.near, true));
             }
         }
         Some(('[', key)) if key == "metrics" => return list(words(&METRICS)),
         Some(('[', key)) if key == "log" => return list(words(&LOG_SINKS)),
-        Some(('[', _)) => return list(scope(at.ix, at.file, at.offset, true)),
+        Some(('[', _)) => return list(scope(at.ix, at.file, at.near, true)),
         Some(('{', head)) if head.starts_with("train") || head.starts_with("table") => {
             return list(in_options(&at, &cx, head));
         }
@@ -475,12 +475,12 @@ pub fn completion(st: &State, p: CompletionParams) -> Option<CompletionResponse>
                     .collect();
                 return list(v);
             }
-            return list(scope(at.ix, at.file, at.offset, true));
+            return list(scope(at.ix, at.file, at.near, true));
         }
         _ => {}
     }
     // An expression.
-    let mut v = scope(at.ix, at.file, at.offset, false);
+    let mut v = scope(at.ix, at.file, at.near, false);
     v.extend(op_items(None));
     v.extend(crate::prim::docs::LIBRARY.iter().map(|n| {
         item(

@@ -9,7 +9,7 @@
 
 use super::index::{Index, Kind, Occ, Target};
 use super::state::{Analysis, State};
-use super::text::{self, Lines};
+use super::text::{self, Lines, View};
 use lsp_server::ErrorCode;
 use lsp_types::{
     DocumentHighlight, DocumentHighlightKind, DocumentHighlightParams, DocumentLink,
@@ -22,17 +22,28 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// A position in a file, seen through a compilation that read the file.
+/// The compilation may have analysed an older text (the last that parsed):
+/// `view` maps its offsets to the buffer now, and the cursor back.
 pub struct At<'a> {
     pub a: &'a Analysis,
     pub ix: &'a Index,
     pub file: usize,
+    /// The cursor in the buffer now (completion reads the text before it).
     pub offset: usize,
+    /// The cursor in the analysed text; `None` inside text typed since.
+    pub here: Option<usize>,
+    /// The cursor in the analysed text, one inside text typed since taken
+    /// where that text starts (what scopes a completion).
+    pub near: usize,
+    /// The buffer now.
     pub text: &'a str,
+    pub view: View<'a>,
 }
 
 impl At<'_> {
+    /// The name under the cursor; none inside text typed since the analysis.
     pub fn occ(&self) -> Option<&Occ> {
-        self.ix.occ_at(self.file, self.offset)
+        self.ix.occ_at(self.file, self.here?)
     }
 }
 
@@ -49,13 +60,17 @@ pub fn at<'a>(st: &'a State, uri: &Uri, pos: Position) -> Option<At<'a>> {
         Some(d) => d.text.as_str(),
         None => a.index.files[file].text.as_str(),
     };
-    let offset = Lines::new(text, st.enc).offset(pos);
+    let view = View::new(&a.index.files[file].text, text, st.enc);
+    let offset = view.lines.offset(pos);
     Some(At {
         a,
         ix: &a.index,
         file,
         offset,
+        here: view.shift.back(offset),
+        near: view.shift.near(offset),
         text,
+        view,
     })
 }
 
@@ -63,13 +78,29 @@ fn at_params<'a>(st: &'a State, p: &TextDocumentPositionParams) -> Option<At<'a>
     at(st, &p.text_document.uri, p.position)
 }
 
-/// A byte range of a file of an index as a location.
+/// A byte range of a file of an index as a location, in the file's buffer
+/// when it is open (mapped through the edits since: `None` inside them).
 pub fn location(st: &State, ix: &Index, file: usize, start: usize, end: usize) -> Option<Location> {
     let f = ix.files.get(file)?;
     Some(Location {
         uri: st.uri(&f.key)?,
-        range: Lines::new(&f.text, st.enc).range(start, end),
+        range: range_now(st, &f.key, &f.text, start, end)?,
     })
+}
+
+/// A byte range of `analysed`, the text file `key` was analysed in, in the
+/// positions of its buffer now (the text itself when it is not open).
+pub fn range_now(
+    st: &State,
+    key: &Path,
+    analysed: &str,
+    start: usize,
+    end: usize,
+) -> Option<lsp_types::Range> {
+    match st.docs.get(key) {
+        Some(d) if d.text != analysed => View::new(analysed, &d.text, st.enc).range(start, end),
+        _ => Some(Lines::new(analysed, st.enc).range(start, end)),
+    }
 }
 
 pub fn definition(st: &State, p: GotoDefinitionParams) -> Option<GotoDefinitionResponse> {
@@ -263,7 +294,7 @@ fn locations(st: &State, occs: &[(PathBuf, usize, usize, bool, String)]) -> Vec<
         .filter_map(|(k, s, e, _, text)| {
             Some(Location {
                 uri: st.uri(k)?,
-                range: Lines::new(text, st.enc).range(*s, *e),
+                range: range_now(st, k, text, *s, *e)?,
             })
         })
         .collect()
@@ -284,18 +315,19 @@ pub fn references(st: &State, p: ReferenceParams) -> Option<Vec<Location>> {
 pub fn highlight(st: &State, p: DocumentHighlightParams) -> Option<Vec<DocumentHighlight>> {
     let at = at_params(st, &p.text_document_position_params)?;
     let o = at.occ()?;
-    let lines = Lines::new(at.text, st.enc);
     Some(
         at.ix
             .occs_of(o.target)
             .filter(|x| x.file == at.file)
-            .map(|x| DocumentHighlight {
-                range: lines.range(x.start, x.end),
-                kind: Some(if x.is_def {
-                    DocumentHighlightKind::WRITE
-                } else {
-                    DocumentHighlightKind::READ
-                }),
+            .filter_map(|x| {
+                Some(DocumentHighlight {
+                    range: at.view.range(x.start, x.end)?,
+                    kind: Some(if x.is_def {
+                        DocumentHighlightKind::WRITE
+                    } else {
+                        DocumentHighlightKind::READ
+                    }),
+                })
             })
             .collect(),
     )
@@ -336,7 +368,9 @@ pub fn prepare_rename(
         return Ok(None);
     };
     let (o, _) = renamable(&at)?;
-    let range = Lines::new(at.text, st.enc).range(o.start, o.end);
+    let Some(range) = at.view.range(o.start, o.end) else {
+        return Ok(None);
+    };
     Ok(Some(PrepareRenameResponse::Range(range)))
 }
 
@@ -373,10 +407,19 @@ pub fn rename(st: &State, p: RenameParams) -> Result<Option<WorkspaceEdit>, Refu
     let mut changes: HashMap<Uri, Vec<TextEdit>> = HashMap::new();
     for (k, s, e, _, text) in occurrences(st, &s, &extra) {
         let Some(uri) = st.uri(&k) else { continue };
-        // Buffers are edited as the client has them.
-        let text = st.docs.get(&k).map_or(text, |d| d.text.clone());
+        // Buffers are edited as the client has them: a use inside text
+        // edited since the last parse cannot be placed, so none is renamed.
+        let Some(range) = range_now(st, &k, &text, s, e) else {
+            return Err((
+                ErrorCode::ContentModified,
+                format!(
+                    "`{}` changed since it last parsed: rename once it parses again",
+                    k.display()
+                ),
+            ));
+        };
         changes.entry(uri).or_default().push(TextEdit {
-            range: Lines::new(&text, st.enc).range(s, e),
+            range,
             new_text: p.new_name.clone(),
         });
     }
@@ -513,7 +556,7 @@ pub fn hover(st: &State, p: HoverParams) -> Option<Hover> {
         let mut here: Vec<&(PathBuf, usize, usize, String)> =
             at.a.comms
                 .iter()
-                .filter(|(k, s, e, _)| k == key && *s <= at.offset && at.offset < *e)
+                .filter(|(k, s, e, _)| k == key && at.here.is_some_and(|o| *s <= o && o < *e))
                 .collect();
         let inner = here.iter().map(|c| c.2 - c.1).min();
         here.retain(|c| Some(c.2 - c.1) == inner);
@@ -527,7 +570,7 @@ pub fn hover(st: &State, p: HoverParams) -> Option<Hover> {
     if let Some((_, _, _, t)) =
         at.a.types
             .iter()
-            .find(|(k, s, e, _)| k == key && *s <= at.offset && at.offset <= *e)
+            .find(|(k, s, e, _)| k == key && at.here.is_some_and(|o| *s <= o && o <= *e))
     {
         return Some(markdown(with_comms(typed(t))));
     }
@@ -541,7 +584,7 @@ pub fn hover(st: &State, p: HoverParams) -> Option<Hover> {
         Target::File(f) => format!("`{}`", at.ix.files.get(f)?.name),
     };
     let mut h = markdown(with_comms(value));
-    h.range = Some(Lines::new(at.text, st.enc).range(o.start, o.end));
+    h.range = at.view.range(o.start, o.end);
     Some(h)
 }
 

@@ -41,8 +41,9 @@ pub fn formatting(st: &State, p: DocumentFormattingParams) -> Option<Vec<TextEdi
 pub fn inlay_hints(st: &State, p: InlayHintParams) -> Option<Vec<InlayHint>> {
     let at = super::nav::at(st, &p.text_document.uri, p.range.start)?;
     let key = &at.ix.files[at.file].key;
-    let lines = Lines::new(at.text, st.enc);
-    let (from, to) = (lines.offset(p.range.start), lines.offset(p.range.end));
+    let lines = &at.view.lines;
+    let near = |pos| at.view.shift.near(lines.offset(pos));
+    let (from, to) = (near(p.range.start), near(p.range.end));
     let mut by_span: Vec<(usize, Vec<&str>)> = Vec::new();
     for (k, s, e, t) in &at.a.types {
         if k != key || t.kind != "let" || *e < from || *s > to {
@@ -61,8 +62,10 @@ pub fn inlay_hints(st: &State, p: InlayHintParams) -> Option<Vec<InlayHint>> {
     Some(
         by_span
             .into_iter()
-            .map(|(end, tys)| InlayHint {
-                position: lines.position(end),
+            // A hint whose binding was edited since the analysis is withheld.
+            .filter_map(|(end, tys)| Some((at.view.position(end)?, tys)))
+            .map(|(position, tys)| InlayHint {
+                position,
                 label: InlayHintLabel::String(format!(": {}", tys[0])),
                 kind: Some(InlayHintKind::TYPE),
                 text_edits: None,
@@ -157,8 +160,14 @@ pub fn symbol_kind(k: Kind) -> SymbolKind {
 pub fn symbols(st: &State, p: DocumentSymbolParams) -> Option<DocumentSymbolResponse> {
     let at = super::nav::at(st, &p.text_document.uri, Position::new(0, 0))?;
     let ix = at.ix;
-    let lines = Lines::new(&ix.files[at.file].text, st.enc);
-    let shown = |k: Kind| !matches!(k, Kind::Let | Kind::FnParam);
+    let view = &at.view;
+    // A declaration edited since the analysis is left out until it parses.
+    let shown = |i: usize| {
+        let d = &ix.defs[i];
+        !matches!(d.kind, Kind::Let | Kind::FnParam)
+            && view.range(d.full.0, d.full.1).is_some()
+            && view.range(d.name_span.0, d.name_span.1).is_some()
+    };
     #[allow(deprecated)]
     let make = |i: usize| -> DocumentSymbol {
         let d = &ix.defs[i];
@@ -172,13 +181,13 @@ pub fn symbols(st: &State, p: DocumentSymbolParams) -> Option<DocumentSymbolResp
             kind: symbol_kind(d.kind),
             tags: None,
             deprecated: None,
-            range: lines.range(d.full.0, d.full.1),
-            selection_range: lines.range(d.name_span.0, d.name_span.1),
+            range: view.range(d.full.0, d.full.1).unwrap_or_default(),
+            selection_range: view.range(d.name_span.0, d.name_span.1).unwrap_or_default(),
             children: None,
         }
     };
     let mine: Vec<usize> = (0..ix.defs.len())
-        .filter(|&i| ix.defs[i].file == at.file && shown(ix.defs[i].kind))
+        .filter(|&i| ix.defs[i].file == at.file && shown(i))
         .collect();
     let mut out = Vec::new();
     for &i in mine.iter().filter(|&&i| ix.defs[i].container.is_none()) {
@@ -255,12 +264,13 @@ pub fn semantic_tokens_range(
 fn tokens(st: &State, uri: &Uri, range: Option<Range>) -> Option<SemanticTokens> {
     let at = super::nav::at(st, uri, Position::new(0, 0))?;
     let ix = at.ix;
-    let text = &ix.files[at.file].text;
-    let lines = Lines::new(text, st.enc);
-    // The range as byte offsets: a token overlaps it when it starts before
-    // its end and ends after its start (or at an empty range's point).
+    let view = &at.view;
+    // The range as byte offsets of the analysed text: a token overlaps it
+    // when it starts before its end and ends after its start (or at an
+    // empty range's point).
     let window = range.map(|r| {
-        let (s, e) = (lines.offset(r.start), lines.offset(r.end));
+        let near = |p| view.shift.near(view.lines.offset(p));
+        let (s, e) = (near(r.start), near(r.end));
         (s.min(e), s.max(e))
     });
     let inside = |o: &&super::index::Occ| match window {
@@ -284,7 +294,11 @@ fn tokens(st: &State, uri: &Uri, range: Option<Range>) -> Option<SemanticTokens>
         if o.is_def {
             mods |= 1;
         }
-        let (s, e) = (lines.position(o.start), lines.position(o.end));
+        // A token edited since the analysis is withheld.
+        let Some(r) = view.range(o.start, o.end) else {
+            continue;
+        };
+        let (s, e) = (r.start, r.end);
         if s.line != e.line || (s.line, s.character) < (line, col) && !data.is_empty() {
             continue;
         }
@@ -315,6 +329,10 @@ pub fn folding(st: &State, p: FoldingRangeParams) -> Option<Vec<FoldingRange>> {
     let ix = at.ix;
     let text = &ix.files[at.file].text;
     let lines = Lines::new(text, st.enc);
+    // Folds of the analysed text; while the buffer differs, none.
+    if at.text != text.as_str() {
+        return Some(Vec::new());
+    }
     let mut out = Vec::new();
     for d in ix.defs.iter().filter(|d| d.file == at.file) {
         if !matches!(
@@ -370,14 +388,13 @@ pub fn folding(st: &State, p: FoldingRangeParams) -> Option<Vec<FoldingRange>> {
 pub fn code_lens(st: &State, p: CodeLensParams) -> Option<Vec<CodeLens>> {
     let at = super::nav::at(st, &p.text_document.uri, Position::new(0, 0))?;
     let key = &at.ix.files[at.file].key;
-    let lines = Lines::new(at.text, st.enc);
     let lenses =
         at.a.lenses
             .iter()
             .filter(|(k, ..)| k == key)
-            .map(|(_, s, e, title)| {
-                let r = lines.range(*s, *e);
-                CodeLens {
+            .filter_map(|(_, s, e, title)| {
+                let r = at.view.range(*s, *e)?;
+                Some(CodeLens {
                     // On the declaration's first line.
                     range: Range::new(r.start, r.start),
                     command: Some(Command {
@@ -386,7 +403,7 @@ pub fn code_lens(st: &State, p: CodeLensParams) -> Option<Vec<CodeLens>> {
                         arguments: None,
                     }),
                     data: None,
-                }
+                })
             })
             .collect();
     Some(lenses)

@@ -125,6 +125,117 @@ impl<'a> Lines<'a> {
     }
 }
 
+/// How byte offsets of the text a file was analysed in move to the buffer's
+/// text now, after edits the last good parse has not seen: the common prefix
+/// keeps its offsets, the common suffix shifts by the change in length, and
+/// what lies between was edited and maps nowhere. An answer there is
+/// withheld, never given at a stale place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shift {
+    prefix: usize,
+    old_tail: usize,
+    new_tail: usize,
+}
+
+impl Shift {
+    pub fn between(old: &str, new: &str) -> Shift {
+        let (a, b) = (old.as_bytes(), new.as_bytes());
+        let mut prefix = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+        while !old.is_char_boundary(prefix) || !new.is_char_boundary(prefix) {
+            prefix -= 1;
+        }
+        let room = a.len().min(b.len()) - prefix;
+        let mut suffix = a
+            .iter()
+            .rev()
+            .zip(b.iter().rev())
+            .take(room)
+            .take_while(|(x, y)| x == y)
+            .count();
+        while !old.is_char_boundary(a.len() - suffix) || !new.is_char_boundary(b.len() - suffix) {
+            suffix -= 1;
+        }
+        Shift {
+            prefix,
+            old_tail: a.len() - suffix,
+            new_tail: b.len() - suffix,
+        }
+    }
+
+    /// An offset of the analysed text in the buffer now (`None`: edited),
+    /// as the start of something: at an insertion point, after the text
+    /// inserted there.
+    pub fn forward(&self, o: usize) -> Option<usize> {
+        if o >= self.old_tail {
+            Some(o - self.old_tail + self.new_tail)
+        } else if o <= self.prefix {
+            Some(o)
+        } else {
+            None
+        }
+    }
+
+    /// [`Shift::forward`] as the end of something: at an insertion point,
+    /// before the text inserted there.
+    pub fn forward_end(&self, o: usize) -> Option<usize> {
+        if o <= self.prefix {
+            Some(o)
+        } else {
+            self.forward(o)
+        }
+    }
+
+    /// An offset of the buffer now in the analysed text (`None`: typed since).
+    pub fn back(&self, o: usize) -> Option<usize> {
+        if o >= self.new_tail {
+            Some(o - self.new_tail + self.old_tail)
+        } else if o <= self.prefix {
+            Some(o)
+        } else {
+            None
+        }
+    }
+
+    /// [`Shift::back`], an offset inside the edit going to where it starts
+    /// (what scopes a completion there).
+    pub fn near(&self, o: usize) -> usize {
+        self.back(o).unwrap_or(self.prefix)
+    }
+}
+
+/// A file's analysed text seen in the buffer now: ranges of the analysis
+/// mapped through the edits since ([`Shift`]), in the buffer's positions.
+pub struct View<'a> {
+    pub lines: Lines<'a>,
+    pub shift: Shift,
+}
+
+impl<'a> View<'a> {
+    /// `analysed` seen as `now` (the same text: every offset maps to itself).
+    pub fn new(analysed: &str, now: &'a str, enc: Encoding) -> View<'a> {
+        View {
+            lines: Lines::new(now, enc),
+            shift: Shift::between(analysed, now),
+        }
+    }
+
+    /// An analysed byte range in the buffer's positions; `None` where the
+    /// range was edited since.
+    pub fn range(&self, start: usize, end: usize) -> Option<Range> {
+        let (s, e) = (self.shift.forward(start)?, self.shift.forward_end(end)?);
+        // A range whose text changed length was edited inside.
+        if e < s || e - s != end.saturating_sub(start) {
+            return None;
+        }
+        Some(self.lines.range(s, e))
+    }
+
+    /// An analysed byte offset's position in the buffer now.
+    pub fn position(&self, o: usize) -> Option<Position> {
+        Some(self.lines.position(self.shift.forward(o)?))
+    }
+}
+
 /// The path a `file://` URI names (percent-encoding undone).
 pub fn path_of(uri: &Uri) -> PathBuf {
     let s = uri.as_str();
@@ -202,6 +313,26 @@ pub fn materialize_std(key: &Path) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn shifts_keep_the_unedited_text_and_drop_the_edit() {
+        let old = "let a = f(x)\nlet b = g(y)\n";
+        let new = "let a = f(x)\nlet z = gelu(\nlet b = g(y)\n";
+        let sh = super::Shift::between(old, new);
+        // `a` before the edit, `b` after it (shifted), `let z = gelu(` typed.
+        assert_eq!(sh.forward(4), Some(4));
+        let b_old = old.find("b =").unwrap_or(0);
+        let b_new = new.find("b =").unwrap_or(0);
+        assert_eq!(sh.forward(b_old), Some(b_new));
+        assert_eq!(sh.back(b_new), Some(b_old));
+        let gelu = new.find("gelu").unwrap_or(0);
+        assert_eq!(sh.back(gelu), None);
+        // A completion there is scoped where the edit starts.
+        assert_eq!(sh.near(gelu), "let a = f(x)\nlet ".len());
+        // The same text maps to itself.
+        let same = super::Shift::between(old, old);
+        assert!((0..=old.len()).all(|o| same.forward(o) == Some(o) && same.back(o) == Some(o)));
+    }
+
     use super::*;
 
     #[test]
