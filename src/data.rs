@@ -285,6 +285,34 @@ struct Shapes {
     ignore: Option<i64>,
 }
 
+/// Whether array `a` holds integers (uint8 pixels) for an input the model
+/// declares as floats (`int` false), reported (E0305): integers feed only an
+/// input declared as integers, which the model casts and scales itself.
+fn ints_for_floats(
+    cx: &mut Cx<'_>,
+    a: &Array,
+    int: bool,
+    (name, full): (&str, &str),
+    (span, shown): (Span, &str),
+) -> bool {
+    if !a.int || int {
+        return false;
+    }
+    cx.problems.push(Problem::DataMismatch {
+        span,
+        path: shown.to_string(),
+        message: format!(
+            "has `{full}` as {}, but the model reads floats from it",
+            a.dtype
+        ),
+        label: "data named here",
+        help: Some(format!(
+            "declare the input `{name}: i32[...]` and cast it in the model (`cast({name}, f32) / 255.0` scales 8-bit pixels to [0, 1]), or store floats"
+        )),
+    });
+    true
+}
+
 /// The ids outside `[0, limit)` an array may still hold.
 #[derive(Clone, Copy)]
 enum Beyond {
@@ -681,26 +709,7 @@ impl Cx<'_> {
                         (v, "embedding rows", beyond)
                     }),
                 );
-                // Integers (uint8 pixels) feed only an input declared as
-                // integers, where the model casts and scales them itself.
-                let a = match a {
-                    Some(a) if a.int && !*int => {
-                        cx.problems.push(Problem::DataMismatch {
-                            span,
-                            path: shown.to_string(),
-                            message: format!(
-                                "has `{full}` as {}, but the model reads floats from it",
-                                a.dtype
-                            ),
-                            label: "data named here",
-                            help: Some(format!(
-                                "declare the input `{name}: i32[...]` and cast it in the model (`cast({name}, f32) / 255.0` scales 8-bit pixels to [0, 1]), or store floats"
-                            )),
-                        });
-                        None
-                    }
-                    a => a,
-                };
+                let a = a.filter(|a| !ints_for_floats(cx, a, *int, (name, &full), (span, shown)));
                 inputs.push(a);
             }
             // Class ids for a classifier; any numbers for a regression.
