@@ -531,6 +531,8 @@ impl Problem {
                         x = x.help(format!("did you mean `{s}`?")).fix(*span, s);
                     } else if !known.is_empty() {
                         x = x.help(format!("its arguments are {}", list(known)));
+                    } else {
+                        x = x.help(format!("`{callee}` takes no named arguments"));
                     }
                     x
                 }

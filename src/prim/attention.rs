@@ -139,7 +139,8 @@ pub struct Attention {
 }
 
 fn check_causal(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
-    if !arity(cx, c, 3, 3) {
+    // `window:` and `keys:` are `attention`'s: here they would be ignored.
+    if !arity(cx, c, 3, 3) || !known_named(cx, c, &[]) {
         return None;
     }
     check(cx, c, Mask::CAUSAL, false)
