@@ -41,7 +41,7 @@ pub enum Cast {
 }
 
 fn cast(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
-    if !arity(cx, c, 2, 2) {
+    if !arity(cx, c, 2, 2) || !known_named(cx, c, &[]) {
         return None;
     }
     let t = cx.tensor(c.pos[0], "`cast`")?;

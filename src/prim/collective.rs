@@ -72,6 +72,9 @@ fn reducing(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
         arity(cx, c, 1, 8);
         return None;
     }
+    if !known_named(cx, c, &[]) {
+        return None;
+    }
     let mut t = cx.tensor(c.pos[0], &format!("`{name}`"))?;
     let want = match name {
         "pmax" => ReduceOp::Max,
@@ -145,7 +148,7 @@ fn reducing(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
 fn reduce(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
     // Explicit all-reduce of whatever is pending (identity when nothing is):
     // lets a generic layer serve both column- and row-parallel use.
-    if !arity(cx, c, 1, 1) {
+    if !arity(cx, c, 1, 1) || !known_named(cx, c, &[]) {
         return None;
     }
     let mut t = cx.tensor(c.pos[0], "`reduce`")?;

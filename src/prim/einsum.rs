@@ -50,6 +50,9 @@ fn check(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
         arity(cx, c, 2, 9);
         return None;
     }
+    if !super::rules::known_named(cx, c, &[]) {
+        return None;
+    }
     let ExprKind::Str(spec) = &c.pos[0].kind else {
         cx.report(Problem::WrongKind {
             span: c.pos[0].span,

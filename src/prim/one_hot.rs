@@ -26,7 +26,7 @@ pub const DEFS: &[Def] = &[Def {
 pub struct OneHot;
 
 fn check(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
-    if !arity(cx, c, 2, 2) {
+    if !arity(cx, c, 2, 2) || !super::rules::known_named(cx, c, &[]) {
         return None;
     }
     let t = cx.tensor(c.pos[0], "`one_hot`")?;

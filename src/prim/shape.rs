@@ -92,7 +92,7 @@ fn transpose(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
 
 fn reshape(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
     let (args, e) = (c, c.expr);
-    if !arity(cx, c, 2, 2) {
+    if !arity(cx, c, 2, 2) || !super::rules::known_named(cx, c, &[]) {
         return None;
     }
     let t = cx.tensor(args.pos[0], "`reshape`")?;
