@@ -572,6 +572,16 @@ fn value_for(a: &vocab::Arg, i: usize) -> String {
     }
 }
 
+/// `name(arg: value, ...)` with every argument given a distinct valid value.
+fn call_with_all(name: &str, args: &[vocab::Arg]) -> String {
+    let given: Vec<String> = args
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("{}: {}", a.name, value_for(a, i)))
+        .collect();
+    format!("{name}({})", given.join(", "))
+}
+
 /// Whether an argument is a parameter group (`no_decay`, `lr_scale`), not a
 /// hyperparameter.
 fn group(a: &vocab::Arg) -> bool {
@@ -689,13 +699,7 @@ fn every_optimizer_builds_its_kind_with_its_defaults_and_arguments() {
 fn every_schedule_builds_its_kind() {
     let mut errs = Vec::new();
     for w in vocab::LR_SCHEDULES.defs {
-        let given: Vec<String> = w
-            .args
-            .iter()
-            .enumerate()
-            .map(|(i, a)| format!("{}: {}", a.name, value_for(a, i)))
-            .collect();
-        let call = format!("{}({})", w.name, given.join(", "));
+        let call = call_with_all(w.name, w.args);
         let text = sample(
             TABLE,
             &format!("  batch: 4, steps: 1, optimizer: sgd(lr: {call})"),
@@ -825,13 +829,7 @@ fn every_loss_metric_and_precision_builds_its_kind() {
         if w.args.is_empty() {
             continue;
         }
-        let given: Vec<String> = w
-            .args
-            .iter()
-            .enumerate()
-            .map(|(i, a)| format!("{}: {}", a.name, value_for(a, i)))
-            .collect();
-        let call = format!("{}({})", w.name, given.join(", "));
+        let call = call_with_all(w.name, w.args);
         let (t, diags) = train_of(&sample(TABLE, &format!("{base}, loss: {call}")));
         let got = t.map(|t| (t.loss, t.loss_ignore));
         for (i, a) in w.args.iter().enumerate() {
