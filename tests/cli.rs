@@ -839,3 +839,38 @@ fn lower_counts_collectives_as_plan_does() {
         assert_eq!(said, counted, "{file}: {line}");
     }
 }
+
+/// `--profile` prints where a step's time goes: each op of the program
+/// forward and backward, the step's own parts, and the slowest nodes at
+/// their source lines; without it, nothing of the kind.
+#[test]
+fn profile_names_the_ops_and_their_lines() {
+    let dir = temp("profile");
+    let run = |profile: bool| {
+        let mut c = shardc();
+        c.args(["run", "tests/models/gptj_small.shard", "--steps", "3"])
+            .args(["--mesh", "dp=1,mp=1", "--quiet", "--out"])
+            .arg(dir.join("run"));
+        if profile {
+            c.arg("--profile");
+        }
+        let out = c.output().expect("spawn");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run(true);
+    assert!(err.contains("ms per step over 2 step(s)"), "{err}");
+    for row in [
+        "forward   causal_attention",
+        "backward  causal_attention",
+        "forward   layer_norm",
+        "forward   loss",
+        "step      optimizer",
+        "step      gradient norm",
+    ] {
+        assert!(err.contains(row), "no `{row}` in\n{err}");
+    }
+    let nodes = err.split("slowest nodes").nth(1).unwrap_or_default();
+    assert!(nodes.contains("gptj_small.shard:"), "{err}");
+    assert!(!run(false).contains("profile:"));
+}

@@ -90,6 +90,10 @@ pub struct RunArgs {
     /// Print the per-device memory measured on device 0, next to the plan's figures.
     #[arg(long)]
     mem: bool,
+    /// Time every op and each phase of the step between two device
+    /// synchronisations, and print where a step's time goes (slows the run).
+    #[arg(long)]
+    profile: bool,
     /// Run directory for metrics.jsonl and loss.svg (default: runs/MODEL).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -314,6 +318,9 @@ fn run_hooked(args: RunArgs, grants: Vec<PathBuf>, hooks: &mut Hooks) -> ExitCod
             return ExitCode::from(2);
         }
     };
+    if args.profile {
+        crate::runtime::profile::enable();
+    }
     let procs = match Procs::start(args.backend) {
         Ok(p) => p,
         Err(e) => {
@@ -916,6 +923,17 @@ impl Ctx<'_> {
         }
         if let (true, Some(m)) = (self.mem, &out.memory) {
             out!("{}", self.memory_table(m, out.state_here));
+        }
+        if self.lead {
+            let line = |n: usize| {
+                self.prog.nodes.get(n).map_or(String::new(), |node| {
+                    format!("{}  {}", self.c.sources.describe(node.span), node.ty)
+                })
+            };
+            let here = (self.devices.max(1) as usize).div_ceil(self.processes.max(1));
+            if let Some(table) = crate::runtime::profile::report(&line, here) {
+                eprint!("{table}");
+            }
         }
         let first = out.losses.first().copied().unwrap_or(f64::NAN);
         let lastl = out.losses.last().copied().unwrap_or(f64::NAN);

@@ -14,6 +14,7 @@
 //! first layer's input cotangent.
 
 use super::precision::is_half;
+use super::profile::{self, Phase};
 use crate::mesh::Collectives;
 use crate::prim::lookup::SparseState;
 use crate::prim::{Forward, Grad, Kernel, Primitive};
@@ -337,18 +338,14 @@ impl Exec<'_> {
                 .iter()
                 .map(|k| &self.prog.nodes[*k as usize].ty)
                 .collect();
-            let f = self
-                .run_forward(
-                    p.get(),
-                    self.kernel(i, dropout_seed),
-                    &args,
-                    &types,
-                    &node.ty,
-                )
-                .map_err(|fault| OpError {
-                    node: Some(i),
-                    fault,
-                })?;
+            let prim = p.get();
+            let f = profile::time(&self.dev, Phase::Forward, prim.name(), Some(i), || {
+                self.run_forward(prim, self.kernel(i, dropout_seed), &args, &types, &node.ty)
+            })
+            .map_err(|fault| OpError {
+                node: Some(i),
+                fault,
+            })?;
             tape.vals[i] = f.y;
             tape.masks[i] = f.saved;
         }
@@ -589,7 +586,11 @@ impl Exec<'_> {
                 None => continue,
             };
             match &b.act {
-                Act::Grad(p) => add(&mut grads[*p], g)?,
+                Act::Grad(p) => {
+                    profile::time(&self.dev, Phase::Backward, "gradient add", None, || {
+                        add(&mut grads[*p], g)
+                    })?
+                }
                 Act::Vjp { wants } => {
                     let node = &self.prog.nodes[i];
                     let Op::Prim(p) = &node.op else { continue };
@@ -609,7 +610,11 @@ impl Exec<'_> {
                         g: &g,
                         want: wants,
                     };
-                    let ds = self.run_vjp(p.get(), self.kernel(i, None), &grad)?;
+                    let prim = p.get();
+                    let ds =
+                        profile::time(&self.dev, Phase::Backward, prim.name(), Some(i), || {
+                            self.run_vjp(prim, self.kernel(i, None), &grad)
+                        })?;
                     for (k, d) in ds.into_iter().enumerate() {
                         if let (Some(d), Some(a), true) =
                             (d, node.args.get(k), wants.get(k) == Some(&true))
@@ -618,7 +623,13 @@ impl Exec<'_> {
                             if ct[a].is_none() {
                                 size[a] = bytes(&d);
                             }
-                            add(&mut ct[a], d)?;
+                            profile::time(
+                                &self.dev,
+                                Phase::Backward,
+                                "cotangent add",
+                                None,
+                                || add(&mut ct[a], d),
+                            )?;
                         }
                     }
                 }

@@ -21,6 +21,7 @@ pub mod pieces;
 pub mod pipeline;
 pub mod precision;
 pub mod probe;
+pub mod profile;
 pub mod reload;
 pub mod report;
 pub mod sparse;

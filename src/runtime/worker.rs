@@ -11,6 +11,7 @@ use super::optim::OptState;
 use super::passes::StepCx;
 use super::pieces::{local_piece, local_piece_at, param_indices, piece_key, working};
 use super::pipeline::Stages;
+use super::profile::{self, Phase};
 use super::train::{
     aux_split, gather_global, gather_one, global_norm, metric_values, sync_grads, Named, Observed,
     Run, StepReport,
@@ -252,7 +253,13 @@ impl<'r, 'a> Worker<'r, 'a> {
     fn step(&mut self, step: usize) -> Result<(), RunError> {
         let run = self.run;
         let cfg = run.cfg;
-        let batch = run.batches.get(step, &|s| run.batch_at(s))?;
+        if Some(&self.rank) == run.local_ranks.first() {
+            profile::step_started(step);
+        }
+        let dev = self.ex.dev.clone();
+        let batch = profile::time(&dev, Phase::Step, "batch", None, || {
+            run.batches.get(step, &|s| run.batch_at(s))
+        })?;
         let reloaded = self.take_reload(step)?;
         let update = self.active.update.clone();
         let (prog, cfg_now): (&Program, &Config) = match &update {
@@ -264,7 +271,9 @@ impl<'r, 'a> Worker<'r, 'a> {
         // Mixed precision: the passes use 16-bit copies of the master
         // weights, and their gradients come back in f32.
         let cdt = run.compute();
-        let work = working(&self.params, cdt)?;
+        let work = profile::time(&dev, Phase::Step, "cast parameters", None, || {
+            working(&self.params, cdt)
+        })?;
         let stages = self.active.stages.as_ref().unwrap_or(&run.stages);
         ex.sparse.touched.borrow_mut().clear();
         let passes = StepCx {
@@ -284,7 +293,9 @@ impl<'r, 'a> Worker<'r, 'a> {
         let reloaded_step = self.active.step.clone();
         let step_prog: &Step = reloaded_step.as_deref().unwrap_or(&run.step);
         let grad_sum = passes.grads.own_bytes();
-        let grads = sync_grads(&ex, step_prog, passes.grads.into_vec())?;
+        let grads = profile::time(&dev, Phase::Step, "gradient sync", None, || {
+            sync_grads(&ex, step_prog, passes.grads.into_vec())
+        })?;
         // A pipeline's first stages keep no whole-program tape.
         let tape = match passes.tape {
             Some(t) => t,
@@ -332,9 +343,13 @@ impl<'r, 'a> Worker<'r, 'a> {
             self.last = gather_global(&ex, &self.params)?;
         }
         if cfg.checkpoint.is_some() {
-            self.save_checkpoint(&ex, step, cfg_now)?;
+            profile::time(&dev, Phase::Step, "checkpoint", None, || {
+                self.save_checkpoint(&ex, step, cfg_now)
+            })?;
         }
-        let eval_loss = self.eval(&ex, prog, step, generation)?;
+        let eval_loss = profile::time(&dev, Phase::Step, "eval", None, || {
+            self.eval(&ex, prog, step, generation)
+        })?;
         if self.rank == 0 {
             let mut notes = run
                 .sparse
@@ -374,7 +389,9 @@ impl<'r, 'a> Worker<'r, 'a> {
         grads: &[Tensor],
     ) -> R<f64> {
         let run = self.run;
-        let norm = global_norm(ex, step_prog, grads)?;
+        let norm = profile::time(&ex.dev, Phase::Step, "gradient norm", None, || {
+            global_norm(ex, step_prog, grads)
+        })?;
         let scale = match cfg_now.clip {
             Some(c) if norm > c => c / norm,
             _ => 1.0,
@@ -394,19 +411,14 @@ impl<'r, 'a> Worker<'r, 'a> {
                 .map_err(ce)?;
             masks[*pi] = Some(m);
         }
-        self.state.update(
-            step + 1,
-            &mut self.params,
-            grads,
-            scale,
-            &masks,
-            &self.skip,
-            &|i| {
+        let (state, params, skip) = (&mut self.state, &mut self.params, &self.skip);
+        profile::time(&ex.dev, Phase::Step, "optimizer", None, || {
+            state.update(step + 1, params, grads, scale, &masks, skip, &|i| {
                 let gather = &step_prog.params.get(i)?.gather;
                 (!gather.is_empty())
                     .then(|| Box::new(Split { ex, gather }) as Box<dyn crate::optim::Whole + '_>)
-            },
-        )?;
+            })
+        })?;
         if self.shared {
             run.comm.barrier().map_err(ce)?;
         }

@@ -1,0 +1,157 @@
+//! `shardc run --profile`: where a step's time goes, by op and by phase.
+//!
+//! Why: a GPU step that is 30× slower than it should be is a question no
+//! plan answers; the answer is which kernels take the time. With `--profile`
+//! every op of the step program, and each phase of the step around it (the
+//! gradient sync, the norm, the optimizer), is timed between two
+//! synchronisations of its device, so an asynchronous GPU's time lands on the
+//! op that spent it. The synchronisations slow the step, so the figures say
+//! where the time goes, not how fast an unprofiled step is. The first step
+//! (kernel loading, first touches of memory) is left out when there are more.
+//!
+//! Off (the default) it costs one relaxed atomic load per op.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use candle_core::Device;
+
+static ON: AtomicBool = AtomicBool::new(false);
+static TABLE: Mutex<Option<Table>> = Mutex::new(None);
+
+/// Which part of a step a timing belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Phase {
+    Forward,
+    Backward,
+    Step,
+}
+
+impl Phase {
+    fn label(self) -> &'static str {
+        match self {
+            Phase::Forward => "forward",
+            Phase::Backward => "backward",
+            Phase::Step => "step",
+        }
+    }
+}
+
+#[derive(Default)]
+struct Table {
+    /// Per (phase, op or part): calls and time.
+    by_op: HashMap<(Phase, &'static str), (u64, Duration)>,
+    /// Per program node (forward and backward together): time.
+    by_node: HashMap<(usize, &'static str), (u64, Duration)>,
+    steps: usize,
+}
+
+/// Turn profiling on for this process (`--profile`).
+pub fn enable() {
+    ON.store(true, Ordering::Relaxed);
+    if let Ok(mut t) = TABLE.lock() {
+        *t = Some(Table::default());
+    }
+}
+
+/// Whether `--profile` is on.
+pub fn on() -> bool {
+    ON.load(Ordering::Relaxed)
+}
+
+/// A step begins on the process's first device: the table restarts at the
+/// second step, so the first step's kernel loading is not counted.
+pub fn step_started(step: usize) {
+    if !on() {
+        return;
+    }
+    if let Ok(mut g) = TABLE.lock() {
+        let t = g.get_or_insert_with(Table::default);
+        if step == 1 {
+            *t = Table::default();
+        }
+        t.steps += 1;
+    }
+}
+
+/// Run `f`, timing it between two synchronisations of `dev` when profiling,
+/// under `phase` and `what` (and the program node, when it is one).
+pub fn time<T>(
+    dev: &Device,
+    phase: Phase,
+    what: &'static str,
+    node: Option<usize>,
+    f: impl FnOnce() -> T,
+) -> T {
+    if !on() {
+        return f();
+    }
+    let _ = dev.synchronize();
+    let t0 = Instant::now();
+    let r = f();
+    let _ = dev.synchronize();
+    let d = t0.elapsed();
+    if let Ok(mut g) = TABLE.lock() {
+        let t = g.get_or_insert_with(Table::default);
+        let e = t.by_op.entry((phase, what)).or_default();
+        e.0 += 1;
+        e.1 += d;
+        if let Some(n) = node {
+            let e = t.by_node.entry((n, what)).or_default();
+            e.0 += 1;
+            e.1 += d;
+        }
+    }
+    r
+}
+
+/// The table `--profile` prints at the end of a run: ops by total time, then
+/// the program nodes that took the most (`line` names a node's source).
+/// `devices`: how many of the mesh's devices this process runs; their
+/// times add up (and on a shared CPU include waiting for each other).
+pub fn report(line: &dyn Fn(usize) -> String, devices: usize) -> Option<String> {
+    if !on() {
+        return None;
+    }
+    let g = TABLE.lock().ok()?;
+    let t = g.as_ref()?;
+    let steps = t.steps.max(1) as f64;
+    let total: Duration = t.by_op.values().map(|v| v.1).sum();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3 / steps;
+    let over = if devices > 1 {
+        format!(", summed over this process's {devices} devices (each op's time includes waiting for the others)")
+    } else {
+        String::new()
+    };
+    let mut out = format!(
+        "profile: {:.1} ms per step over {} step(s){over}; each op timed between two device synchronisations\n",
+        ms(total),
+        t.steps
+    );
+    out.push_str("  phase     op                        calls/step   ms/step   share\n");
+    let mut rows: Vec<_> = t.by_op.iter().collect();
+    rows.sort_by(|a, b| b.1 .1.cmp(&a.1 .1).then(a.0.cmp(b.0)));
+    for ((phase, what), (n, d)) in rows {
+        out.push_str(&format!(
+            "  {:<9} {:<25} {:>10.0} {:>9.2} {:>6.1}%\n",
+            phase.label(),
+            what,
+            *n as f64 / steps,
+            ms(*d),
+            100.0 * d.as_secs_f64() / total.as_secs_f64().max(1e-12)
+        ));
+    }
+    let mut nodes: Vec<_> = t.by_node.iter().collect();
+    nodes.sort_by(|a, b| b.1 .1.cmp(&a.1 .1).then(a.0.cmp(b.0)));
+    out.push_str("  slowest nodes (forward + backward):\n");
+    for ((n, what), (_, d)) in nodes.into_iter().take(12) {
+        out.push_str(&format!(
+            "  {:>9.2} ms  %{n} {what}  {}\n",
+            ms(*d),
+            line(*n)
+        ));
+    }
+    Some(out)
+}
