@@ -4,6 +4,10 @@
 #!   - the four seed models on the GPU and on the CPU (10 losses each,
 #!     ≤ 1e-4 relative in f32), and on the GPU on a mesh of one device
 #!     (its virtual devices on one GPU equal one device: ≤ 1e-5);
+#!   - four models of the attention family (causal, bidirectional, cross,
+#!     grouped-query sliding-window) with the fused attention kernels and with
+#!     the composed ones (SHARDC_KERNELS=candle): 10 losses and the first
+#!     step's gradients (≤ 1e-4), and the windowed one against the CPU;
 #!   - a GPT-2-124M-sized model (bench/gpu/gpt2_124m.shard) on the GPU in f32
 #!     and in bf16 (≤ 2% from f32), its first losses against the CPU,
 #! and prints step time, tokens/s, MFU against the plan's FLOPs, and memory
@@ -13,7 +17,7 @@
 #!   --dry-run  check the inputs and print what would run; run nothing
 #!   --bin      the CUDA shardc (default .cuda/dist/shardc-cuda, or its .xz)
 #!   --out      where logs and figures go (default $OUT, else runs/gpu-check)
-#!   --quick    the seed models only
+#!   --quick    the seed models and the attention models only
 #! Environment: GPU_CHECK_NO_CPU_GPT2=1 skips the CPU's two GPT-2 steps (about
 #! 100 s on 16 cores); GPU_CHECK_LIMIT caps each GPT-2 run (seconds, default 150).
 set -uo pipefail
@@ -40,10 +44,11 @@ fail=0
 
 seeds=(models/shakespeare.shard models/fsdp_mlp.shard tests/models/gptj_small.shard tests/models/t3d_small.shard)
 gpt2=bench/gpu/gpt2_124m.shard
+attn=(tests/models/gptj_small.shard examples/encoder_decoder.shard examples/vit.shard bench/gpu/window.shard)
 STEPS=10
 
 # --- inputs -----------------------------------------------------------------
-for f in "${seeds[@]}" "$gpt2" scripts/gpu_compare.py; do
+for f in "${seeds[@]}" "${attn[@]}" "$gpt2" scripts/gpu_compare.py; do
   [[ -f $f ]] || { echo "gpu-check: missing $f" >&2; exit 2; }
 done
 if [[ ! -x $bin && -f $bin.xz ]]; then
@@ -130,7 +135,23 @@ for f in "${seeds[@]}"; do
   compare "$out/$b.cpu.json" "$out/$b.gpu.json" 1e-4 "$b: GPU vs CPU (f32)"
   compare "$out/$b.gpu.json" "$out/$b.gpu1.json" 1e-5 "$b: its mesh on one GPU vs one device"
 done
-[[ $quick == 1 ]] && { say "gpu-check: --quick: seed models only"; exit $fail; }
+# --- fused attention (prim/flash.rs) = the composed one (SHARDC_KERNELS=candle) --
+grads() { # A.safetensors B.safetensors TOL WHAT
+  [[ $dry == 1 ]] && { say "would compare: $4 (≤ $3)"; return 0; }
+  "$py" scripts/gpu_compare.py grads "$1" "$2" "$3" "$4" | tee -a "$log"
+  [[ ${PIPESTATUS[0]} == 0 ]] || fail=1
+}
+for f in "${attn[@]}"; do
+  b=$(basename "$f" .shard)
+  common=(run "$f" --steps $STEPS --quiet --device cuda)
+  run "$b.fused" 90 "${common[@]}" --out "$out/r.$b.fused" --dump-losses "$out/$b.fused.json" --dump-grads "$out/$b.fused.grads"
+  SHARDC_KERNELS=candle run "$b.composed" 90 "${common[@]}" --out "$out/r.$b.composed" --dump-losses "$out/$b.composed.json" --dump-grads "$out/$b.composed.grads"
+  compare "$out/$b.composed.json" "$out/$b.fused.json" 1e-4 "$b: fused attention vs composed on the GPU"
+  grads "$out/$b.fused.grads" "$out/$b.composed.grads" 1e-4 "$b: fused attention vs composed on the GPU"
+done
+run window.cpu 90 run bench/gpu/window.shard --steps $STEPS --quiet --out "$out/r.window.cpu" --dump-losses "$out/window.cpu.json"
+compare "$out/window.cpu.json" "$out/window.fused.json" 1e-4 "window: GPU (fused) vs CPU"
+[[ $quick == 1 ]] && { say "gpu-check: --quick: seed models and attention only"; exit $fail; }
 
 # --- GPT-2 124M-sized: throughput, memory, bf16 ------------------------------
 bf=$out/gpt2_124m_bf16.shard

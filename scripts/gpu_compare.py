@@ -2,6 +2,8 @@
 
   gpu_compare.py losses A.json B.json TOL WHAT
       the common prefix of two `--dump-losses` files, max relative difference
+  gpu_compare.py grads A.safetensors B.safetensors TOL WHAT
+      two `--dump-grads` files: per tensor, max |a - b| over max |b|; the worst
   gpu_compare.py speed RUN.log PLAN.json PRECISION TOKENS_PER_EXAMPLE
       step time (median of steps 2..), tokens/s, MFU against the plan's FLOPs
       and the H100's peak, planned step time, memory measured vs planned
@@ -30,6 +32,49 @@ def losses(a, b, tol, what):
     ok = rel <= float(tol)
     print(f"{'ok  ' if ok else 'FAIL'} {what}: max relative difference {rel:.2e} over {n} losses (≤ {tol}); "
           f"first {la[0]:.6f} / {lb[0]:.6f}, last {la[n-1]:.6f} / {lb[n-1]:.6f}")
+    return 0 if ok else 1
+
+
+def read_safetensors(path):
+    """name -> (dtype, shape, raw bytes) of an f32/f64 safetensors file (no
+    dependency beyond the standard library: the GPU machine may lack numpy)."""
+    import struct
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        head = json.loads(f.read(n))
+        body = f.read()
+    out = {}
+    for name, t in head.items():
+        if name == "__metadata__":
+            continue
+        a, b = t["data_offsets"]
+        code = {"F32": "f", "F64": "d"}.get(t["dtype"])
+        if code is None:
+            raise ValueError(f"{name}: dtype {t['dtype']}")
+        raw = body[a:b]
+        out[name] = struct.unpack(f"<{len(raw) // struct.calcsize(code)}{code}", raw)
+    return out
+
+
+def grads(a, b, tol, what):
+    try:
+        ga, gb = read_safetensors(a), read_safetensors(b)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"FAIL {what}: cannot read the gradients ({e})")
+        return 1
+    if set(ga) != set(gb) or not ga:
+        print(f"FAIL {what}: the files name different tensors")
+        return 1
+    worst, at = 0.0, ""
+    for name in sorted(ga):
+        x, y = ga[name], gb[name]
+        scale = max((abs(v) for v in y), default=0.0) or 1.0
+        d = max((abs(p - q) for p, q in zip(x, y)), default=0.0) / scale
+        if d > worst:
+            worst, at = d, name
+    ok = worst <= float(tol)
+    print(f"{'ok  ' if ok else 'FAIL'} {what}: first-step gradients, worst {worst:.2e} of the tensor's largest "
+          f"({at or 'all equal'}) over {len(ga)} tensors (≤ {tol})")
     return 0 if ok else 1
 
 
@@ -72,6 +117,8 @@ if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "losses":
         sys.exit(losses(*args))
+    if cmd == "grads":
+        sys.exit(grads(*args))
     if cmd == "speed":
         sys.exit(speed(*args))
     sys.exit(f"unknown command {cmd}")

@@ -1,9 +1,11 @@
 //! Which kernels run. shardc has its own CPU kernels where candle's are slow
 //! (the fused optimizer steps, the fast reductions and elementwise passes,
 //! cross-entropy's passes, the pooled heap), each chosen only for plain CPU
-//! tensors and each agreeing with the candle ops it replaces. The candle-only
-//! path is the one a GPU takes; `SHARDC_KERNELS=candle` forces it on the CPU,
-//! so that CI runs the generated primitive tests and the seed models on it.
+//! tensors and each agreeing with the candle ops it replaces. On a GPU the
+//! only one is fused attention (`prim/flash.rs`); everything else is candle's.
+//! `SHARDC_KERNELS=candle` turns all of them off (the candle-only path), so
+//! that CI runs the generated primitive tests and the seed models on it, and
+//! the GPU check compares fused attention with the composed one.
 
 use std::sync::OnceLock;
 

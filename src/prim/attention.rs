@@ -29,7 +29,7 @@ use super::{Def, Forward, Grad, Kind, Primitive, R};
 use crate::ast::ExprKind;
 use crate::diag::Problem;
 use crate::types::TType;
-use candle_core::{Tensor, D};
+use candle_core::{DType, Tensor, D};
 
 pub const DEFS: &[Def] = &[
     Def {
@@ -78,7 +78,9 @@ impl Mask {
         window: None,
     };
 
-    /// Whether query `i` sees key `j`.
+    /// Whether query `i` sees key `j` (the definition [`Mask::block`]'s
+    /// tensors are tested against).
+    #[cfg(test)]
     fn allows(self, i: usize, j: usize) -> bool {
         !(self.causal && j > i) && self.window.is_none_or(|w| i.abs_diff(j) < w)
     }
@@ -106,23 +108,42 @@ impl Mask {
         (k0, tk): (usize, usize),
         like: &Tensor,
     ) -> R<Option<Tensor>> {
-        let all = (0..tq).all(|a| (0..tk).all(|c| self.allows(q0 + a, k0 + c)));
-        if all {
+        if self.sees_all((q0, tq), (k0, tk)) {
             return Ok(None);
         }
-        let m: Vec<f64> = (0..tq * tk)
-            .map(|x| {
-                if self.allows(q0 + x / tk, k0 + x % tk) {
-                    0.0
-                } else {
-                    -1e10
-                }
-            })
-            .collect();
-        Tensor::from_vec(m, (tq, tk), like.device())
-            .and_then(|m| m.to_dtype(like.dtype()))
-            .map(Some)
-            .map_err(ce)
+        // Built where the scores are (a GPU builds it in a few kernels
+        // instead of copying [tq, tk] values from the host each call).
+        let dev = like.device();
+        let pos = |a: usize, n: usize| Tensor::arange(a as f32, (a + n) as f32, dev);
+        let m = (|| {
+            let qi = pos(q0, tq)?.reshape((tq, 1))?;
+            let kj = pos(k0, tk)?.reshape((1, tk))?;
+            let mut seen = Tensor::ones((tq, tk), DType::U8, dev)?;
+            if self.causal {
+                seen = seen.mul(&kj.broadcast_le(&qi)?)?;
+            }
+            if let Some(w) = self.window {
+                let gap = qi.broadcast_sub(&kj)?.abs()?;
+                seen = seen.mul(&gap.lt(w as f64)?)?;
+            }
+            let zero = Tensor::zeros((tq, tk), like.dtype(), dev)?;
+            let hidden = Tensor::full(-1e10f64, (tq, tk), dev)?.to_dtype(like.dtype())?;
+            seen.where_cond(&zero, &hidden)
+        })()
+        .map_err(ce)?;
+        Ok(Some(m))
+    }
+
+    /// Whether every query of `q0..q0+tq` sees every key of `k0..k0+tk`.
+    fn sees_all(self, (q0, tq): (usize, usize), (k0, tk): (usize, usize)) -> bool {
+        if tq == 0 || tk == 0 {
+            return true;
+        }
+        let (q1, k1) = (q0 + tq - 1, k0 + tk - 1);
+        (!self.causal || k1 <= q0)
+            && self
+                .window
+                .is_none_or(|w| q1.abs_diff(k0).max(q0.abs_diff(k1)) < w)
     }
 }
 
@@ -448,6 +469,13 @@ fn attention(
     Ok((out, p))
 }
 
+/// The composed path's derivative: the weights recomputed, then
+/// [`attention_vjp`].
+fn composed_vjp(v: &[Tensor], mask: Mask, g: &Tensor) -> R<(Tensor, Tensor, Tensor)> {
+    let (_, p) = attention(&v[0], &v[1], &v[2], mask, v.get(3))?;
+    attention_vjp(&v[0], &v[1], &v[2], &p, g)
+}
+
 fn attention_vjp(
     q: &Tensor,
     k: &Tensor,
@@ -554,6 +582,11 @@ impl Primitive for Attention {
                 saved: vec![lse],
             });
         }
+        if v.len() == 3 {
+            if let Some(y) = super::flash::forward(&v[0], &v[1], &v[2], self.mask)? {
+                return Forward::of(y);
+            }
+        }
         Forward::of(attention(&v[0], &v[1], &v[2], self.mask, v.get(3))?.0)
     }
 
@@ -569,8 +602,14 @@ impl Primitive for Attention {
                 super::ring::vjp(k, a, ops, g.y, lse, g.g, self.mask)?
             }
             None => {
-                let (_, p) = attention(&v[0], &v[1], &v[2], self.mask, v.get(3))?;
-                attention_vjp(&v[0], &v[1], &v[2], &p, g.g)?
+                let fused = match v.len() {
+                    3 => super::flash::vjp(&v[0], &v[1], &v[2], g.y, g.g, self.mask)?,
+                    _ => None,
+                };
+                match fused {
+                    Some(d) => d,
+                    None => composed_vjp(&v, self.mask, g.g)?,
+                }
             }
         };
         let (dk, dv) = (fold(&dk, groups)?, fold(&dv, groups)?);
@@ -622,5 +661,58 @@ impl Primitive for Attention {
             flops: 4.0 * local * s as f64 * done,
             comms,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The mask built from positions equals the pairwise definition, for
+    /// every block of a ring's split and each kind of mask.
+    #[test]
+    fn block_masks_match_the_pairs() {
+        let like = Tensor::zeros(1, DType::F32, &candle_core::Device::Cpu).unwrap();
+        let masks = [
+            Mask::CAUSAL,
+            Mask {
+                causal: false,
+                window: Some(3),
+            },
+            Mask {
+                causal: true,
+                window: Some(2),
+            },
+            Mask {
+                causal: false,
+                window: None,
+            },
+        ];
+        for mask in masks {
+            for (q0, k0) in [(0, 0), (0, 4), (4, 0), (4, 4), (8, 0)] {
+                let (tq, tk) = (4, 4);
+                let got = mask.block((q0, tq), (k0, tk), &like).unwrap();
+                let want: Vec<f32> = (0..tq * tk)
+                    .map(|x| {
+                        if mask.allows(q0 + x / tk, k0 + x % tk) {
+                            0.0
+                        } else {
+                            -1e10
+                        }
+                    })
+                    .collect();
+                match got {
+                    None => assert!(want.iter().all(|v| *v == 0.0), "{mask:?} {q0} {k0}"),
+                    Some(m) => {
+                        let m: Vec<f32> = m.flatten_all().unwrap().to_vec1().unwrap();
+                        assert_eq!(m, want, "{mask:?} q0 {q0} k0 {k0}");
+                        assert!(
+                            want.iter().any(|v| *v != 0.0),
+                            "{mask:?} {q0} {k0}: a mask of nothing"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -72,6 +72,10 @@ pub fn first_pass(
     labels: &[i64],
     off: i64,
 ) -> Option<Result<(Tensor, Tensor, Tensor)>> {
+    #[cfg(feature = "cuda")]
+    if let Some(r) = on_gpu::first_pass(logits, m, labels, off) {
+        return Some(r);
+    }
     let v = *logits.dims().last()?;
     let (e, se, tgt) = with_f32(logits, |x| {
         with_f32(m, |mx| {
@@ -116,6 +120,10 @@ pub fn grad(
     scale: f32,
     mul: f32,
 ) -> Option<Result<Tensor>> {
+    #[cfg(feature = "cuda")]
+    if let Some(r) = on_gpu::grad(e, se, labels, off, scale, mul) {
+        return Some(r);
+    }
     let v = *e.dims().last()?;
     let d = with_f32(e, |ev| {
         with_f32(se, |sv| {
@@ -188,8 +196,9 @@ impl Rows {
     /// pass took (the fused ones for f32), without its sums.
     pub fn resume(e: Tensor, logits: &Tensor, labels: Vec<i64>, off: i64) -> Result<Rows> {
         let v = logits.dims().last().copied().unwrap_or(0);
-        let fused =
-            v > 0 && logits.elem_count() == labels.len() * v && with_f32(logits, |_| ()).is_some();
+        let fused = v > 0
+            && logits.elem_count() == labels.len() * v
+            && (with_f32(logits, |_| ()).is_some() || on_gpu_applies(logits));
         let onehot = if fused {
             None
         } else {
@@ -248,6 +257,126 @@ fn onehot(logits: &Tensor, labels: &[i64], off: i64) -> Result<Tensor> {
     ids.broadcast_eq(&classes)?
         .to_dtype(logits.dtype())?
         .reshape(logits.dims())
+}
+
+/// Whether the GPU's fused passes take these logits.
+fn on_gpu_applies(logits: &Tensor) -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        on_gpu::applies(logits)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = logits;
+        false
+    }
+}
+
+/// The two passes on a GPU (`rows.cu`), for contiguous f32 logits: the same
+/// arithmetic as the CPU's, one block per row for the sums (so their order
+/// differs from the CPU's lanes: equal to rounding, not to the bit).
+#[cfg(feature = "cuda")]
+mod on_gpu {
+    use super::super::gpu::{cuda, module, slice, wrap, Module};
+    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::WrapErr;
+    use candle_core::{DType, Result, Tensor};
+
+    pub(super) fn applies(logits: &Tensor) -> bool {
+        crate::kernels::own() && logits.dtype() == DType::F32 && cuda(logits).is_some()
+    }
+
+    fn kernels() -> Result<Module> {
+        module("rows", include_str!("rows.cu"), "")
+    }
+
+    pub(super) fn first_pass(
+        logits: &Tensor,
+        m: &Tensor,
+        labels: &[i64],
+        off: i64,
+    ) -> Option<Result<(Tensor, Tensor, Tensor)>> {
+        let v = *logits.dims().last()?;
+        let rows = labels.len();
+        if !applies(logits) || m.dtype() != DType::F32 || v == 0 || logits.elem_count() != rows * v
+        {
+            return None;
+        }
+        let dev = cuda(logits)?;
+        Some((|| {
+            let x = logits.contiguous()?;
+            let mx = m.contiguous()?;
+            let lab = Tensor::from_slice(labels, rows, logits.device())?;
+            // SAFETY (all three): the kernel writes every element.
+            let e = unsafe { dev.alloc::<f32>(rows * v)? };
+            let se = unsafe { dev.alloc::<f32>(rows)? };
+            let tgt = unsafe { dev.alloc::<f32>(rows)? };
+            {
+                let (sx, sm, sl) = (slice(&x), slice(&mx), slice(&lab));
+                let (vx, vm, vl) = (sx.view::<f32>()?, sm.view::<f32>()?, sl.view::<i64>()?);
+                let k = kernels()?;
+                let f = dev.get_or_load_custom_func("ce_first", &k.name, &k.ptx)?;
+                let (vi, o) = (v as i32, off);
+                let mut l = f.builder();
+                l.arg(&vx).arg(&vm).arg(&vl).arg(&e).arg(&se).arg(&tgt);
+                l.arg(&vi).arg(&o);
+                let cfg = LaunchConfig {
+                    grid_dim: (rows as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: reads x, m, labels; writes e, se, tgt within rows × v.
+                unsafe { l.launch(cfg) }.w()?;
+            }
+            let shape = m.dims().to_vec();
+            Ok((
+                wrap(e, &dev, logits.dims()),
+                wrap(se, &dev, shape.as_slice()),
+                wrap(tgt, &dev, shape.as_slice()),
+            ))
+        })())
+    }
+
+    pub(super) fn grad(
+        e: &Tensor,
+        se: &Tensor,
+        labels: &[i64],
+        off: i64,
+        scale: f32,
+        mul: f32,
+    ) -> Option<Result<Tensor>> {
+        let v = *e.dims().last()?;
+        let rows = labels.len();
+        if !applies(e) || se.dtype() != DType::F32 || v == 0 || e.elem_count() != rows * v {
+            return None;
+        }
+        let dev = cuda(e)?;
+        Some((|| {
+            let (ec, sc) = (e.contiguous()?, se.contiguous()?);
+            let lab = Tensor::from_slice(labels, rows, e.device())?;
+            let n = rows * v;
+            // SAFETY: the kernel writes every element.
+            let d = unsafe { dev.alloc::<f32>(n)? };
+            {
+                let (s1, s2, s3) = (slice(&ec), slice(&sc), slice(&lab));
+                let (ve, vs, vl) = (s1.view::<f32>()?, s2.view::<f32>()?, s3.view::<i64>()?);
+                let k = kernels()?;
+                let f = dev.get_or_load_custom_func("ce_grad", &k.name, &k.ptx)?;
+                let (nn, vi, o) = (n as i64, v as i32, off);
+                let mut l = f.builder();
+                l.arg(&ve).arg(&vs).arg(&vl).arg(&d);
+                l.arg(&nn).arg(&vi).arg(&o).arg(&scale).arg(&mul);
+                let cfg = LaunchConfig {
+                    grid_dim: (n.div_ceil(256).min(65_535) as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: reads e, se, labels; writes d within n.
+                unsafe { l.launch(cfg) }.w()?;
+            }
+            Ok(wrap(d, &dev, e.dims()))
+        })())
+    }
 }
 
 #[cfg(test)]

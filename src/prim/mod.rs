@@ -41,13 +41,18 @@ pub mod dropout;
 pub mod einsum;
 pub mod elementwise;
 pub mod embed;
+mod flash;
 pub mod gather;
+#[cfg(feature = "cuda")]
+pub(crate) mod gpu;
 pub mod index;
 pub mod lookup;
 pub mod matmul;
 pub mod matmul_split;
 pub mod metrics;
 pub mod norm;
+#[cfg(feature = "cuda")]
+mod norm_gpu;
 pub mod objective;
 pub mod one_hot;
 pub mod reduce;

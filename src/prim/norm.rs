@@ -177,6 +177,13 @@ impl Primitive for Norm {
 
     fn forward(&self, k: &Kernel, x: &[&Tensor], ts: &[&TType], out: &TType) -> R<Forward> {
         let v = self.operands(k, x, ts, out)?;
+        #[cfg(feature = "cuda")]
+        {
+            let b = (self.kind == NormKind::Layer).then(|| &v[2]);
+            if let Some(y) = super::norm_gpu::forward(&v[0], &v[1], b, self.eps) {
+                return Forward::of(y.map_err(ce)?);
+            }
+        }
         let (y, _) = match self.kind {
             NormKind::Layer => layer_norm(&v[0], &v[1], &v[2], self.eps)?,
             NormKind::Rms => rms_norm(&v[0], &v[1], self.eps)?,
@@ -188,44 +195,58 @@ impl Primitive for Norm {
         let v = self.operands(k, g.x, g.ts, g.out)?;
         let ct = g.g;
         let lead = ct.rank() - 1;
-        let mut grads = match self.kind {
-            NormKind::Rms => {
-                let (_, (xhat, inv)) = rms_norm(&v[0], &v[1], self.eps)?;
-                let dxhat = ct.broadcast_mul(&v[1]).map_err(ce)?;
-                let m = dxhat
-                    .mul(&xhat)
-                    .and_then(|t| t.mean_keepdim(D::Minus1))
-                    .map_err(ce)?;
-                let dx = dxhat
-                    .sub(&xhat.broadcast_mul(&m).map_err(ce)?)
-                    .and_then(|t| t.broadcast_mul(&inv))
-                    .map_err(ce)?;
-                let mut dw = ct.mul(&xhat).map_err(ce)?;
-                for _ in 0..lead {
-                    dw = super::reduce_fast::sum(&dw, 0).map_err(ce)?;
+        #[cfg(feature = "cuda")]
+        let fused = {
+            let b = (self.kind == NormKind::Layer).then(|| &v[2]);
+            super::norm_gpu::vjp(&v[0], &v[1], b, ct, self.eps)
+                .transpose()
+                .map_err(ce)?
+                .map(|(dx, dw, db)| [Some(dx), Some(dw), db].into_iter().flatten().collect())
+        };
+        #[cfg(not(feature = "cuda"))]
+        let fused: Option<Vec<Tensor>> = None;
+        let mut grads = if let Some(g) = fused {
+            g
+        } else {
+            match self.kind {
+                NormKind::Rms => {
+                    let (_, (xhat, inv)) = rms_norm(&v[0], &v[1], self.eps)?;
+                    let dxhat = ct.broadcast_mul(&v[1]).map_err(ce)?;
+                    let m = dxhat
+                        .mul(&xhat)
+                        .and_then(|t| t.mean_keepdim(D::Minus1))
+                        .map_err(ce)?;
+                    let dx = dxhat
+                        .sub(&xhat.broadcast_mul(&m).map_err(ce)?)
+                        .and_then(|t| t.broadcast_mul(&inv))
+                        .map_err(ce)?;
+                    let mut dw = ct.mul(&xhat).map_err(ce)?;
+                    for _ in 0..lead {
+                        dw = super::reduce_fast::sum(&dw, 0).map_err(ce)?;
+                    }
+                    vec![dx, dw]
                 }
-                vec![dx, dw]
-            }
-            NormKind::Layer => {
-                let (_, (xhat, inv)) = layer_norm(&v[0], &v[1], &v[2], self.eps)?;
-                let dxhat = ct.broadcast_mul(&v[1]).map_err(ce)?;
-                let m1 = dxhat.mean_keepdim(D::Minus1).map_err(ce)?;
-                let m2 = dxhat
-                    .mul(&xhat)
-                    .and_then(|t| t.mean_keepdim(D::Minus1))
-                    .map_err(ce)?;
-                let dx = dxhat
-                    .broadcast_sub(&m1)
-                    .and_then(|t| t.broadcast_sub(&xhat.broadcast_mul(&m2)?))
-                    .and_then(|t| t.broadcast_mul(&inv))
-                    .map_err(ce)?;
-                let mut dw = ct.mul(&xhat).map_err(ce)?;
-                let mut db = ct.clone();
-                for _ in 0..lead {
-                    dw = super::reduce_fast::sum(&dw, 0).map_err(ce)?;
-                    db = super::reduce_fast::sum(&db, 0).map_err(ce)?;
+                NormKind::Layer => {
+                    let (_, (xhat, inv)) = layer_norm(&v[0], &v[1], &v[2], self.eps)?;
+                    let dxhat = ct.broadcast_mul(&v[1]).map_err(ce)?;
+                    let m1 = dxhat.mean_keepdim(D::Minus1).map_err(ce)?;
+                    let m2 = dxhat
+                        .mul(&xhat)
+                        .and_then(|t| t.mean_keepdim(D::Minus1))
+                        .map_err(ce)?;
+                    let dx = dxhat
+                        .broadcast_sub(&m1)
+                        .and_then(|t| t.broadcast_sub(&xhat.broadcast_mul(&m2)?))
+                        .and_then(|t| t.broadcast_mul(&inv))
+                        .map_err(ce)?;
+                    let mut dw = ct.mul(&xhat).map_err(ce)?;
+                    let mut db = ct.clone();
+                    for _ in 0..lead {
+                        dw = super::reduce_fast::sum(&dw, 0).map_err(ce)?;
+                        db = super::reduce_fast::sum(&db, 0).map_err(ce)?;
+                    }
+                    vec![dx, dw, db]
                 }
-                vec![dx, dw, db]
             }
         };
         // Computed in the gathered layouts: transpose the gathers.

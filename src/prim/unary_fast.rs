@@ -150,7 +150,8 @@ fn f32s<'a>(s: &'a CpuStorage, l: &Layout) -> Option<&'a [f32]> {
 }
 
 fn fits(t: &Tensor) -> bool {
-    crate::kernels::own() && t.dtype() == DType::F32 && t.is_contiguous() && t.device().is_cpu()
+    let here = t.device().is_cpu() || (cfg!(feature = "cuda") && t.device().is_cuda());
+    crate::kernels::own() && t.dtype() == DType::F32 && t.is_contiguous() && here
 }
 
 /// One forward: `y = f(x)`.
@@ -178,6 +179,15 @@ impl CustomOp1 for Forward {
             Act::Exp => run(x, |v| Act::Exp.f(v)),
         };
         Ok((CpuStorage::F32(y), l.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        on_gpu::launch("act_fwd", self.0, (s, l), None)
     }
 }
 
@@ -215,6 +225,82 @@ impl CustomOp2 for Backward {
             Act::Exp => run(v, ct, |y| Act::Exp.df(0.0, y)),
         };
         Ok((CpuStorage::F32(g), l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        on_gpu::launch("act_bwd", self.0, (s1, l1), Some((s2, l2)))
+    }
+}
+
+impl Act {
+    /// The activation's number in `act.cu`.
+    #[cfg(feature = "cuda")]
+    fn code(self) -> i32 {
+        match self {
+            Act::Gelu => 0,
+            Act::Silu => 1,
+            Act::Tanh => 2,
+            Act::Sigmoid => 3,
+            Act::Exp => 4,
+        }
+    }
+}
+
+/// The activations on a GPU (`act.cu`): the same functions as the CPU's
+/// kernels, with CUDA's `expf` and `tanhf` (equal to rounding).
+#[cfg(feature = "cuda")]
+mod on_gpu {
+    use super::Act;
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::WrapErr;
+    use candle_core::{CudaStorage, Layout, Result, Shape};
+
+    /// `name` over the contiguous f32 operand `a` (and the cotangent `b`
+    /// for the derivative), into a new buffer shaped like `a`.
+    pub(super) fn launch(
+        name: &str,
+        act: Act,
+        (s1, l1): (&CudaStorage, &Layout),
+        second: Option<(&CudaStorage, &Layout)>,
+    ) -> Result<(CudaStorage, Shape)> {
+        let msg = || candle_core::Error::Msg("fused activation: contiguous f32 expected".into());
+        let (a, b) = l1.contiguous_offsets().ok_or_else(msg)?;
+        let n = b - a;
+        let dev = s1.device().clone();
+        let k = super::super::gpu::module("act", include_str!("act.cu"), "")?;
+        let f = dev.get_or_load_custom_func(name, &k.name, &k.ptx)?;
+        // SAFETY: the kernel writes every element.
+        let out = unsafe { dev.alloc::<f32>(n)? };
+        let x = s1.as_cuda_slice::<f32>()?.slice(a..b);
+        let (nn, code) = (n as i64, act.code());
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(256).clamp(1, 65_535) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let ct;
+        let mut l = f.builder();
+        l.arg(&x);
+        if let Some((s2, l2)) = second {
+            let (c, d) = l2.contiguous_offsets().ok_or_else(msg)?;
+            if d - c != n {
+                return Err(msg());
+            }
+            ct = s2.as_cuda_slice::<f32>()?.slice(c..d);
+            l.arg(&ct);
+        }
+        l.arg(&out).arg(&nn).arg(&code);
+        // SAFETY: reads n elements of each operand, writes n of out.
+        unsafe { l.launch(cfg) }.w()?;
+        Ok((CudaStorage::wrap_cuda_slice(out, dev), l1.shape().clone()))
     }
 }
 

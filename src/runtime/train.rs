@@ -533,7 +533,11 @@ pub(crate) fn sync_grads(ex: &Exec, step: &Step, grads: Vec<Tensor>) -> R<Vec<Te
 
 /// Global L2 norm of all gradients (each element counted once).
 pub(crate) fn global_norm(ex: &Exec, step: &Step, grads: &[Tensor]) -> R<f64> {
-    let mut local = 0.0;
+    // Each parameter's sum of squares stays on the device; they come to the
+    // host in one read (one synchronisation of a GPU, not one per
+    // parameter) and are added there in parameter order, as before.
+    let mut held = Vec::new();
+    let mut copies = Vec::new();
     for (i, g) in grads.iter().enumerate() {
         // Frozen parameters take no step: their gradients are not clipped.
         let Some(p) = step.params.get(i).filter(|p| !p.frozen()) else {
@@ -542,13 +546,38 @@ pub(crate) fn global_norm(ex: &Exec, step: &Step, grads: &[Tensor]) -> R<f64> {
         if !ex.holds(i) {
             continue;
         }
+        held.push(g);
+        copies.push(p.copies as f64);
+    }
+    // On a GPU, shardc's kernel: two launches per gradient.
+    #[cfg(feature = "cuda")]
+    let fused = crate::prim::gpu::sums_of_squares(&held)
+        .transpose()
+        .map_err(ce)?;
+    #[cfg(not(feature = "cuda"))]
+    let fused: Option<Tensor> = None;
+    let mut terms = Vec::new();
+    for g in held.iter().filter(|_| fused.is_none()) {
         let s = g
             .sqr()
             .and_then(|x| x.sum_all())
-            .and_then(|x| crate::kernels::host::scalar(&x))
+            .and_then(|x| x.to_dtype(candle_core::DType::F64))
             .map_err(ce)?;
-        local += s / p.copies as f64;
+        terms.push(s);
     }
+    let local = if held.is_empty() {
+        0.0
+    } else {
+        let sums = match fused {
+            Some(t) => Ok(t),
+            None => Tensor::stack(&terms, 0),
+        }
+        .and_then(|t| crate::kernels::host::read::<f64>(&t))
+        .map_err(ce)?;
+        sums.iter()
+            .zip(&copies)
+            .fold(0.0, |acc, (s, c)| acc + s / c)
+    };
     let t = Tensor::new(local, &ex.dev).map_err(ce)?;
     let all: Vec<String> = ex.comm.topo().axes.iter().map(|a| a.0.clone()).collect();
     let s = ex

@@ -1,0 +1,50 @@
+// The fused activations and their derivatives on a GPU (src/prim/unary_fast.rs
+// launches them; its CPU kernels compute the same functions). `a` picks the
+// activation: 0 gelu (tanh approximation), 1 silu, 2 tanh, 3 sigmoid, 4 exp.
+// The derivative reads the input for gelu and silu, the output for the rest.
+
+#define SQRT_2_OVER_PI 0.7978845608028654f
+#define GELU_A 0.044715f
+
+__device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float act_f(int a, float x) {
+    switch (a) {
+    case 0: return 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * x * (1.0f + GELU_A * x * x)));
+    case 1: return x / (1.0f + expf(-x));
+    case 2: return tanhf(x);
+    case 3: return sigm(x);
+    default: return expf(x);
+    }
+}
+
+// The derivative at v: the input x for gelu and silu, the output y otherwise.
+__device__ __forceinline__ float act_df(int a, float v) {
+    switch (a) {
+    case 0: {
+        float x2 = v * v;
+        float t = tanhf(SQRT_2_OVER_PI * v * (1.0f + GELU_A * x2));
+        float dinner = SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_A * x2);
+        return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * dinner;
+    }
+    case 1: {
+        float s = sigm(v);
+        return s * (1.0f + v * (1.0f - s));
+    }
+    case 2: return 1.0f - v * v;
+    case 3: return v * (1.0f - v);
+    default: return v;
+    }
+}
+
+extern "C" __global__ void act_fwd(const float* x, float* y, long long n, int a) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        y[i] = act_f(a, x[i]);
+}
+
+extern "C" __global__ void act_bwd(const float* v, const float* ct, float* g, long long n, int a) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        g[i] = ct[i] * act_df(a, v[i]);
+}
