@@ -4,7 +4,8 @@
 //! barrier, warp shuffles, shared memory), and checked against f64
 //! references: fused attention's outputs and gradients for every mask (two
 //! head dims), the norms, softmax cross-entropy's passes, the activations
-//! against finite differences, and the gradient norm's sums of squares.
+//! against finite differences, the gradient norm's sums of squares and
+//! AdamW's step (`src/optim/adam.cu`).
 //! What it cannot check (CUDA's own rounding, the launches' plumbing, speed)
 //! is `scripts/gpu-check.sh`'s on a GPU.
 
@@ -51,6 +52,6 @@ fn fused_attention_equals_naive_attention_head_dim_64() {
 }
 
 #[test]
-fn norms_cross_entropy_activations_and_sums_equal_their_references() {
+fn norms_cross_entropy_activations_sums_and_adamw_equal_their_references() {
     run("rows.cpp", &[], "rows");
 }

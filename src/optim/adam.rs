@@ -55,6 +55,10 @@ impl Rule for Adam {
         m.is_some() && v.is_some()
     }
 
+    fn fused_on_gpu(&self) -> bool {
+        cfg!(feature = "cuda")
+    }
+
     fn fused(
         &self,
         lr: f64,
@@ -69,6 +73,10 @@ impl Rule for Adam {
             return Err("adam without its moments".into());
         };
         let one = self.one_pass(lr, t, s);
+        #[cfg(feature = "cuda")]
+        if p.device().is_cuda() {
+            return on_gpu::step(&one, p, g, m, v).map_err(ce);
+        }
         let dt = p.dtype();
         if [g, m, v].iter().all(|x| x.dtype() == dt) && apart(&[p, g, m, v]) {
             one.run(p, g, m, v).map_err(ce)
@@ -293,6 +301,78 @@ impl InplaceOp1 for OnP<'_> {
             }
             _ => return Err(err("one element type (f32 or f64) expected")),
         }
+        Ok(())
+    }
+}
+
+/// The step on a GPU (`adam.cu`): one pass over contiguous f32 tensors, in
+/// place, with the CPU pass's arithmetic.
+#[cfg(feature = "cuda")]
+mod on_gpu {
+    use super::OnePass;
+    use crate::optim::fused::Pass;
+    use crate::prim::gpu::{cuda, module, slice};
+    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::WrapErr;
+    use candle_core::{Result, Tensor};
+
+    pub(super) fn step(
+        one: &OnePass,
+        p: &Tensor,
+        g: &Tensor,
+        m: &Tensor,
+        v: &Tensor,
+    ) -> Result<()> {
+        let Pass::Adam {
+            lr,
+            c1,
+            c2,
+            eps,
+            wd,
+        } = one.step
+        else {
+            return Err(candle_core::Error::Msg("an Adam step expected".into()));
+        };
+        let n = p.elem_count();
+        if [g, m, v].iter().any(|t| t.elem_count() != n) {
+            return Err(candle_core::Error::Msg(
+                "Adam's tensors differ in size".into(),
+            ));
+        }
+        let dev = cuda(p).ok_or_else(|| candle_core::Error::Msg("not on a GPU".into()))?;
+        let g = g.contiguous()?;
+        let ((a, b), (c, d)) = (one.m, one.v);
+        let r2 = c2.sqrt();
+        let (k, e) = (r2 / c1, eps * r2);
+        let k_ = module("adam", include_str!("adam.cu"), "")?;
+        let f = dev.get_or_load_custom_func("adam_step", &k_.name, &k_.ptx)?;
+        let (sp, sm, sv, sg) = (slice(p), slice(m), slice(v), slice(&g));
+        let (vp, vm, vv, vg) = (
+            sp.view::<f32>()?,
+            sm.view::<f32>()?,
+            sv.view::<f32>()?,
+            sg.view::<f32>()?,
+        );
+        let nn = n as i64;
+        let mut l = f.builder();
+        l.arg(&vp).arg(&vm).arg(&vv).arg(&vg).arg(&nn);
+        l.arg(&a)
+            .arg(&b)
+            .arg(&c)
+            .arg(&d)
+            .arg(&k)
+            .arg(&e)
+            .arg(&wd)
+            .arg(&lr);
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(256).clamp(1, 65_535) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: writes p, m and v in place, n elements each: the optimizer
+        // state owns them (`OptState::fused` copies a parameter it does not
+        // own first, as for the CPU's in-place step); reads n of g.
+        unsafe { l.launch(cfg) }.w()?;
         Ok(())
     }
 }

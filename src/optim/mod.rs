@@ -97,6 +97,11 @@ pub trait Rule {
         let _ = (m, v);
         false
     }
+    /// Whether [`Rule::fused`] also runs on a GPU (contiguous f32 tensors
+    /// on a CUDA device; a build with `--features cuda`).
+    fn fused_on_gpu(&self) -> bool {
+        false
+    }
     /// The step in place: `p`, `m` and `v` are written.
     #[allow(clippy::too_many_arguments)]
     fn fused(
@@ -227,6 +232,16 @@ pub fn plain(t: &Tensor) -> bool {
         && t.device().is_cpu()
         && t.is_contiguous()
         && matches!(t.dtype(), DType::F32 | DType::F64)
+}
+
+/// Whether a GPU's fused step takes `t`: contiguous f32 on a CUDA device,
+/// shardc's own kernels on, in a build with `--features cuda`.
+pub fn plain_on_gpu(t: &Tensor) -> bool {
+    cfg!(feature = "cuda")
+        && crate::kernels::own()
+        && t.device().is_cuda()
+        && t.is_contiguous()
+        && t.dtype() == DType::F32
 }
 
 #[cfg(test)]

@@ -1,13 +1,15 @@
-// src/prim/{norm,rows,act,sums}.cu against f64 references (built by
+// src/prim/{norm,rows,act,sums}.cu and src/optim/adam.cu against f64 references (built by
 // tests/gpu_kernels.rs): layer_norm and rms_norm forward and backward with
 // their weight gradients' column sums, softmax cross-entropy's two passes
 // (labels inside and outside this device's classes), the activations and
-// their derivatives (against finite differences), and the sums of squares.
+// their derivatives (against finite differences), the sums of squares, and
+// AdamW's step against the textbook form (bias corrections not folded).
 #include "emu.h"
 #include "../../src/prim/norm.cu"
 #include "../../src/prim/rows.cu"
 #include "../../src/prim/act.cu"
 #include "../../src/prim/sums.cu"
+#include "../../src/optim/adam.cu"
 
 static void norms(int layer) {
     const int n = 37, d = 100, per = 16;
@@ -139,7 +141,41 @@ static void sums() {
     expect_close("sum of squares leaves other slots", {(float)out[0]}, {-1}, 0);
 }
 
+static void adam() {
+    const double b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, lr = 0.1, s = 0.5;
+    const int t = 3;
+    auto p = noise(5000, 51), g = noise(p.size(), 52), m = noise(p.size(), 53), v = noise(p.size(), 54);
+    for (auto& x : v) x = x * x;  // second moments are not negative
+    std::vector<double> p_ref(p.size()), m_ref(p.size()), v_ref(p.size());
+    double c1 = 1 - std::pow(b1, t), c2 = 1 - std::pow(b2, t);
+    for (size_t i = 0; i < p.size(); i++) {
+        double gi = s * g[i];
+        m_ref[i] = b1 * m[i] + (1 - b1) * gi;
+        v_ref[i] = b2 * v[i] + (1 - b2) * gi * gi;
+        double mh = m_ref[i] / c1, vh = v_ref[i] / c2;
+        p_ref[i] = p[i] - lr * (mh / (std::sqrt(vh) + eps) + wd * p[i]);
+    }
+    // As OnePass (src/optim/adam.rs): the gradient's scale folded into b and d.
+    double r2 = std::sqrt(c2), k = r2 / c1, e = eps * r2;
+    long long n = (long long)p.size();
+    launch({4, 1, 1}, {256, 1, 1}, [&] {
+        adam_step(p.data(), m.data(), v.data(), g.data(), n, b1, (1 - b1) * s, b2, (1 - b2) * s * s, k, e, wd, lr);
+    });
+    expect_close("adamw first moments", m, m_ref, 1e-6);
+    expect_close("adamw second moments", v, v_ref, 1e-6);
+    // The step itself (not the parameters, which it moves by a tenth).
+    std::vector<float> step(p.size());
+    std::vector<double> step_ref(p.size());
+    auto p0 = noise(p.size(), 51);
+    for (size_t i = 0; i < p.size(); i++) {
+        step[i] = p[i] - p0[i];
+        step_ref[i] = p_ref[i] - p0[i];
+    }
+    expect_close("adamw step", step, step_ref, 1e-5);
+}
+
 int main() {
+    adam();
     norms(1);
     norms(0);
     cross_entropy();

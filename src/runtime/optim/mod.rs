@@ -9,7 +9,7 @@ mod sum;
 pub use sum::GradSum;
 
 use super::exec::bytes;
-use crate::optim::{plain, rule, Local, Whole};
+use crate::optim::{plain, plain_on_gpu, rule, Local, Whole};
 use crate::spec::{OptKind, Optimizer};
 use candle_core::Tensor;
 
@@ -28,6 +28,22 @@ pub struct OptState {
     /// The parameter tensors this state has made its own (fused steps write them
     /// in place, so they must not share storage with anything else).
     owned: Vec<Option<candle_core::TensorId>>,
+}
+
+/// Whether the rule's fused step takes these tensors where they are: plain
+/// CPU tensors, or (for a rule with a GPU kernel) contiguous f32 on a GPU.
+fn fused_here(
+    r: &dyn crate::optim::Rule,
+    p: &Tensor,
+    m: Option<&Tensor>,
+    v: Option<&Tensor>,
+) -> bool {
+    let cpu = plain(p) && m.is_none_or(plain) && v.is_none_or(plain);
+    let gpu = r.fused_on_gpu()
+        && plain_on_gpu(p)
+        && m.is_none_or(plain_on_gpu)
+        && v.is_none_or(plain_on_gpu);
+    r.has_fused(m, v) && (cpu || gpu)
 }
 
 impl OptState {
@@ -58,11 +74,7 @@ impl OptState {
     /// then replicas may share its tensors, one of them stepping it.
     pub fn in_place(&self, i: usize, p: &Tensor) -> bool {
         let (m, v) = (self.m[i].as_ref(), self.v[i].as_ref());
-        self.opts[i].kind != OptKind::Frozen
-            && rule(&self.opts[i]).has_fused(m, v)
-            && plain(p)
-            && m.is_none_or(plain)
-            && v.is_none_or(plain)
+        self.opts[i].kind != OptKind::Frozen && fused_here(&*rule(&self.opts[i]), p, m, v)
     }
 
     /// Step `p`'s storage in place without copying it first: this state
@@ -129,10 +141,7 @@ impl OptState {
             let r = rule(&self.opts[i]);
             let unmasked = masks.get(i).is_none_or(Option::is_none);
             let (m, v) = (self.m[i].as_ref(), self.v[i].as_ref());
-            let fused_ok = r.has_fused(m, v)
-                && plain(&params[i])
-                && m.is_none_or(plain)
-                && v.is_none_or(plain);
+            let fused_ok = fused_here(&*r, &params[i], m, v);
             if (r.zero_is_still() || unmasked) && fused_ok {
                 self.fused(i, step, &mut params[i], &grads[i], scale)?;
                 continue;
