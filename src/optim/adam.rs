@@ -312,7 +312,7 @@ mod on_gpu {
     use super::OnePass;
     use crate::optim::fused::Pass;
     use crate::prim::gpu::{cuda, module, slice};
-    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
     use candle_core::cuda_backend::WrapErr;
     use candle_core::{Result, Tensor};
 
@@ -364,11 +364,7 @@ mod on_gpu {
             .arg(&e)
             .arg(&wd)
             .arg(&lr);
-        let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(256).clamp(1, 65_535) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = crate::prim::gpu::elementwise(n);
         // SAFETY: writes p, m and v in place, n elements each: the optimizer
         // state owns them (`OptState::fused` copies a parameter it does not
         // own first, as for the CPU's in-place step); reads n of g.

@@ -366,11 +366,7 @@ mod on_gpu {
                 let mut l = f.builder();
                 l.arg(&ve).arg(&vs).arg(&vl).arg(&d);
                 l.arg(&nn).arg(&vi).arg(&o).arg(&scale).arg(&mul);
-                let cfg = LaunchConfig {
-                    grid_dim: (n.div_ceil(256).min(65_535) as u32, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                };
+                let cfg = super::super::gpu::elementwise(n);
                 // SAFETY: reads e, se, labels; writes d within n.
                 unsafe { l.launch(cfg) }.w()?;
             }

@@ -89,6 +89,16 @@ pub fn slice(t: &Tensor) -> Slice<'_> {
     }
 }
 
+/// The launch of a grid-strided elementwise kernel over `n` elements: 256
+/// threads a block, at most 65,535 blocks (each thread then takes several).
+pub fn elementwise(n: usize) -> candle_core::cuda_backend::cudarc::driver::LaunchConfig {
+    candle_core::cuda_backend::cudarc::driver::LaunchConfig {
+        grid_dim: (n.div_ceil(256).clamp(1, 65_535) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// A kernel's output buffer as a contiguous tensor of `shape`.
 pub fn wrap<T: CudaDType>(x: CudaSlice<T>, dev: &CudaDevice, shape: impl Into<Shape>) -> Tensor {
     let st = CudaStorage::wrap_cuda_slice(x, dev.clone());

@@ -259,7 +259,7 @@ impl Act {
 mod on_gpu {
     use super::Act;
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
     use candle_core::cuda_backend::WrapErr;
     use candle_core::{CudaStorage, Layout, Result, Shape};
 
@@ -281,11 +281,7 @@ mod on_gpu {
         let out = unsafe { dev.alloc::<f32>(n)? };
         let x = s1.as_cuda_slice::<f32>()?.slice(a..b);
         let (nn, code) = (n as i64, act.code());
-        let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(256).clamp(1, 65_535) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = super::super::gpu::elementwise(n);
         let ct;
         let mut l = f.builder();
         l.arg(&x);
