@@ -10,8 +10,9 @@
 #!     step's gradients (≤ 1e-4), and the windowed one against the CPU;
 #!   - a GPT-2-124M-sized model (bench/gpu/gpt2_124m.shard) on the GPU in f32
 #!     and in bf16 (≤ 2% from f32), its first losses against the CPU,
-#! and prints step time, tokens/s, MFU against the plan's FLOPs, and memory
-#! measured vs planned. Every figure goes to OUT/gpu-check.txt as well.
+#! and prints step time, tokens/s, MFU against the plan's FLOPs, memory
+#! measured vs planned, the bf16 step on candle's kernels alone, and the
+#! `--profile` table of a bf16 step. Every figure goes to OUT/gpu-check.txt.
 #!
 #! Usage: bash scripts/gpu-check.sh [--dry-run] [--bin PATH] [--out DIR] [--quick]
 #!   --dry-run  check the inputs and print what would run; run nothing
@@ -165,6 +166,14 @@ run gpt2.f32 "${GPU_CHECK_LIMIT:-150}" run "$gpt2" --steps $STEPS --device cuda 
 run gpt2.bf16 "${GPU_CHECK_LIMIT:-150}" run "$bf" --steps $STEPS --device cuda --json --out "$out/r.gpt2b" --dump-losses "$out/gpt2.bf16.json"
 [[ $dry == 1 ]] || "$py" scripts/gpu_compare.py speed "$out/gpt2.bf16.log" "$out/gpt2_bf16.plan.json" bf16 1024 | tee -a "$log"
 compare "$out/gpt2.f32.json" "$out/gpt2.bf16.json" 2e-2 "gpt2_124m: bf16 vs f32 on the GPU"
+# The same bf16 run on candle's kernels alone (what shardc's fused ones gain),
+# then where a fused step's time goes (`--profile`, 4 steps).
+SHARDC_KERNELS=candle run gpt2.bf16.composed "${GPU_CHECK_LIMIT:-150}" run "$bf" --steps 5 --device cuda --json --out "$out/r.gpt2bc" --dump-losses "$out/gpt2.bf16.composed.json"
+[[ $dry == 1 ]] || "$py" scripts/gpu_compare.py speed "$out/gpt2.bf16.composed.log" "$out/gpt2_bf16.plan.json" bf16 1024 | sed 's/^gpt2_124m bf16:/gpt2_124m bf16 (candle kernels only):/' | head -1 | tee -a "$log"
+compare "$out/gpt2.bf16.composed.json" "$out/gpt2.bf16.json" 5e-3 "gpt2_124m bf16: fused kernels vs candle's"
+if run gpt2.profile 120 run "$bf" --steps 4 --device cuda --quiet --profile --out "$out/r.gpt2p"; then
+  [[ $dry == 1 ]] || head -16 "$out/gpt2.profile.log" | tee -a "$log"
+fi
 # The CPU's 2 steps of GPT-2 take about 100 s on 16 cores: GPU_CHECK_NO_CPU_GPT2=1 skips them.
 if [[ -z ${GPU_CHECK_NO_CPU_GPT2:-} ]]; then
   run gpt2.cpu 150 run "$gpt2" --steps 2 --quiet --out "$out/r.gpt2c" --dump-losses "$out/gpt2.cpu.json"
