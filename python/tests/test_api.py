@@ -180,6 +180,10 @@ def test_an_exception_in_on_step_is_raised_after_the_run_stops(tmp_path):
 
 def test_ctrl_c_stops_the_run_cleanly(tmp_path):
     # A real SIGINT, delivered while the devices train with the GIL released.
+    # Python's own handler, as an interactive session has it: a process
+    # started in the background inherits SIGINT ignored, and Python then
+    # leaves it ignored (a CI run under nohup failed here for that alone).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     started = threading.Event()
 
     def first(step):
@@ -192,6 +196,7 @@ def test_ctrl_c_stops_the_run_cleanly(tmp_path):
     assert run.interrupted
     assert run.stopped_at is not None and len(run.losses) == run.stopped_at < 2000
     assert (tmp_path / "a" / "final" / "params.safetensors").exists()
+    signal.signal(signal.SIGINT, previous)
 
 
 def test_a_run_error_raises_with_the_message(tmp_path):
