@@ -142,7 +142,49 @@ pub struct OnePass {
     pub step: Pass,
 }
 
+/// One fused Adam step's constants: m ← a·m + b·g, v ← c·v + d·g², then
+/// p ← p − lr·(m·k/(√v + e) + wd·p), the bias corrections folded into k and e.
+#[derive(Clone, Copy)]
+pub struct Folded {
+    pub a: f64,
+    pub b: f64,
+    pub c: f64,
+    pub d: f64,
+    pub k: f64,
+    pub e: f64,
+    pub wd: f64,
+    pub lr: f64,
+}
+
 impl OnePass {
+    /// The constants of the one-pass step (`None` when this is not Adam's).
+    pub fn folded(&self) -> Option<Folded> {
+        let Pass::Adam {
+            lr,
+            c1,
+            c2,
+            eps,
+            wd,
+        } = self.step
+        else {
+            return None;
+        };
+        let ((a, b), (c, d)) = (self.m, self.v);
+        // As Pass::Adam: the bias corrections folded into two constants.
+        let r2 = c2.sqrt();
+        let (k, e) = (r2 / c1, eps * r2);
+        Some(Folded {
+            a,
+            b,
+            c,
+            d,
+            k,
+            e,
+            wd,
+            lr,
+        })
+    }
+
     /// The step as three in-place passes (m, v, then p): any element types.
     pub fn three_passes(
         &self,
@@ -238,26 +280,25 @@ impl InplaceOp1 for OnP<'_> {
     }
 
     fn cpu_fwd(&self, p: &mut CpuStorage, lp: &Layout) -> candle_core::Result<()> {
-        let Pass::Adam {
-            lr,
-            c1,
-            c2,
-            eps,
+        let Folded {
+            a,
+            b,
+            c,
+            d,
+            k,
+            e,
             wd,
-        } = self.k.step
-        else {
-            return Err(err("an Adam step expected"));
-        };
+            lr,
+        } = self
+            .k
+            .folded()
+            .ok_or_else(|| err("an Adam step expected"))?;
         let n = lp.shape().elem_count();
         let (ps, pe) = range(lp, n)?;
         let (mut m, mut v) = (self.m.0.borrow_mut(), self.v.0.borrow_mut());
         let (ms, me) = range(self.m.1, n)?;
         let (vs, ve) = range(self.v.1, n)?;
         let (gs, ge) = range(self.g.1, n)?;
-        let ((a, b), (c, d)) = (self.k.m, self.k.v);
-        // As Pass::Adam: the bias corrections folded into two constants.
-        let r2 = c2.sqrt();
-        let (k, e) = (r2 / c1, eps * r2);
         fn run<T: Elem>(
             p: &mut [T],
             m: &mut [T],
@@ -309,8 +350,7 @@ impl InplaceOp1 for OnP<'_> {
 /// place, with the CPU pass's arithmetic.
 #[cfg(feature = "cuda")]
 mod on_gpu {
-    use super::OnePass;
-    use crate::optim::fused::Pass;
+    use super::{Folded, OnePass};
     use crate::prim::gpu::{cuda, module, slice};
     use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
     use candle_core::cuda_backend::WrapErr;
@@ -323,16 +363,18 @@ mod on_gpu {
         m: &Tensor,
         v: &Tensor,
     ) -> Result<()> {
-        let Pass::Adam {
-            lr,
-            c1,
-            c2,
-            eps,
+        let Folded {
+            a,
+            b,
+            c,
+            d,
+            k,
+            e,
             wd,
-        } = one.step
-        else {
-            return Err(candle_core::Error::Msg("an Adam step expected".into()));
-        };
+            lr,
+        } = one
+            .folded()
+            .ok_or_else(|| candle_core::Error::Msg("an Adam step expected".into()))?;
         let n = p.elem_count();
         if [g, m, v].iter().any(|t| t.elem_count() != n) {
             return Err(candle_core::Error::Msg(
@@ -341,9 +383,6 @@ mod on_gpu {
         }
         let dev = cuda(p).ok_or_else(|| candle_core::Error::Msg("not on a GPU".into()))?;
         let g = g.contiguous()?;
-        let ((a, b), (c, d)) = (one.m, one.v);
-        let r2 = c2.sqrt();
-        let (k, e) = (r2 / c1, eps * r2);
         let k_ = module("adam", include_str!("adam.cu"), "")?;
         let f = dev.get_or_load_custom_func("adam_step", &k_.name, &k_.ptx)?;
         let (sp, sm, sv, sg) = (slice(p), slice(m), slice(v), slice(&g));
