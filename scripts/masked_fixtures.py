@@ -14,11 +14,16 @@ E[x] @ W, V = 16 classes), trained with plain SGD. Two datasets of 3 steps of
 - padded.npz: a padded LM: sequences of 2 to 6 tokens padded with id 0 on the
   right, `y` the next token, 0 (the pad id) where nothing follows.
 
+- weighted.npz: per-token weights for a loss function's third parameter:
+  `x` and `y` as a next-token LM, and `mask` (float32) 0 on about 30% of the
+  positions (padding) and 0.5, 1 or 2 elsewhere.
+
 reference.json holds the initial E and W (row-major) and, per dataset, its
 ignore index and the losses of 3 SGD steps computed here: the mean cross-
 entropy over the targets that are not ignored in each step's whole batch,
 and the update from its exact gradient; and each step's accuracy over the
-counted targets.
+counted targets. For `weighted`: the weighted mean sum(w * ce) / sum(w)
+over each step's whole batch, and the update from its exact gradient.
 """
 import json
 import pathlib
@@ -50,6 +55,41 @@ def padded(rng):
             x[s, b, :k] = seq[:k]
             y[s, b, :k] = seq[1 : k + 1]
     return x.astype(np.int32), y.astype(np.int32), 0
+
+
+def weighted(rng):
+    x = rng.integers(0, V, size=(STEPS, B, T))
+    y = rng.integers(0, V, size=(STEPS, B, T))
+    w = rng.choice(np.array([0.5, 1.0, 2.0]), size=(STEPS, B, T))
+    w = np.where(rng.random((STEPS, B, T)) < 0.3, 0.0, w)
+    w[:, :, 0] = 1.0  # every sequence counts
+    return x.astype(np.int32), y.astype(np.int32), w.astype(np.float32)
+
+
+def weighted_losses(E, W, x, y, w):
+    """The losses of STEPS SGD steps of the weighted mean cross-entropy."""
+    E, W = E.copy(), W.copy()
+    out = []
+    for s in range(STEPS):
+        h = E[x[s]]
+        z = h @ W
+        m = z.max(-1, keepdims=True)
+        p = np.exp(z - m)
+        se = p.sum(-1, keepdims=True)
+        lse = np.log(se) + m
+        tgt = np.take_along_axis(z, y[s][..., None], -1)
+        ws = w[s].astype(np.float64)
+        n = ws.sum()
+        out.append(float(((lse - tgt)[..., 0] * ws).sum() / n))
+        onehot = np.zeros_like(z)
+        np.put_along_axis(onehot, y[s][..., None], 1.0, -1)
+        g = (p / se - onehot) * ws[..., None] / n
+        dW = np.einsum("btd,btv->dv", h, g)
+        dE = np.zeros_like(E)
+        np.add.at(dE, x[s], g @ W.T)
+        E -= LR * dE
+        W -= LR * dW
+    return out
 
 
 def losses(E, W, x, y, ignore):
@@ -97,6 +137,13 @@ def main():
             "losses": loss,
             "accuracy": acc,
         }
+    # Its own stream, so the datasets above keep theirs.
+    x, y, w = weighted(np.random.default_rng(11))
+    np.savez(OUT / "weighted.npz", x=x, y=y, mask=w)
+    ref["data"]["weighted"] = {
+        "total": [float(w[s].sum()) for s in range(STEPS)],
+        "losses": weighted_losses(E, W, x, y, w),
+    }
     (OUT / "reference.json").write_text(json.dumps(ref, indent=1) + "\n")
 
 

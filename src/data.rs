@@ -216,7 +216,11 @@ pub fn char_vocab(text: &str) -> Vec<char> {
 pub struct ArrayData {
     pub inputs: Vec<Array>,
     pub labels: Array,
-    pub eval: Option<(Vec<Array>, Array)>,
+    /// The loss function's weights, when it takes them (the array named
+    /// after its third parameter).
+    pub weights: Option<Array>,
+    /// The held-out inputs, labels and weights.
+    pub eval: Option<(Vec<Array>, Array, Option<Array>)>,
 }
 
 /// What one `train` reads from files.
@@ -283,6 +287,8 @@ struct Shapes {
     eval: Option<Span>,
     /// The loss's `ignore_index`: a label that may lie outside the classes.
     ignore: Option<i64>,
+    /// The loss function's weights: its name for them and their shape.
+    weights: Option<(String, Vec<usize>)>,
 }
 
 /// Whether array `a` holds integers (uint8 pixels) for an input the model
@@ -400,6 +406,7 @@ impl Shapes {
             loss: t.loss_name(),
             ignore: t.loss_ignore,
             eval: t.eval_span,
+            weights: prog.weights().map(|(n, ty)| (n, full(&ty.dims))),
         }
     }
 }
@@ -689,7 +696,8 @@ impl Cx<'_> {
             }
             Some(a.clone())
         };
-        let mut take = |cx: &mut Cx<'_>, suffix: &str| -> Option<(Vec<Array>, Array)> {
+        type Taken = (Vec<Array>, Array, Option<Array>);
+        let mut take = |cx: &mut Cx<'_>, suffix: &str| -> Option<Taken> {
             let mut inputs = Vec::new();
             for (k, (name, want, int)) in shape.inputs.iter().enumerate() {
                 let vocab = shape.input_vocab.get(k).copied().flatten();
@@ -727,8 +735,13 @@ impl Cx<'_> {
                     )),
                 ),
             };
+            // Any numbers, as the loss function reads them.
+            let w = match &shape.weights {
+                Some((name, want)) => Some(get(cx, &format!("{name}{suffix}"), want, false, None)?),
+                None => None,
+            };
             let inputs: Option<Vec<Array>> = inputs.into_iter().collect();
-            Some((inputs?, y?))
+            Some((inputs?, y?, w))
         };
         let main = take(self, "");
         ok &= main.is_some();
@@ -751,6 +764,7 @@ impl Cx<'_> {
                                 .iter()
                                 .map(|i| format!("{}_eval", i.0))
                                 .chain(["y_eval".to_string()])
+                                .chain(shape.weights.iter().map(|w| format!("{}_eval", w.0)))
                                 .collect::<Vec<_>>()
                                 .iter()
                                 .map(String::as_str)
@@ -761,11 +775,12 @@ impl Cx<'_> {
                 ok = false;
             }
         }
-        let (inputs, labels) = main?;
+        let (inputs, labels, weights) = main?;
         ok.then(|| {
             Loaded::Arrays(Box::new(ArrayData {
                 inputs,
                 labels,
+                weights,
                 eval,
             }))
         })

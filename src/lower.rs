@@ -37,7 +37,7 @@ pub fn lower(model: &Model, bodies: &Bodies) -> Program {
     l.prog.output = l.inline(model.body, &[]);
     if let Some(b) = model.loss {
         let mut sub = l.sub();
-        sub.prog.input_names = vec!["out".into(), "y".into()];
+        sub.prog.input_names = model.loss_inputs.clone();
         sub.prog.output = sub.inline(b, &[]);
         l.prog.loss = Some(Box::new(sub.prog));
     }

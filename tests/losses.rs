@@ -304,3 +304,108 @@ fn ignored_targets_through_a_pipeline_equal_one_device() {
         assert!((a2 - a1).abs() < 1e-12, "{staged:?} vs {one:?}");
     }
 }
+
+/// The weighted model: the masked model's logits, and a loss function
+/// taking per-token weights from the data (the array `mask`), normalised by
+/// the step's total weight.
+fn weighted_model(accumulate: usize) -> String {
+    format!("import nn\nmesh host(dp: 2, tp: 2)\nconst V = 16\nconst D = 8\nconst T = 6\nmodel Weighted {{\n  emb = Embed(V, D)\n  w: f32[D, V@tp] init normal(0.5)\n  fn forward(x: i32[B@dp, T]) -> f32[B@dp, T, V@tp] {{ emb(x) @ w }}\n  fn weighted(z: f32[B@dp, T, V@tp], y: i32[B@dp, T], mask: f32[B@dp, T]) -> f32[] {{\n    sum(mask * softmax_cross_entropy_rows(z, y)) / step_total(mask)\n  }}\n}}\ntrain Weighted on host {{\n  data: arrays(path: \"weighted.npz\"), batch: 8, steps: 3, accumulate: {accumulate}\n  loss: weighted\n  optimizer: sgd(lr: 0.5)\n}}\n")
+}
+
+/// Losses of 3 steps of `text` from the fixture's initial parameters.
+fn fixture_run(file: &str, text: &str, mesh: &[(&str, i64)], f64: bool) -> Vec<f64> {
+    let r = masked_reference();
+    let (prog, mut cfg, src) = setup_text(file, text, mesh, None);
+    if f64 {
+        cfg.dtype = candle_core::DType::F64;
+    }
+    cfg.init = [("emb.w", floats(&r["embed"])), ("w", floats(&r["head"]))]
+        .into_iter()
+        .map(|(n, v)| (n.to_string(), v))
+        .collect();
+    train::run(&prog, &cfg, &src, false, &mut |_| {})
+        .expect("runs")
+        .losses
+}
+
+/// A loss function with per-token weights from the data: the weighted mean
+/// over each step's whole batch, as numpy computes it, on one device, on a
+/// dp × tp mesh and with `accumulate: 2` (whose microbatches hold different
+/// total weights: `step_total` divides each by the step's).
+#[test]
+fn weighted_loss_function_equals_numpy_on_every_mesh_and_accumulation() {
+    let want = floats(&masked_reference()["data"]["weighted"]["losses"]);
+    for (mesh, acc) in [
+        (&[("dp", 1), ("tp", 1)], 1),
+        (&[("dp", 2), ("tp", 2)], 1),
+        (&[("dp", 1), ("tp", 1)], 2),
+        (&[("dp", 2), ("tp", 2)], 2),
+        (&[("dp", 2), ("tp", 1)], 4),
+    ] {
+        let file = format!("tests/fixtures/masked/weighted_{acc}.shard");
+        let got = fixture_run(&file, &weighted_model(acc), mesh, true);
+        let d = max_rel(&got, &want);
+        assert!(
+            d < 1e-12,
+            "{mesh:?} accumulate {acc}: {got:?} vs numpy {want:?}"
+        );
+    }
+    // In f32, accumulation equals the full batch.
+    let file = "tests/fixtures/masked/weighted_f32.shard";
+    let mesh = &[("dp", 2), ("tp", 2)];
+    let full = fixture_run(file, &weighted_model(1), mesh, false);
+    let halves = fixture_run(file, &weighted_model(2), mesh, false);
+    assert!(max_rel(&halves, &full) < 1e-6, "{halves:?} vs {full:?}");
+    assert!(max_rel(&full, &want) < 1e-5, "f32 {full:?} vs {want:?}");
+}
+
+/// Without `step_total`, each microbatch divides by its own total weight:
+/// accumulation changes the loss, which is why `step_total` exists.
+#[test]
+fn a_per_microbatch_normaliser_differs_under_accumulation() {
+    let text = |acc| weighted_model(acc).replace("step_total(mask)", "psum(sum(mask), dp)");
+    let file = "tests/fixtures/masked/weighted_local.shard";
+    let mesh = &[("dp", 2), ("tp", 2)];
+    let full = fixture_run(file, &text(1), mesh, true);
+    let halves = fixture_run(file, &text(2), mesh, true);
+    let want = floats(&masked_reference()["data"]["weighted"]["losses"]);
+    assert!(max_rel(&full, &want) < 1e-12, "{full:?} vs {want:?}");
+    assert!(max_rel(&halves, &full) > 1e-4, "{halves:?} vs {full:?}");
+}
+
+/// The weighted loss's gradients against finite differences, on dp × tp.
+#[test]
+fn weighted_loss_gradients_match_finite_differences() {
+    finite_differences(
+        "tests/fixtures/masked/weighted_fd.shard",
+        &weighted_model(1),
+        &[("dp", 2), ("tp", 2)],
+    );
+}
+
+/// Through a pipeline (2 stages, 2 microbatches of different total weight),
+/// the weighted loss equals one device's and numpy's.
+#[test]
+fn weighted_loss_through_a_pipeline_equals_one_device() {
+    let text = "import nn\nmesh host(pp: 2, dp: 2)\nconst V = 16\nconst D = 8\nconst T = 6\nlayer Block(D) {\n  w: f32[D, D] init normal(0.3)\n  fn forward(x: f32[B@dp, T, D]) -> f32[B@dp, T, D] { tanh(x @ w) }\n}\nmodel Piped {\n  emb = Embed(V, D)\n  blocks = repeat(2, Block(D), stages: pp, microbatches: 2)\n  w: f32[D, V] init normal(0.5)\n  fn forward(x: i32[B@dp, T]) -> f32[B@dp, T, V] { blocks(emb(x)) @ w }\n  fn weighted(z: f32[B@dp, T, V], y: i32[B@dp, T], mask: f32[B@dp, T]) -> f32[] {\n    sum(mask * softmax_cross_entropy_rows(z, y)) / step_total(mask)\n  }\n}\ntrain Piped on host {\n  data: arrays(path: \"weighted.npz\"), batch: 8, steps: 3\n  loss: weighted\n  optimizer: sgd(lr: 0.5)\n}\n";
+    let run = |text: &str, mesh: &[(&str, i64)]| {
+        let (prog, mut cfg, src) = setup_text(
+            "tests/fixtures/masked/weighted_piped.shard",
+            text,
+            mesh,
+            None,
+        );
+        cfg.dtype = candle_core::DType::F64;
+        train::run(&prog, &cfg, &src, false, &mut |_| {})
+            .expect("runs")
+            .losses
+    };
+    let staged = run(text, &[("pp", 2), ("dp", 2)]);
+    // One device, and the whole batch at once.
+    let one = run(
+        &text.replace("microbatches: 2", "microbatches: 1"),
+        &[("pp", 1), ("dp", 1)],
+    );
+    assert_eq!(staged.len(), 3);
+    assert!(max_rel(&staged, &one) < 1e-12, "{staged:?} vs {one:?}");
+}

@@ -100,7 +100,7 @@ fn backward_visits_only_what_reaches_a_parameter() {
     for (i, n) in p.nodes.iter().enumerate() {
         let expect = match &n.op {
             Op::Param(_) => true,
-            Op::Input(_) | Op::Targets => false,
+            Op::Input(_) | Op::Targets | Op::Weights => false,
             Op::Prim(_) => n.args.iter().any(|a| live[*a as usize]),
         };
         assert_eq!(live[i], expect, "node {i}");

@@ -156,6 +156,98 @@ impl Bodies {
     }
 }
 
+impl Bodies {
+    /// The callees of body `id`, transitively, `id` not included.
+    fn callees(&self, id: BodyId) -> Vec<BodyId> {
+        let mut seen: HashSet<BodyId> = HashSet::new();
+        let mut todo: Vec<BodyId> = self.callees_of(id);
+        let mut out = Vec::new();
+        while let Some(b) = todo.pop() {
+            if seen.insert(b) {
+                out.push(b);
+                todo.extend(self.callees_of(b));
+            }
+        }
+        out
+    }
+
+    /// The bodies body `id` calls directly.
+    pub fn callees_of(&self, id: BodyId) -> Vec<BodyId> {
+        self.get(id).map_or_else(Vec::new, |b| {
+            b.values
+                .iter()
+                .filter_map(|v| match &v.op {
+                    Op::Call(c) => Some(c.body),
+                    _ => None,
+                })
+                .collect()
+        })
+    }
+
+    /// The `step_total`s of body `id` that the runtime cannot sum before a
+    /// step (E0230): one whose operand depends on a weight, a table or
+    /// argument `output` (a loss function's model output), and any in a
+    /// body `id` calls. Inputs and the other arguments are data.
+    pub fn step_totals(
+        &self,
+        id: BodyId,
+        output: Option<usize>,
+    ) -> Vec<(Span, crate::diag::TotalProblem)> {
+        use crate::diag::TotalProblem;
+        let Some(b) = self.get(id) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        // Per value: what model state it depends on, if any.
+        let mut from: Vec<Option<String>> = Vec::with_capacity(b.values.len());
+        for v in &b.values {
+            let of = |args: &[VId]| {
+                args.iter()
+                    .find_map(|a| from.get(*a as usize).cloned().flatten())
+            };
+            let dep = match &v.op {
+                Op::Arg(i) if Some(*i) == output => Some("the model's output".to_string()),
+                Op::Arg(_) | Op::Input(_) => None,
+                Op::Weight { name, .. } => Some(format!("the weight `{name}`")),
+                Op::Table { name, .. } => Some(format!("the table `{name}`")),
+                Op::Prim { prim, args } => {
+                    let dep = of(args);
+                    if let (Prim::StepTotal(_), Some(what)) = (prim, &dep) {
+                        out.push((v.span, TotalProblem::NotData(what.clone())));
+                    }
+                    dep
+                }
+                Op::Call(c) => {
+                    of(&c.args).or_else(|| self.reads_state(c.body).map(|(what, _)| what))
+                }
+            };
+            from.push(dep);
+        }
+        for c in self.callees(id) {
+            if let Some(span) = self.total_in_body(c) {
+                out.push((span, TotalProblem::Nested));
+            }
+        }
+        out
+    }
+
+    fn total_in_body(&self, id: BodyId) -> Option<Span> {
+        self.get(id)?
+            .values
+            .iter()
+            .find(|v| {
+                matches!(
+                    v.op,
+                    Op::Prim {
+                        prim: Prim::StepTotal(_),
+                        ..
+                    }
+                )
+            })
+            .map(|v| v.span)
+    }
+}
+
 impl<'p> Checker<'p> {
     pub(super) fn open_body(&mut self) {
         self.open.push(Body::default());

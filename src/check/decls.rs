@@ -176,6 +176,10 @@ impl<'p> Checker<'p> {
         if self.diags.iter().filter(|d| d.is_error()).count() == errors_before {
             self.unused_weights(&inst);
         }
+        // (The model's body holds its inputs and the call of `forward`.)
+        if let Some(f) = self.out.bodies.callees_of(body).first() {
+            self.step_totals(*f, None);
+        }
         let loss = match (&out, &t.loss_fn) {
             (Val::T(ty), Some(name)) => self.check_loss_fn(&inst, &decl, t, name, ty),
             _ => None,
@@ -248,6 +252,7 @@ impl<'p> Checker<'p> {
                 bound: self.bound.clone(),
                 inputs,
                 body,
+                loss_inputs: loss_inputs(&decl, t),
                 loss,
                 pipeline,
             });
@@ -305,6 +310,15 @@ impl<'p> Checker<'p> {
         }
     }
 
+    /// E0230: each `step_total` of body `id` (the model's `forward`, or the
+    /// loss function, whose argument `output` is the model's output) must
+    /// sum data, and none may sit in a function either calls.
+    fn step_totals(&mut self, id: super::BodyId, output: Option<usize>) {
+        for (span, problem) in self.out.bodies.step_totals(id, output) {
+            self.report(Problem::StepTotal { span, problem });
+        }
+    }
+
     /// `loss: NAME` naming a `fn` of the model: checked on the forward's
     /// output and the targets its second parameter declares, as a body of its
     /// own. It must return a reduced float scalar and read no weight, table
@@ -327,39 +341,47 @@ impl<'p> Checker<'p> {
                 problem,
             });
         };
-        if f.params.len() != 2 {
+        if !(2..=3).contains(&f.params.len()) {
             fail(self, f.name.span, LossFnProblem::Params(f.params.len()));
             return None;
         }
-        let (yname, yte) = &f.params[1];
-        let mut scope = super::Scope::default();
-        let y = self.eval_type(yte, inst, &mut scope, true, None)?;
-        let y = self.apply_bound(y);
-        if !self.validate_type(&y, yte, &format!("of `{}`", yname.name)) {
-            return None;
-        }
-        if let Some(d) = y.dims.iter().find(|d| !d.size.is_const()) {
-            self.report(Problem::UnboundSize {
-                span: yte.span,
-                size: d.size.to_string(),
-                input: yname.name.clone(),
-                batch: None,
-                train: t.model_span,
-            });
-            return None;
+        // The targets, and the weights when it takes them: data, whose
+        // sizes must all be known.
+        let mut data = Vec::new();
+        for (pname, pte) in &f.params[1..] {
+            let mut scope = super::Scope::default();
+            let ty = self.eval_type(pte, inst, &mut scope, true, None)?;
+            let ty = self.apply_bound(ty);
+            if !self.validate_type(&ty, pte, &format!("of `{}`", pname.name)) {
+                return None;
+            }
+            if let Some(d) = ty.dims.iter().find(|d| !d.size.is_const()) {
+                self.report(Problem::UnboundSize {
+                    span: pte.span,
+                    size: d.size.to_string(),
+                    input: pname.name.clone(),
+                    batch: None,
+                    train: t.model_span,
+                });
+                return None;
+            }
+            data.push((ty, pname.span));
         }
         self.open_body();
         let a0 = self.record(super::Op::Input(0), out, f.params[0].0.span);
-        let a1 = self.record(super::Op::Input(1), &y, yname.span);
-        let args = vec![
-            (Val::T(out.clone()), chosen, a0),
-            (Val::T(y), yname.span, a1),
-        ];
+        let mut args = vec![(Val::T(out.clone()), chosen, a0)];
+        for (i, (ty, span)) in data.into_iter().enumerate() {
+            let a = self.record(super::Op::Input(i + 1), &ty, span);
+            args.push((Val::T(ty), span, a));
+        }
         self.sites.push((chosen, name.to_string()));
         let res = self.call_fn(inst, f, args, chosen, None);
         self.sites.pop();
         let result = matches!(res, Val::T(_)).then_some(self.last).flatten();
         let body = self.close_body(result);
+        if let Some(f) = self.out.bodies.callees_of(body).first() {
+            self.step_totals(*f, Some(0));
+        }
         let Val::T(ty) = res else {
             return None;
         };
@@ -373,6 +395,15 @@ impl<'p> Checker<'p> {
         }
         Some(body)
     }
+}
+
+/// The parameter names of the loss function a `train` names.
+fn loss_inputs(decl: &ast::LayerDecl, t: &crate::spec::Train) -> Vec<String> {
+    t.loss_fn
+        .as_deref()
+        .and_then(|n| super::find_fn(decl, n))
+        .map(|f| f.params.iter().map(|p| p.0.name.clone()).collect())
+        .unwrap_or_default()
 }
 
 /// The model's instance and every layer instance below it, each once.

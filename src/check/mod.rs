@@ -63,6 +63,9 @@ pub struct Model {
     /// `loss: NAME` naming a `fn` of the model: its body, whose inputs are the
     /// forward's output and the targets.
     pub loss: Option<BodyId>,
+    /// The loss function's parameter names: the output, the targets and,
+    /// when it takes them, the weights (the array they are read from).
+    pub loss_inputs: Vec<String>,
     /// `repeat(..., stages: axis)`: microbatches and schedule.
     pub pipeline: Option<(usize, crate::vocab::Pipe)>,
 }

@@ -71,6 +71,7 @@ codes! {
     E0227 => "split sizes do not fit the dimension",
     E0228 => "checkpoint policy names an unknown value",
     E0229 => "a dimension split both by its size argument and by its type",
+    E0230 => "`step_total` of a value that is not data",
     E0300 => "unknown or missing field",
     E0301 => "unknown optimizer, schedule, loss or data source",
     E0302 => "invalid option value",

@@ -26,6 +26,16 @@ pub enum LossFnProblem {
     Reads(String),
 }
 
+/// Why a `step_total` is refused (E0230).
+#[derive(Clone, Debug, PartialEq)]
+pub enum TotalProblem {
+    /// Its operand depends on a weight, a table or the model's output (what).
+    NotData(String),
+    /// It is in a layer's function or a helper, not in `forward` of the
+    /// trained model or its loss function.
+    Nested,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Problem {
     Syntax {
@@ -360,6 +370,11 @@ pub enum Problem {
         /// `loss: NAME` in the `train`.
         chosen: Span,
         problem: LossFnProblem,
+    },
+    /// A `step_total` the runtime cannot sum before the step (E0230).
+    StepTotal {
+        span: Span,
+        problem: TotalProblem,
     },
     /// A `frozen: true` table that also names its own optimizer.
     FrozenTableOptimizer {
@@ -751,7 +766,8 @@ impl Problem {
             },
             LossFn { span, name, chosen, problem } => {
                 let (message, label, help) = match problem {
-                    LossFnProblem::Params(n) => (format!("the loss function `{name}` takes {n} parameter{}, not 2", if *n == 1 { "" } else { "s" }), "not (output, targets)".to_string(), format!("declare it as `fn {name}(out: <the forward's output type>, y: <the targets' type>) -> f32[]`")),
+                    LossFnProblem::Params(n) => (format!("the loss function `{name}` takes {n} parameter{}, not 2 or 3", if *n == 1 { "" } else { "s" }), "not (output, targets) or (output, targets, weights)".to_string(), format!("declare it as `fn {name}(out: <the forward's output type>, y: <the targets' type>) -> f32[]`, with a third parameter `w: f32[...]` for weights from the data")),
+
                     LossFnProblem::Result(ty) => (format!("the loss function `{name}` returns `{ty}`, not a float scalar"), format!("returns `{ty}`"), "reduce the loss to one number, e.g. `mean(...)` over every dimension, and declare `-> f32[]`".to_string()),
                     LossFnProblem::Reads(what) => (format!("the loss function `{name}` uses {what}"), "not a function of the output and targets".to_string(), "a loss function sees only the forward's output and the targets: use weights in `forward`, and add terms to the loss there with `add_loss`".to_string()),
                 };
@@ -759,6 +775,14 @@ impl Problem {
                     .secondary(*chosen, "the loss is chosen here")
                     .help(help)
             }
+            StepTotal { span, problem } => match problem {
+                TotalProblem::NotData(what) => d(Code::E0230, format!("`step_total` sums a value that depends on {what}"), *span, "not data".into())
+                    .note("`step_total` is summed over the whole step's batch before the step runs, from the data alone")
+                    .help("give it the targets, the loss function's weights or the inputs (`sum(w * l) / step_total(w)`), not a value computed from the model"),
+                TotalProblem::Nested => d(Code::E0230, "`step_total` in a layer's or helper's function".into(), *span, "not in `forward` or the loss function".into())
+                    .note("`step_total` is summed over the whole step's batch before the step runs, where it is written")
+                    .help("call it in the trained model's `forward` or in its loss function, and pass the result on"),
+            },
             FrozenTableOptimizer { span, table, frozen } => d(Code::E0403, format!("the table `{table}` is frozen but has its own optimizer"), *span, "an optimizer for a table that is never updated".into())
                 .secondary(*frozen, "frozen here")
                 .note("a frozen table keeps its initial (or loaded) rows: no gradient step and no optimizer state")

@@ -1,7 +1,10 @@
 //! `softmax_cross_entropy(logits, labels)`: the mean over label rows of
-//! −log softmax(logits)[label], a replicated scalar. The class dim may stay
-//! split over devices: only each row's max, sum of exponentials and target
-//! logit cross them; rows split over devices are summed over them.
+//! −log softmax(logits)[label], a replicated scalar; and
+//! `softmax_cross_entropy_rows(logits, labels)`: each row's value, laid out
+//! like the logits' rows (what a weighted or per-token loss sums, see
+//! [`super::total`]). The class dim may stay split over devices: only each
+//! row's max, sum of exponentials and target logit cross them; rows split
+//! over devices are summed over them (the mean only).
 
 use super::cost::{Cost, CostCx};
 use super::cross_entropy_fast as fast;
@@ -12,21 +15,44 @@ use crate::diag::Problem;
 use crate::types::TType;
 use candle_core::Tensor;
 
-pub const DEFS: &[Def] = &[Def {
-    name: "softmax_cross_entropy",
-    kind: Kind::Function,
-    signature: "softmax_cross_entropy(logits, labels)",
-    rule: "labels shaped like the logits without their last dim; a replicated scalar, the mean over label rows. With the class dim split, only the row max and sum-exp are reduced across devices",
-    check: Some(check),
-    examples: &["softmax_cross_entropy({x: f32[4, 6]}, {y: i32[4]})"],
-    differentiable: true,
-    same_on_one_device: true,
-}];
+pub const DEFS: &[Def] = &[
+    Def {
+        name: "softmax_cross_entropy",
+        kind: Kind::Function,
+        signature: "softmax_cross_entropy(logits, labels)",
+        rule: "labels shaped like the logits without their last dim; a replicated scalar, the mean over label rows. With the class dim split, only the row max and sum-exp are reduced across devices",
+        check: Some(check_mean),
+        examples: &["softmax_cross_entropy({x: f32[4, 6]}, {y: i32[4]})"],
+        differentiable: true,
+        same_on_one_device: true,
+    },
+    Def {
+        name: "softmax_cross_entropy_rows",
+        kind: Kind::Function,
+        signature: "softmax_cross_entropy_rows(logits, labels)",
+        rule: "labels shaped like the logits without their last dim; each label row's −log softmax(logits)[label], shaped and split like the labels in the logits' row layout (`sum(w * softmax_cross_entropy_rows(z, y)) / step_total(w)` is a weighted or masked mean). With the class dim split, only the row max and sum-exp are reduced across devices",
+        check: Some(check_rows),
+        examples: &["softmax_cross_entropy_rows({x: f32[2, 3, 6]}, {y: i32[2, 3]}) * {w: f32[2, 3]}"],
+        differentiable: true,
+        same_on_one_device: true,
+    },
+];
 
+/// The mean over label rows, or (`rows`) each row's value.
 #[derive(Clone, Debug, PartialEq)]
-pub struct CrossEntropy;
+pub struct CrossEntropy {
+    pub rows: bool,
+}
 
-fn check(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
+fn check_mean(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
+    check(cx, c, false)
+}
+
+fn check_rows(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
+    check(cx, c, true)
+}
+
+fn check(cx: &mut dyn Rules, c: &Call, rows: bool) -> Option<Typed> {
     if !arity(cx, c, 2, 2) {
         return None;
     }
@@ -63,7 +89,15 @@ fn check(cx: &mut dyn Rules, c: &Call) -> Option<Typed> {
         .map(|d| Some(d.axes.clone()))
         .collect();
     cx.reshard(&y, &target, &y.pending, c.pos[1].span);
-    Typed::new(TType::scalar(l.dtype), CrossEntropy)
+    let out = if rows {
+        // The logits' row dims and layout, in their type.
+        let mut t = l.clone();
+        t.dims.pop();
+        t
+    } else {
+        TType::scalar(l.dtype)
+    };
+    Typed::new(out, CrossEntropy { rows })
 }
 
 /// The logits' rows and classes: (row axes, class axes, global rows).
@@ -104,7 +138,10 @@ struct Parts {
 
 impl Primitive for CrossEntropy {
     fn name(&self) -> &'static str {
-        "softmax_cross_entropy"
+        match self.rows {
+            false => "softmax_cross_entropy",
+            true => "softmax_cross_entropy_rows",
+        }
     }
 
     fn accumulates(&self) -> bool {
@@ -116,6 +153,11 @@ impl Primitive for CrossEntropy {
         let (raxes, vaxes, rows) = layout(k, lt)?;
         let p = parts(k, logits, lt, x[1], ts[1])?;
         let tgt = k.comm.psum(k.rank, &p.rows.tgt, &vaxes).map_err(ce)?;
+        if self.rows {
+            // Each row's value, in the rows' local shape.
+            let shape = &logits.dims()[..logits.rank() - 1];
+            return Forward::of(p.lse.sub(&tgt).and_then(|t| t.reshape(shape)).map_err(ce)?);
+        }
         let local = p.lse.sub(&tgt).and_then(|t| t.sum_all()).map_err(ce)?;
         let total = k.comm.psum(k.rank, &local, &raxes).map_err(ce)?;
         Forward::of((total / rows).map_err(ce)?)
@@ -125,6 +167,23 @@ impl Primitive for CrossEntropy {
         let (logits, lt) = (g.x[0], g.ts[0]);
         let (raxes, vaxes, rows) = layout(k, lt)?;
         let p = parts(k, logits, lt, g.x[1], g.ts[1])?;
+        if self.rows {
+            // The rows' cotangents are addends over the class axes they are
+            // replicated on (the logits are split there): each class window
+            // scales its softmax − one-hot by the row's whole cotangent.
+            let ct = k.comm.psum(k.rank, g.g, &vaxes).map_err(ce)?;
+            let d = p
+                .rows
+                .grad(&p.se, 1.0, None)
+                .and_then(|d| {
+                    d.broadcast_mul(
+                        &ct.unsqueeze(ct.rank())
+                            .and_then(|c| c.to_dtype(d.dtype()))?,
+                    )
+                })
+                .map_err(ce)?;
+            return Ok(vec![Some(d), None]);
+        }
         // The scalar's cotangent is held as addends over every axis; the logits'
         // is split over their rows and classes, and addends elsewhere: sum the
         // scalar's over the axes the logits are split over.

@@ -46,6 +46,9 @@ pub struct Kernel<'a> {
     /// The targets that count per microbatch when the loss has an
     /// `ignore_index` (see `Exec::counted`): the loss's denominator.
     pub counted: Option<f64>,
+    /// A `step_total`'s value per microbatch, when the runtime computed it
+    /// over the whole step before the passes (see [`super::total`]).
+    pub total: Option<f64>,
 }
 
 impl Kernel<'_> {

@@ -61,6 +61,7 @@ pub mod reshard;
 pub mod ring;
 pub mod shape;
 pub mod softmax;
+pub mod total;
 pub mod unary;
 pub mod unary_fast;
 
@@ -247,6 +248,7 @@ families! {
     AxisIndex(axis_index::AxisIndex) => axis_index,
     Reshard(reshard::Reshard) => reshard,
     Aux(aux::Aux) => aux,
+    StepTotal(total::StepTotal) => total,
 }
 
 /// The named op (function or collective) called `name`.

@@ -62,6 +62,7 @@ fn evaluate(prog: &Program, p: &Param, k: usize) -> R<Vec<f64>> {
         held: Default::default(),
         bwd: Default::default(),
         counted: Default::default(),
+        totals: Default::default(),
     };
     let tape = ex.forward(&[], &[], None).map_err(|e| {
         e.fault

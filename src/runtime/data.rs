@@ -8,6 +8,9 @@ use crate::arrays::Array;
 pub struct Batch {
     pub inputs: Vec<Vec<f64>>,
     pub labels: Vec<f64>,
+    /// The loss function's weights, when it takes them ([`Source::weights`]);
+    /// empty otherwise.
+    pub weights: Vec<f64>,
 }
 
 /// What a synthetic source's labels are.
@@ -155,7 +158,11 @@ impl Source {
                         }
                     })
                     .collect();
-                Batch { inputs, labels }
+                Batch {
+                    inputs,
+                    labels,
+                    weights: Vec::new(),
+                }
             }
             Source::Clicks { vocab: ids_below } => {
                 let split = if held_out {
@@ -176,12 +183,16 @@ impl Source {
                 // target per output element, or a class id).
                 let per = (rows / b).max(1);
                 let labels = (0..rows).map(|i| clicks[(i / per).min(b - 1)]).collect();
-                Batch { inputs, labels }
+                Batch {
+                    inputs,
+                    labels,
+                    weights: Vec::new(),
+                }
             }
             Source::Arrays(a) => {
                 let (inputs, labels) = (&a.inputs, &a.labels);
                 let (xs, y) = match (held_out, &a.eval) {
-                    (true, Some((x, y))) => (x, y),
+                    (true, Some((x, y, _))) => (x, y),
                     _ => (inputs, labels),
                 };
                 Batch {
@@ -191,6 +202,7 @@ impl Source {
                         .map(|(a, n)| slice(a, step, *n))
                         .collect(),
                     labels: slice(y, step, rows),
+                    weights: Vec::new(),
                 }
             }
             Source::Pending(_) => {
@@ -203,6 +215,7 @@ impl Source {
                 Batch {
                     inputs: vec![x],
                     labels: y,
+                    weights: Vec::new(),
                 }
             }
             Source::Tokens { ids, seq } => {
@@ -233,9 +246,37 @@ impl Source {
                 Batch {
                     inputs: vec![x],
                     labels: y,
+                    weights: Vec::new(),
                 }
             }
         })
+    }
+}
+
+impl Source {
+    /// The `n` weights of batch `step` for a loss function that takes them:
+    /// an array source's array named after its third parameter; a random
+    /// 0/1 mask from `synthetic` (each weight 1 with probability ½, one fixed
+    /// mask like its batch); 1 for every target from any other source.
+    pub fn weights(&self, seed: u64, step: usize, n: usize, held_out: bool) -> Vec<f64> {
+        match self {
+            Source::Arrays(a) => {
+                let w = match (held_out, &a.eval) {
+                    (true, Some((_, _, w))) => w.as_ref(),
+                    _ => a.weights.as_ref(),
+                };
+                w.map_or_else(|| vec![1.0; n], |w| slice(w, step, n))
+            }
+            Source::Synthetic { .. } => {
+                let s = seed
+                    ^ crate::init::hash_str(if held_out { "held-out" } else { "data" })
+                    ^ crate::init::hash_str("weights");
+                (0..n as u64)
+                    .map(|i| f64::from(u8::from(crate::init::uniform(s, i) < 0.5)))
+                    .collect()
+            }
+            _ => vec![1.0; n],
+        }
     }
 }
 

@@ -53,6 +53,10 @@ pub struct Exec<'a> {
     /// by its microbatches), set before the step's passes; `None` without an
     /// `ignore_index`.
     pub counted: Cell<Option<f64>>,
+    /// Each `step_total` node's value per microbatch of this step (its
+    /// operand summed over the step's batch, divided by its microbatches),
+    /// set before the step's passes; empty: each computes its own.
+    pub totals: std::cell::RefCell<Vec<(usize, f64)>>,
 }
 
 /// See [`Exec::bwd`].
@@ -119,6 +123,7 @@ impl<'a> Exec<'a> {
             stage: self.stage.clone(),
             held: Cell::default(),
             counted: Cell::default(),
+            totals: Default::default(),
             bwd: if std::ptr::eq(prog, self.prog) {
                 self.bwd.clone()
             } else {
@@ -167,6 +172,12 @@ impl<'a> Exec<'a> {
             table,
             stage_axis: self.stage.as_ref().map(|s| s.0.as_str()),
             counted: self.counted.get(),
+            total: self
+                .totals
+                .borrow()
+                .iter()
+                .find(|(n, _)| *n == i)
+                .map(|(_, v)| *v),
         }
     }
 
@@ -252,7 +263,7 @@ pub struct OpError {
 }
 
 impl OpError {
-    fn general(fault: Fault) -> OpError {
+    pub(super) fn general(fault: Fault) -> OpError {
         OpError { node: None, fault }
     }
 }
@@ -277,7 +288,8 @@ impl Exec<'_> {
 
     /// A tape holding only the inputs, the targets and the parameters
     /// (every other value empty): what `forward_range` starts from. `inputs`
-    /// are the model's inputs, then the targets (when the program has a loss).
+    /// are the model's inputs, then the targets (when the program has a loss)
+    /// and the weights (when its loss function takes them).
     pub fn empty_tape(&self, params: &[Tensor], inputs: &[Tensor]) -> R<Tape> {
         let n = self.prog.nodes.len();
         let empty = Tensor::zeros(0, self.dtype, &self.dev).map_err(ce)?;
@@ -298,6 +310,11 @@ impl Exec<'_> {
                 Op::Targets => {
                     if let Some(y) = inputs.get(model_inputs) {
                         vals[i] = y.clone();
+                    }
+                }
+                Op::Weights => {
+                    if let Some(w) = inputs.get(model_inputs + 1) {
+                        vals[i] = w.clone();
                     }
                 }
                 Op::Param(p) => vals[i] = params.get(p).cloned().ok_or("missing parameter")?,

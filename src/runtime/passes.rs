@@ -5,14 +5,15 @@
 
 use super::data::Batch;
 use super::error::RunError;
-use super::exec::{Exec, Tape, R};
+use super::exec::{Exec, OpError, Tape, R};
 use super::memory::Peaks;
 use super::optim::GradSum;
 use super::pieces::{local_piece, master_grads};
 use super::pipeline::{add_into, aux_flat, Micro, Stages};
 use super::train::{aux_split, Run};
 use crate::prim::kernel::ce;
-use crate::spmd::Program;
+use crate::prim::Prim;
+use crate::spmd::{Op, Program};
 use candle_core::{DType, Tensor};
 
 /// What a step's passes leave.
@@ -88,6 +89,17 @@ impl StepCx<'_, '_, '_> {
             cfg.dtype,
             &self.ex.dev,
         )?);
+        if let Some((wt, _)) = &run.io.weights {
+            xs.push(local_piece(
+                &run.topo,
+                self.rank,
+                wt,
+                self.prog,
+                &chunk(&self.batch.weights),
+                cfg.dtype,
+                &self.ex.dev,
+            )?);
+        }
         Ok(Micro {
             inputs: xs,
             seed: Some(cfg.seed ^ ((self.step * k + j) as u64).wrapping_mul(0xA24B_AED4_963E_E407)),
@@ -97,6 +109,64 @@ impl StepCx<'_, '_, '_> {
                 .map(|x| x.keep.iter().map(|(n, mk)| (*n, chunk(mk))).collect())
                 .unwrap_or_default(),
         })
+    }
+
+    /// Each `step_total`'s value per microbatch of this step, into
+    /// `ex.totals` (see [`crate::prim::total`]): its operand computed for
+    /// every microbatch from the data alone (the checker refuses one that
+    /// depends on the model's output), summed, added over the devices it is
+    /// split over, and divided by the microbatches, so that every microbatch
+    /// divides by the same number. With one microbatch each computes its own.
+    fn step_totals(&self) -> Result<(), OpError> {
+        let (ex, prog, k) = (self.ex, self.prog, self.run.io.k);
+        ex.totals.borrow_mut().clear();
+        let nodes: Vec<usize> = (0..prog.nodes.len())
+            .filter(|i| matches!(prog.nodes[*i].op, Op::Prim(Prim::StepTotal(_))))
+            .collect();
+        if nodes.is_empty() || k <= 1 {
+            return Ok(());
+        }
+        // What the operands are computed from.
+        let mut need = vec![false; prog.nodes.len()];
+        let mut todo: Vec<usize> = nodes
+            .iter()
+            .flat_map(|i| prog.nodes[*i].args.iter().map(|a| *a as usize))
+            .collect();
+        while let Some(i) = todo.pop() {
+            if !std::mem::replace(&mut need[i], true) {
+                todo.extend(prog.nodes[i].args.iter().map(|a| *a as usize));
+            }
+        }
+        let mut sums = vec![0.0; nodes.len()];
+        for j in 0..k {
+            let mb = self.microbatch(j).map_err(OpError::general)?;
+            let mut tape = ex
+                .empty_tape(self.work, &mb.inputs)
+                .map_err(OpError::general)?;
+            ex.forward_where(&mut tape, 0..prog.nodes.len(), None, &|i| need[i])?;
+            for (s, i) in sums.iter_mut().zip(&nodes) {
+                let a = prog.nodes[*i].args[0] as usize;
+                let v = tape.vals[a]
+                    .to_dtype(DType::F64)
+                    .and_then(|t| t.sum_all())
+                    .and_then(|t| t.to_scalar::<f64>())
+                    .map_err(|e| OpError::general(ce(e)))?;
+                *s += v;
+            }
+        }
+        let mut totals = Vec::new();
+        for (s, i) in sums.into_iter().zip(&nodes) {
+            let t = &prog.nodes[prog.nodes[*i].args[0] as usize].ty;
+            let axes: Vec<String> = t.dims.iter().flat_map(|d| d.axes.clone()).collect();
+            let all = Tensor::new(&[s], &ex.dev)
+                .and_then(|l| ex.comm.psum(self.rank, &l, &axes))
+                .and_then(|t| crate::kernels::host::read::<f64>(&t))
+                .map_err(|e| OpError::general(ce(e)))?;
+            let all = all.first().copied().unwrap_or(0.0);
+            totals.push((*i, all / k as f64));
+        }
+        *ex.totals.borrow_mut() = totals;
+        Ok(())
     }
 
     /// Every microbatch of the step, through the pipeline or not.
@@ -109,6 +179,8 @@ impl StepCx<'_, '_, '_> {
             &self.batch.labels,
             self.run.io.k,
         )?;
+        self.step_totals()
+            .map_err(|e| RunError::op(e, self.generation))?;
         match self.stages {
             Some(st) => self.pipelined(st),
             None => self.plain(),

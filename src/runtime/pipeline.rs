@@ -43,7 +43,10 @@ fn reads(prog: &Program, range: &Range<usize>) -> R<Option<usize>> {
         for a in &prog.nodes[i].args {
             let a = *a as usize;
             if !range.contains(&a)
-                && !matches!(prog.nodes[a].op, Op::Input(_) | Op::Param(_) | Op::Targets)
+                && !matches!(
+                    prog.nodes[a].op,
+                    Op::Input(_) | Op::Param(_) | Op::Targets | Op::Weights
+                )
                 && !outside.contains(&a)
             {
                 outside.push(a);

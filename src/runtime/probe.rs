@@ -115,6 +115,7 @@ fn device(
         held: Default::default(),
         bwd: Default::default(),
         counted: Default::default(),
+        totals: Default::default(),
     };
     let ps: Vec<Tensor> = prog
         .params

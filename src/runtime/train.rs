@@ -68,6 +68,9 @@ pub(crate) struct Io {
     /// The model's inputs' types and the targets'.
     pub inputs: Vec<TType>,
     pub label_t: TType,
+    /// The loss function's weights, when it takes them: their type and
+    /// elements per microbatch.
+    pub weights: Option<(TType, usize)>,
     /// Elements of each input per microbatch, and per step.
     pub micro_sizes: Vec<usize>,
     pub input_sizes: Vec<usize>,
@@ -130,7 +133,21 @@ impl Io {
         // A pipelined program is lowered per microbatch: a step is
         // `accumulate` chunks of M microbatches.
         let k = step.passes();
+        let weights = prog.weights().map(|(_, t)| {
+            let n = t
+                .dims
+                .iter()
+                .map(|d| {
+                    d.size
+                        .substitute(&prog.bound)
+                        .and_then(|p| p.as_const())
+                        .unwrap_or(1) as usize
+                })
+                .product();
+            (t, n)
+        });
         Ok(Io {
+            weights,
             int_inputs: inputs.iter().map(|t| !t.dtype.is_float()).collect(),
             input_sizes: micro_sizes.iter().map(|n| n * k).collect(),
             micro_sizes,
@@ -223,7 +240,7 @@ fn batch_of(
     s: usize,
     want: Option<&[bool]>,
 ) -> Result<Batch, String> {
-    src.batch(
+    let mut b = src.batch(
         cfg.seed,
         s,
         cfg.batch,
@@ -234,7 +251,11 @@ fn batch_of(
         io.per_position,
         false,
         want,
-    )
+    )?;
+    if let Some((_, n)) = &io.weights {
+        b.weights = src.weights(cfg.seed, s, n * io.k, false);
+    }
+    Ok(b)
 }
 
 /// The examples of a batch of `batch` rows, cut into `micro` microbatches,
@@ -254,7 +275,12 @@ fn wanted(
     }
     let m = batch / micro.max(1);
     let mut want = vec![false; batch];
-    for t in io.inputs.iter().chain([&io.label_t]) {
+    for t in io
+        .inputs
+        .iter()
+        .chain([&io.label_t])
+        .chain(io.weights.as_ref().map(|w| &w.0))
+    {
         let axes = &t.dims.first()?.axes;
         for &r in ranks {
             let (idx, count) = topo.shard_index(r, axes);
@@ -429,6 +455,7 @@ fn plan_sparse(
                 batch_of(src, cfg, io, st, None).unwrap_or(Batch {
                     inputs: vec![],
                     labels: vec![],
+                    weights: vec![],
                 }),
             ));
         }

@@ -89,6 +89,7 @@ impl<'r, 'a> Worker<'r, 'a> {
             held: Default::default(),
             bwd: Default::default(),
             counted: Default::default(),
+            totals: Default::default(),
         };
         let (params, alone) = init_params(run, &ex, rank)?;
         let opts = run
@@ -537,7 +538,7 @@ impl<'r, 'a> Worker<'r, 'a> {
         ex.sparse.keep.borrow_mut().clear();
         let mut total = 0.0;
         for e in 0..esteps {
-            let b = run.src.batch(
+            let mut b = run.src.batch(
                 cfg.seed,
                 e,
                 cfg.batch / io.k,
@@ -564,8 +565,16 @@ impl<'r, 'a> Worker<'r, 'a> {
                 cfg.dtype,
                 &ex.dev,
             )?);
-            // A held-out batch's loss is the mean over its counted targets.
+            if let Some((wt, n)) = &io.weights {
+                b.weights = run.src.weights(cfg.seed, e, *n, true);
+                xs.push(local_piece(
+                    &run.topo, rank, wt, prog, &b.weights, cfg.dtype, &ex.dev,
+                )?);
+            }
+            // A held-out batch's loss is the mean over its counted targets,
+            // and its `step_total`s are its own sums (one microbatch).
             super::passes::count_targets(ex, run, prog, rank, &b.labels, 1)?;
+            ex.totals.borrow_mut().clear();
             total += match stages {
                 // Through the stages, forward only.
                 Some(st) => {

@@ -57,7 +57,7 @@ impl Backward {
             .filter_map(|i| {
                 let node = &prog.nodes[i];
                 let act = match &node.op {
-                    Op::Input(_) | Op::Targets => return None,
+                    Op::Input(_) | Op::Targets | Op::Weights => return None,
                     Op::Param(p) => Act::Grad(*p),
                     Op::Prim(_) => Act::Vjp {
                         wants: node.args.iter().map(|a| on(*a as usize)).collect(),

@@ -27,6 +27,9 @@ pub enum Op {
     /// The step's targets (the batch's labels or target values), fed like
     /// an input; what the loss compares the output with ([`LossNodes`]).
     Targets,
+    /// The step's weights, when the loss function takes them (its third
+    /// parameter, read from the data like the targets).
+    Weights,
     /// Everything else: a typed primitive ([`crate::prim`]), the collectives
     /// written in the source and the reshards the checker inserted included.
     Prim(Prim),
@@ -143,6 +146,9 @@ pub struct LossNodes {
     pub start: Nid,
     /// The [`Op::Targets`] node.
     pub targets: Nid,
+    /// The [`Op::Weights`] node and the loss function's name for them (the
+    /// array an array source reads), when it takes weights.
+    pub weights: Option<(Nid, String)>,
     /// The loss, a reduced scalar: backward's root.
     pub root: Nid,
     /// The metrics' sums, when the `train` logs any.
@@ -278,6 +284,21 @@ impl Program {
         })
     }
 
+    /// The step's weights, when the loss function takes them (its third
+    /// parameter, read from the data beside the targets): their name and type.
+    pub fn weights(&self) -> Option<(String, TType)> {
+        if let Some((w, name)) = self.objective.as_ref().and_then(|o| o.weights.as_ref()) {
+            return self
+                .nodes
+                .get(*w as usize)
+                .map(|n| (name.clone(), n.ty.clone()));
+        }
+        let l = self.loss.as_deref()?;
+        let ty = l.nodes.iter().find(|n| n.op == Op::Input(2))?.ty.clone();
+        let name = l.input_names.get(2).cloned().unwrap_or_else(|| "w".into());
+        Some((name, ty))
+    }
+
     /// Per node: whether a cotangent can flow through it — it depends on a
     /// parameter (with `inputs`, on an input too). Reverse mode skips the
     /// rest: nothing it would compute reaches a gradient. The mask is the
@@ -289,7 +310,7 @@ impl Program {
             out[i] = match node.op {
                 Op::Param(_) => true,
                 Op::Input(_) => inputs,
-                Op::Targets => false,
+                Op::Targets | Op::Weights => false,
                 // Operands come before their node (forward runs in order).
                 Op::Prim(_) => node
                     .args
@@ -338,7 +359,7 @@ impl Program {
             return Kept::Not;
         };
         match &n.op {
-            Op::Input(_) | Op::Param(_) | Op::Targets => Kept::Not,
+            Op::Input(_) | Op::Param(_) | Op::Targets | Op::Weights => Kept::Not,
             _ if n.op.is_result() => Kept::Not,
             _ if self.gathers_copy(i) => Kept::Gathered,
             _ if self.gathers_param(i) => Kept::Not,
@@ -615,6 +636,7 @@ impl Program {
             let op = match &n.op {
                 Op::Input(k) => format!("input {k}"),
                 Op::Targets => "targets".to_string(),
+                Op::Weights => "weights".to_string(),
                 Op::Param(p) => format!("param {}", self.params.get(*p).map_or("?", |p| &p.name)),
                 Op::Prim(p) => p.get().render(&args),
             };

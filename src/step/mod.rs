@@ -347,6 +347,12 @@ pub fn attach(prog: &mut Program, loss: Loss, ignore: Option<i64>, metrics: &[Me
     };
     let start = prog.nodes.len() as Nid;
     let targets = prog.add(Op::Targets, vec![], targets_t.ty.clone(), span);
+    let weights = match loss {
+        Loss::Function => prog
+            .weights()
+            .map(|(name, ty)| (prog.add(Op::Weights, vec![], ty, span), name)),
+        _ => None,
+    };
     let rows: usize = targets_t
         .ty
         .dims
@@ -360,13 +366,15 @@ pub fn attach(prog: &mut Program, loss: Loss, ignore: Option<i64>, metrics: &[Me
         })
         .fold(1usize, usize::saturating_mul);
     let (root, seed) = match (loss, prog.loss.take()) {
-        (Loss::Function, Some(f)) => match inline(prog, &f, out, targets) {
-            Some(root) => (root, Seed::Addends),
-            None => {
-                prog.loss = Some(f);
-                return;
+        (Loss::Function, Some(f)) => {
+            match inline(prog, &f, [out, targets], weights.as_ref().map(|w| w.0)) {
+                Some(root) => (root, Seed::Addends),
+                None => {
+                    prog.loss = Some(f);
+                    return;
+                }
             }
-        },
+        }
         (Loss::Function, None) => return,
         (builtin, f) => {
             prog.loss = f;
@@ -397,6 +405,7 @@ pub fn attach(prog: &mut Program, loss: Loss, ignore: Option<i64>, metrics: &[Me
     prog.objective = Some(LossNodes {
         start,
         targets,
+        weights,
         root,
         metrics,
         seed,
@@ -404,13 +413,20 @@ pub fn attach(prog: &mut Program, loss: Loss, ignore: Option<i64>, metrics: &[Me
 }
 
 /// The loss function's program `f` appended to `prog`, its input 0 the
-/// output `out` and its input 1 the targets; returns its result's node.
-fn inline(prog: &mut Program, f: &Program, out: Nid, targets: Nid) -> Option<Nid> {
+/// output, its input 1 the targets and its input 2 the weights (when it
+/// takes them); returns its result's node.
+fn inline(
+    prog: &mut Program,
+    f: &Program,
+    [out, targets]: [Nid; 2],
+    weights: Option<Nid>,
+) -> Option<Nid> {
     let mut map: Vec<Nid> = Vec::with_capacity(f.nodes.len());
     for n in &f.nodes {
         let id = match &n.op {
             Op::Input(0) => out,
             Op::Input(1) => targets,
+            Op::Input(2) => weights?,
             Op::Prim(_) => {
                 let args = n
                     .args
@@ -419,8 +435,8 @@ fn inline(prog: &mut Program, f: &Program, out: Nid, targets: Nid) -> Option<Nid
                     .collect::<Option<Vec<Nid>>>()?;
                 prog.add(n.op.clone(), args, n.ty.clone(), n.span)
             }
-            // A loss function reads no parameters and has two inputs.
-            Op::Input(_) | Op::Param(_) | Op::Targets => return None,
+            // A loss function reads no parameters and has at most three inputs.
+            Op::Input(_) | Op::Param(_) | Op::Targets | Op::Weights => return None,
         };
         map.push(id);
     }

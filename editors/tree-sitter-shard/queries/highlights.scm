@@ -66,11 +66,12 @@
     "greater" "greater_equal" "less" "less_equal" "equal" "not_equal" "where" "argmax"
     "argmin" "top_k" "top_k_indices" "cumsum" "var" "take_along_axis" "scatter_add"
     "arange" "broadcast_to" "repeat" "dropout" "one_hot" "embed" "lookup"
-    "causal_attention" "attention" "softmax_cross_entropy" "add_loss" "observe" "repeat"
-    "shard_params" "normal" "truncated_normal" "uniform" "constant" "rows" "sgd" "adam"
-    "adamw" "adagrad" "ftrl" "lion" "muon" "warmup_cosine" "warmup_linear"
-    "warmup_constant" "inverse_sqrt" "wsd" "shakespeare_words" "shakespeare_chars"
-    "text" "tokens" "arrays" "synthetic" "clicks"))
+    "causal_attention" "attention" "softmax_cross_entropy" "softmax_cross_entropy_rows"
+    "add_loss" "observe" "step_total" "repeat" "shard_params" "normal"
+    "truncated_normal" "uniform" "constant" "rows" "sgd" "adam" "adamw" "adagrad" "ftrl"
+    "lion" "muon" "warmup_cosine" "warmup_linear" "warmup_constant" "inverse_sqrt" "wsd"
+    "shakespeare_words" "shakespeare_chars" "text" "tokens" "arrays" "synthetic"
+    "clicks"))
 
 ; collectives get a colour of their own: each one is communication.
 ((call_expr function: (ident) @function.macro)
@@ -88,12 +89,13 @@
     "greater" "greater_equal" "less" "less_equal" "equal" "not_equal" "where" "argmax"
     "argmin" "top_k" "top_k_indices" "cumsum" "var" "take_along_axis" "scatter_add"
     "arange" "broadcast_to" "repeat" "dropout" "one_hot" "embed" "lookup"
-    "causal_attention" "attention" "softmax_cross_entropy" "add_loss" "observe" "repeat"
-    "shard_params" "normal" "truncated_normal" "uniform" "constant" "rows" "sgd" "adam"
-    "adamw" "adagrad" "ftrl" "lion" "muon" "warmup_cosine" "warmup_linear"
-    "warmup_constant" "inverse_sqrt" "wsd" "shakespeare_words" "shakespeare_chars"
-    "text" "tokens" "arrays" "synthetic" "clicks" "psum" "pmean" "pmax" "pmin" "reduce"
-    "all_gather" "psum_scatter" "all_to_all" "ppermute" "axis_index"))
+    "causal_attention" "attention" "softmax_cross_entropy" "softmax_cross_entropy_rows"
+    "add_loss" "observe" "step_total" "repeat" "shard_params" "normal"
+    "truncated_normal" "uniform" "constant" "rows" "sgd" "adam" "adamw" "adagrad" "ftrl"
+    "lion" "muon" "warmup_cosine" "warmup_linear" "warmup_constant" "inverse_sqrt" "wsd"
+    "shakespeare_words" "shakespeare_chars" "text" "tokens" "arrays" "synthetic"
+    "clicks" "psum" "pmean" "pmax" "pmin" "reduce" "all_gather" "psum_scatter"
+    "all_to_all" "ppermute" "axis_index"))
 
 ; a collective's mesh axes: `psum(x, mp)`, `all_gather(x, mp, dim: 1)`
 ((call_expr

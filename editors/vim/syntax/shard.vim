@@ -30,8 +30,8 @@ syn keyword shardBuiltin      maximum minimum clamp pow greater greater_equal le
 syn keyword shardBuiltin      less_equal equal not_equal where argmax argmin top_k
 syn keyword shardBuiltin      top_k_indices cumsum var take_along_axis scatter_add
 syn keyword shardBuiltin      arange broadcast_to repeat dropout one_hot embed lookup
-syn keyword shardBuiltin      causal_attention attention softmax_cross_entropy add_loss
-syn keyword shardBuiltin      observe
+syn keyword shardBuiltin      causal_attention attention softmax_cross_entropy
+syn keyword shardBuiltin      softmax_cross_entropy_rows add_loss observe step_total
 " A collective's mesh axes: `psum(x, mp)`, `all_gather(x, mp, dim: 1)`.
 syn match   shardCollectiveAxis "\%(\<\%(axis_index\)\s*(\%(\s*\h\w*\s*,\)*\s*\)\@200<=\h\w*\>\%(\s*[:([@.]\)\@!"
 syn match   shardCollectiveAxis "\%(\<\%(psum\|pmean\|pmax\|pmin\|all_gather\|psum_scatter\|all_to_all\|ppermute\)\s*(\%([^,()]\|([^()]*)\)*,\%(\s*\h\w*\s*,\)*\s*\)\@200<=\h\w*\>\%(\s*[:([@.]\)\@!"
