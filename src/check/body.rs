@@ -613,6 +613,8 @@ impl<'p> Checker<'p> {
     }
 
     pub(super) fn block(&mut self, inst: &Arc<Inst>, b: &ast::Block, scope: &mut Scope) -> Val {
+        let errors = |c: &Self| c.diags.iter().filter(|d| d.is_error()).count();
+        let errors_before = errors(self);
         for l in &b.lets {
             self.hint = l.ty.as_ref().and_then(|te| {
                 let mut h = Vec::new();
@@ -659,7 +661,7 @@ impl<'p> Checker<'p> {
             let vid = self.last;
             self.bind(&l.name, t, vid, deps, scope);
         }
-        match &b.result {
+        let out = match &b.result {
             Some(e) => self.expr(inst, e, scope),
             None => {
                 self.report(Problem::WrongKind {
@@ -668,6 +670,49 @@ impl<'p> Checker<'p> {
                     found: "only `let` bindings".into(),
                 });
                 Val::Poison
+            }
+        };
+        // After an error in the block (a misspelt name leaves the one meant
+        // unread), an unused `let` is its echo, not news.
+        if errors(self) == errors_before {
+            self.unused_lets(b, scope);
+        }
+        out
+    }
+
+    /// W0006: each `let` name of block `b` that no later `let` reads (before
+    /// one rebinds it) nor the block's result (names starting with `_`
+    /// excepted, and those whose value had an error; none after an error in
+    /// the block). Reported once per name, however often the block is checked.
+    fn unused_lets(&mut self, b: &ast::Block, scope: &Scope) {
+        let reads: Vec<HashSet<String>> = b.lets.iter().map(|l| mentions(&l.value)).collect();
+        let result = b.result.as_deref().map(mentions).unwrap_or_default();
+        for (i, l) in b.lets.iter().enumerate() {
+            for n in std::iter::once(&l.name).chain(&l.rest) {
+                if n.name.starts_with('_') || scope.poisoned.contains(&n.name) {
+                    continue;
+                }
+                let mut used = None;
+                for (j, later) in b.lets.iter().enumerate().skip(i + 1) {
+                    if reads[j].contains(&n.name) {
+                        used = Some(true);
+                        break;
+                    }
+                    if std::iter::once(&later.name)
+                        .chain(&later.rest)
+                        .any(|m| m.name == n.name)
+                    {
+                        used = Some(false);
+                        break;
+                    }
+                }
+                let used = used.unwrap_or_else(|| result.contains(&n.name));
+                if !used && self.unused_said.insert(n.span) {
+                    self.report(Problem::UnusedLet {
+                        span: n.span,
+                        name: n.name.clone(),
+                    });
+                }
             }
         }
     }
@@ -1073,6 +1118,92 @@ impl<'p> Checker<'p> {
         });
         Val::Poison
     }
+}
+
+/// Every name expression `e` mentions anywhere (operands, named arguments,
+/// indices, sizes, nested blocks): what a `let` before it may be read by.
+fn mentions(e: &Expr) -> HashSet<String> {
+    fn dim(d: &DimExpr, out: &mut HashSet<String>) {
+        match d {
+            DimExpr::Int(..) => {}
+            DimExpr::Name(i) => {
+                out.insert(i.name.clone());
+            }
+            DimExpr::Bin(a, _, b, _) => {
+                dim(a, out);
+                dim(b, out);
+            }
+        }
+    }
+    fn go(e: &Expr, out: &mut HashSet<String>) {
+        match &e.kind {
+            ExprKind::Float(_) | ExprKind::Int(_) | ExprKind::Str(_) => {}
+            ExprKind::Name(n) => {
+                out.insert(n.clone());
+            }
+            ExprKind::Neg(x) | ExprKind::Member(x, _) => go(x, out),
+            ExprKind::Bin(a, _, b) => {
+                go(a, out);
+                go(b, out);
+            }
+            ExprKind::Call(f, args) => {
+                go(f, out);
+                for a in args {
+                    match a {
+                        Arg::Pos(x) => go(x, out),
+                        Arg::Named(_, v) => opt(v, out),
+                        Arg::Arrow(a, b, _) => {
+                            dim(&a.size, out);
+                            dim(&b.size, out);
+                        }
+                    }
+                }
+            }
+            ExprKind::Index(x, slices) => {
+                go(x, out);
+                for s in slices {
+                    match s {
+                        ast::Slice::Range(a, b, _) => {
+                            for d in [a, b].into_iter().flatten() {
+                                dim(d, out);
+                            }
+                        }
+                        ast::Slice::At(d) => dim(d, out),
+                    }
+                }
+            }
+            ExprKind::List(items) => {
+                for i in items {
+                    match i {
+                        ast::ListItem::Expr(x) => go(x, out),
+                        ast::ListItem::Dim(DimSpec::Dim { size, .. }) => dim(size, out),
+                        ast::ListItem::Dim(DimSpec::Ellipsis(_)) => {}
+                    }
+                }
+            }
+            ExprKind::Local(_, b) => {
+                for l in &b.lets {
+                    go(&l.value, out);
+                }
+                if let Some(r) = &b.result {
+                    go(r, out);
+                }
+            }
+        }
+    }
+    fn opt(v: &ast::OptValue, out: &mut HashSet<String>) {
+        match v {
+            ast::OptValue::Expr(x) => go(x, out),
+            ast::OptValue::Options(o) => {
+                for (_, v) in &o.entries {
+                    opt(v, out);
+                }
+            }
+        }
+    }
+    let mut out = HashSet::new();
+    go(e, &mut out);
+    out
 }
 
 fn expr_names(e: &Expr) -> Vec<String> {

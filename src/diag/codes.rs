@@ -96,6 +96,7 @@ codes! {
     W0003 => "a parameter group names no parameter",
     W0004 => "a weight-map rule names no parameter",
     W0005 => "a weight is never used",
+    W0006 => "a `let` is never used",
 }
 
 impl Code {

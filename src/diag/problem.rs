@@ -418,6 +418,11 @@ pub enum Problem {
         weight: String,
         layer: String,
     },
+    /// A `let` name no later `let` nor the block's result reads (W0006).
+    UnusedLet {
+        span: Span,
+        name: String,
+    },
     RunFloatType {
         span: Span,
         weight: String,
@@ -820,6 +825,10 @@ impl Problem {
             UnusedWeight { span, weight, layer } => d(Code::W0005, format!("the weight `{weight}` of `{layer}` is never used"), *span, "declared here, read nowhere".into())
                 .note("a weight no function of the run reads is not a parameter: it is not trained, saved, loaded or counted by `plan`")
                 .help(format!("use `{weight}` in `forward` (or a function it calls), or remove it")),
+            UnusedLet { span, name } => d(Code::W0006, format!("the `let` `{name}` is never used"), *span, "bound here, read nowhere".into())
+                .note("a value nothing reads is not computed: it is not part of the program, its plan or its gradients")
+                .help(format!("use `{name}`, remove the `let`, or name it `_{name}` to keep it unused"))
+                .fix(*span, format!("_{name}")),
             RunFloatType { span, weight, declared, run, mixed, train } => {
                 let help = match (declared.as_str(), *mixed) {
                     ("f64", _) => "declare it `f32`; `shardc run --f64` computes the whole run in f64 to check numerics".to_string(),
