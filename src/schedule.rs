@@ -2,9 +2,16 @@
 //! does at each tick, how many microbatches' activations a stage holds at once,
 //! and the idle share. The plan counts memory and the bubble from them, and
 //! the runtime runs them. The schedules' names and docs are the registry's
-//! ([`crate::vocab::PIPELINE_SCHEDULES`]).
+//! ([`crate::vocab::PIPELINE_SCHEDULES`]); each stage's order comes from the
+//! schedule as data ([`data`]), whose generators also make interleaved 1F1B,
+//! ZB-H1 and ZBV and whose static check ([`verify`]) every schedule passes
+//! (those three are not run yet: the runtime's stages hold one chunk each and
+//! run the backward whole).
 
 use crate::vocab::Pipe;
+
+pub mod data;
+pub mod verify;
 
 /// One unit of work: the forward or the backward of microbatch `m` on a stage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -14,25 +21,24 @@ pub enum Act {
 }
 
 /// Each stage's order of work under a schedule (`None`: evaluation, forwards
-/// only).
+/// only): the stage's list of the schedule as data ([`data::Schedule`]).
 pub fn order(schedule: Option<Pipe>, stages: usize, stage: usize, m: usize) -> Vec<Act> {
-    match schedule {
-        None => (0..m).map(Act::F).collect(),
-        Some(Pipe::OneFOneB) => {
-            // Warm up with as many forwards as stages after this one, then
-            // alternate one forward and one backward, then drain the backwards.
-            let w = stages.saturating_sub(stage + 1).min(m);
-            let mut v: Vec<Act> = (0..w).map(Act::F).collect();
-            for i in 0..m - w {
-                v.push(Act::F(w + i));
-                v.push(Act::B(i));
-            }
-            v.extend((m - w..m).map(Act::B));
-            v
-        }
-        // Every forward, then every backward.
-        Some(Pipe::GPipe) => (0..m).map(Act::F).chain((0..m).map(Act::B)).collect(),
-    }
+    let made = match schedule {
+        None => return (0..m).map(Act::F).collect(),
+        Some(Pipe::OneFOneB) => data::Schedule::one_f_one_b(stages, m),
+        Some(Pipe::GPipe) => data::Schedule::gpipe(stages, m),
+    };
+    made.ok()
+        .and_then(|s| s.orders.into_iter().nth(stage))
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|a| match a.pass {
+            data::Pass::F => Some(Act::F(a.mb)),
+            data::Pass::B => Some(Act::B(a.mb)),
+            // GPipe and 1F1B do not split the backward.
+            data::Pass::I | data::Pass::W => None,
+        })
+        .collect()
 }
 
 /// The lockstep timeline: per tick, what each stage does (`None`: idle). A stage

@@ -15,6 +15,7 @@ mod body;
 mod calls;
 mod decls;
 mod layers;
+mod lint;
 mod policy;
 mod rules;
 
