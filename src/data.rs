@@ -737,7 +737,22 @@ impl Cx<'_> {
             };
             // Any numbers, as the loss function reads them.
             let w = match &shape.weights {
-                Some((name, want)) => Some(get(cx, &format!("{name}{suffix}"), want, false, None)?),
+                Some((name, want)) => {
+                    let full = format!("{name}{suffix}");
+                    if !all.iter().any(|a| a.name == full) {
+                        cx.problems.push(Problem::DataMismatch {
+                            span,
+                            path: shown.to_string(),
+                            message: format!("has no array `{full}`"),
+                            label: "data named here",
+                            help: Some(format!(
+                                "the loss function's third parameter `{name}` reads its weights from the array `{full}`, shaped like it with the batch first; {holds}"
+                            )),
+                        });
+                        return None;
+                    }
+                    Some(get(cx, &full, want, false, None)?)
+                }
                 None => None,
             };
             let inputs: Option<Vec<Array>> = inputs.into_iter().collect();

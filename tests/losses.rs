@@ -409,3 +409,22 @@ fn weighted_loss_through_a_pipeline_equals_one_device() {
     assert_eq!(staged.len(), 3);
     assert!(max_rel(&staged, &one) < 1e-12, "{staged:?} vs {one:?}");
 }
+
+/// Data without the loss function's weights: E0305 naming the array, the
+/// parameter it feeds and what the file holds.
+#[test]
+fn missing_weights_array_is_named() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/masked");
+    let text = weighted_model(1).replace("weighted.npz", "padded.npz");
+    let c = shardc::world::compile_source(&dir.join("nomask.shard"), text, &Default::default());
+    let errors: Vec<_> = c.diagnostics.iter().filter(|d| d.is_error()).collect();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    let d = errors[0];
+    assert_eq!(d.code.as_str(), "E0305");
+    assert!(d.message.contains("has no array `mask`"), "{}", d.message);
+    let help = d.help.as_deref().unwrap_or_default();
+    assert!(
+        help.contains("third parameter `mask`") && help.contains("`x` and `y`"),
+        "{help}"
+    );
+}
