@@ -134,6 +134,11 @@ impl Checker<'_> {
                     self.report(Problem::UnusedLet {
                         span: n.span,
                         name: n.name.clone(),
+                        // From `let` to the end of its value.
+                        stmt: l.rest.is_empty().then_some(Span {
+                            end: l.value.span.end.max(l.span.start),
+                            ..l.span
+                        }),
                     });
                 }
             }

@@ -422,6 +422,9 @@ pub enum Problem {
     UnusedLet {
         span: Span,
         name: String,
+        /// The whole `let`, when it binds this name alone (the quick fix
+        /// removes it; a tuple's unused part is renamed `_name` instead).
+        stmt: Option<Span>,
     },
     RunFloatType {
         span: Span,
@@ -825,10 +828,14 @@ impl Problem {
             UnusedWeight { span, weight, layer } => d(Code::W0005, format!("the weight `{weight}` of `{layer}` is never used"), *span, "declared here, read nowhere".into())
                 .note("a weight no function of the run reads is not a parameter: it is not trained, saved, loaded or counted by `plan`")
                 .help(format!("use `{weight}` in `forward` (or a function it calls), or remove it")),
-            UnusedLet { span, name } => d(Code::W0006, format!("the `let` `{name}` is never used"), *span, "bound here, read nowhere".into())
-                .note("a value nothing reads is not computed: it is not part of the program, its plan or its gradients")
-                .help(format!("use `{name}`, remove the `let`, or name it `_{name}` to keep it unused"))
-                .fix(*span, format!("_{name}")),
+            UnusedLet { span, name, stmt } => {
+                let x = d(Code::W0006, format!("the `let` `{name}` is never used"), *span, "bound here, read nowhere".into())
+                    .note("a value nothing reads is not computed: it is not part of the program, its plan or its gradients");
+                match stmt {
+                    Some(stmt) => x.help(format!("remove the `let` (or use `{name}`, or name it `_{name}` to keep it unused)")).fix(*stmt, ""),
+                    None => x.help(format!("name it `_{name}` to keep it unused (or use `{name}`)")).fix(*span, format!("_{name}")),
+                }
+            }
             RunFloatType { span, weight, declared, run, mixed, train } => {
                 let help = match (declared.as_str(), *mixed) {
                     ("f64", _) => "declare it `f32`; `shardc run --f64` computes the whole run in f64 to check numerics".to_string(),

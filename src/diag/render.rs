@@ -97,10 +97,11 @@ fn view(d: &Diagnostic, sources: &SourceMap) -> MietteView {
     let mut help = d.help.clone().map(|h| vec![h]).unwrap_or_default();
     if let Some(fix) = &d.fix {
         let old = sources.get(fix.span.file).snippet(fix.span);
-        help.push(format!(
-            "suggested fix: replace `{old}` with `{}`",
-            fix.replacement
-        ));
+        help.push(if fix.replacement.is_empty() {
+            format!("suggested fix: remove `{old}`")
+        } else {
+            format!("suggested fix: replace `{old}` with `{}`", fix.replacement)
+        });
     }
     MietteView {
         message: d.message.clone(),
