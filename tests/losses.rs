@@ -202,14 +202,17 @@ fn floats(v: &serde_json::Value) -> Vec<f64> {
         .collect()
 }
 
-/// Losses and accuracies of 3 steps of the masked model from the fixture's
-/// initial parameters.
-fn masked_run(data: &str, mesh: &[(&str, i64)], accumulate: usize, f64: bool) -> [Vec<f64>; 2] {
+/// Losses of 3 steps of `text` from the fixture's initial parameters, each
+/// step's report seen by `each`.
+fn fixture_train(
+    file: &str,
+    text: &str,
+    mesh: &[(&str, i64)],
+    f64: bool,
+    each: &mut dyn FnMut(&train::StepReport),
+) -> Vec<f64> {
     let r = masked_reference();
-    let ignore = r["data"][data]["ignore_index"].as_i64().expect("an id");
-    let file = format!("tests/fixtures/masked/{data}_{accumulate}.shard");
-    let text = masked_model(data, ignore, accumulate);
-    let (prog, mut cfg, src) = setup_text(&file, &text, mesh, None);
+    let (prog, mut cfg, src) = setup_text(file, text, mesh, None);
     if f64 {
         cfg.dtype = candle_core::DType::F64;
     }
@@ -217,12 +220,24 @@ fn masked_run(data: &str, mesh: &[(&str, i64)], accumulate: usize, f64: bool) ->
         .into_iter()
         .map(|(n, v)| (n.to_string(), v))
         .collect();
+    train::run(&prog, &cfg, &src, false, each)
+        .expect("runs")
+        .losses
+}
+
+/// Losses and accuracies of 3 steps of the masked model from the fixture's
+/// initial parameters.
+fn masked_run(data: &str, mesh: &[(&str, i64)], accumulate: usize, f64: bool) -> [Vec<f64>; 2] {
+    let ignore = masked_reference()["data"][data]["ignore_index"]
+        .as_i64()
+        .expect("an id");
+    let file = format!("tests/fixtures/masked/{data}_{accumulate}.shard");
+    let text = masked_model(data, ignore, accumulate);
     let mut accuracy = Vec::new();
-    let out = train::run(&prog, &cfg, &src, false, &mut |s| {
+    let losses = fixture_train(&file, &text, mesh, f64, &mut |s| {
         accuracy.push(s.metrics[0].1)
-    })
-    .expect("runs");
-    [out.losses, accuracy]
+    });
+    [losses, accuracy]
 }
 
 /// A masked LM (Hugging Face's -100 labels) and a padded LM (the pad id
@@ -314,18 +329,7 @@ fn weighted_model(accumulate: usize) -> String {
 
 /// Losses of 3 steps of `text` from the fixture's initial parameters.
 fn fixture_run(file: &str, text: &str, mesh: &[(&str, i64)], f64: bool) -> Vec<f64> {
-    let r = masked_reference();
-    let (prog, mut cfg, src) = setup_text(file, text, mesh, None);
-    if f64 {
-        cfg.dtype = candle_core::DType::F64;
-    }
-    cfg.init = [("emb.w", floats(&r["embed"])), ("w", floats(&r["head"]))]
-        .into_iter()
-        .map(|(n, v)| (n.to_string(), v))
-        .collect();
-    train::run(&prog, &cfg, &src, false, &mut |_| {})
-        .expect("runs")
-        .losses
+    fixture_train(file, text, mesh, f64, &mut |_| {})
 }
 
 /// A loss function with per-token weights from the data: the weighted mean

@@ -120,30 +120,12 @@ impl Io {
             .targets(cfg.loss)
             .ok_or("the program has no output or loss function to train")?
             .ty;
-        let rows: usize = label_t
-            .dims
-            .iter()
-            .map(|d| {
-                d.size
-                    .substitute(&prog.bound)
-                    .and_then(|p| p.as_const())
-                    .unwrap_or(1) as usize
-            })
-            .product();
+        let rows = prog.elements(&label_t);
         // A pipelined program is lowered per microbatch: a step is
         // `accumulate` chunks of M microbatches.
         let k = step.passes();
         let weights = prog.weights().map(|(_, t)| {
-            let n = t
-                .dims
-                .iter()
-                .map(|d| {
-                    d.size
-                        .substitute(&prog.bound)
-                        .and_then(|p| p.as_const())
-                        .unwrap_or(1) as usize
-                })
-                .product();
+            let n = prog.elements(&t);
             (t, n)
         });
         Ok(Io {

@@ -476,6 +476,21 @@ impl Program {
         self.mesh.iter().find(|m| m.0 == a).map(|m| m.1)
     }
 
+    /// Elements of a value of type `t` (global), its sizes bound (an
+    /// unknown size counts 1).
+    pub fn elements(&self, t: &TType) -> usize {
+        t.dims
+            .iter()
+            .map(|d| {
+                d.size
+                    .substitute(&self.bound)
+                    .and_then(|p| p.as_const())
+                    .unwrap_or(1)
+                    .max(0) as usize
+            })
+            .fold(1usize, usize::saturating_mul)
+    }
+
     /// Per-device shape, or why it does not exist.
     pub fn local_shape(&self, t: &TType) -> Result<Vec<i64>, String> {
         let mut out = Vec::new();

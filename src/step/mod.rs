@@ -353,18 +353,7 @@ pub fn attach(prog: &mut Program, loss: Loss, ignore: Option<i64>, metrics: &[Me
             .map(|(name, ty)| (prog.add(Op::Weights, vec![], ty, span), name)),
         _ => None,
     };
-    let rows: usize = targets_t
-        .ty
-        .dims
-        .iter()
-        .map(|d| {
-            d.size
-                .substitute(&prog.bound)
-                .and_then(|p| p.as_const())
-                .unwrap_or(1)
-                .max(0) as usize
-        })
-        .fold(1usize, usize::saturating_mul);
+    let rows = prog.elements(&targets_t.ty);
     let (root, seed) = match (loss, prog.loss.take()) {
         (Loss::Function, Some(f)) => {
             match inline(prog, &f, [out, targets], weights.as_ref().map(|w| w.0)) {
