@@ -52,7 +52,8 @@ struct Lowering<'a> {
     /// The layer path of the body being inlined (`blocks.3.attn`).
     path: Vec<String>,
     /// Microbatches and schedule of the model's pipelined stack.
-    pipeline: Option<(usize, crate::vocab::Pipe)>,
+    /// Microbatches, schedule and chunks per rank of the pipelined stack.
+    pipeline: Option<(usize, crate::vocab::Pipe, usize)>,
     /// Inside a checkpointed block: the calls within it are not checkpointed
     /// again.
     in_checkpoint: bool,
@@ -284,7 +285,7 @@ impl Lowering<'_> {
                 self.prog.checkpoints.extend(ranges.iter().copied());
             }
         }
-        if let (Some(axis), Some((microbatches, schedule))) = (&r.stages, &self.pipeline) {
+        if let (Some(axis), Some((microbatches, schedule, chunks))) = (&r.stages, &self.pipeline) {
             if self.prog.folds.is_empty() {
                 let stages = self
                     .prog
@@ -297,6 +298,7 @@ impl Lowering<'_> {
                     stages,
                     microbatches: *microbatches,
                     schedule: *schedule,
+                    chunks: *chunks,
                     blocks: ranges,
                     input,
                 });

@@ -218,7 +218,7 @@ fn a_run_that_cannot_fit_is_refused_with_its_plan() {
         "{stderr}"
     );
     assert!(
-        stdout.contains("params") && stdout.contains("stage 7"),
+        stdout.contains("params") && stdout.contains("rank 7"),
         "{stdout}"
     );
     // 16 microbatches: the timeline's two-digit labels keep their own cells.

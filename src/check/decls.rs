@@ -4,7 +4,7 @@
 
 use super::{Checker, Val};
 use crate::ast::{self, ExprKind, OptValue};
-use crate::diag::{did_you_mean, LossFnProblem, Problem};
+use crate::diag::{did_you_mean, LossFnProblem, Problem, ScheduleProblem};
 use crate::source::Span;
 
 /// A `repeat(n, Layer, stages: axis, microbatches: m, schedule: s)` member.
@@ -13,6 +13,8 @@ pub(super) struct Staged {
     pub schedule: crate::vocab::Pipe,
     pub microbatches: Option<i64>,
     pub microbatches_span: Option<Span>,
+    /// Virtual stages per rank: what the schedule fixes, else `chunks:`.
+    pub chunks: usize,
     pub span: Span,
 }
 
@@ -38,13 +40,19 @@ pub(super) fn staged_repeat(decl: &ast::LayerDecl) -> Option<Staged> {
             _ => return None,
         };
         let mb = named("microbatches");
+        // The default when left out; an unknown name is E0301 (`staging.rs`).
+        let schedule = match named("schedule").map(|e| &e.kind) {
+            Some(ExprKind::Name(s)) => crate::vocab::Pipe::from_name(s).unwrap_or_default(),
+            _ => crate::vocab::Pipe::default(),
+        };
+        let chunks = match named("chunks").map(|e| &e.kind) {
+            Some(ExprKind::Int(c)) if *c >= 1 => Some(*c as usize),
+            _ => None,
+        };
         Some(Staged {
             axis,
-            // The default when left out; an unknown name is E0301 (`layers.rs`).
-            schedule: match named("schedule").map(|e| &e.kind) {
-                Some(ExprKind::Name(s)) => crate::vocab::Pipe::from_name(s).unwrap_or_default(),
-                _ => crate::vocab::Pipe::default(),
-            },
+            schedule,
+            chunks: schedule.chunks(chunks),
             microbatches: mb.and_then(|e| match e.kind {
                 ExprKind::Int(v) => Some(v),
                 _ => None,
@@ -131,9 +139,19 @@ impl<'p> Checker<'p> {
                     help: Some(format!("use a number of microbatches that divides {b}, or a batch that is a multiple of {m}")),
                 });
                 batch = None;
+            } else if st.schedule.needs_multiple() && m % stages != 0 {
+                self.report(Problem::Schedule {
+                    span,
+                    problem: ScheduleProblem::Microbatches {
+                        schedule: st.schedule,
+                        microbatches: m as usize,
+                        stages: stages as usize,
+                    },
+                });
+                batch = None;
             } else {
                 batch = Some(b / m);
-                pipeline = Some((m as usize, st.schedule));
+                pipeline = Some((m as usize, st.schedule, st.chunks));
                 if m < stages {
                     self.report(Problem::FewMicrobatches {
                         span,

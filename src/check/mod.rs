@@ -18,6 +18,7 @@ mod layers;
 mod lint;
 mod policy;
 mod rules;
+mod staging;
 
 pub use body::{Bodies, Body, BodyId, Call, Op, Repeat, VId};
 
@@ -67,8 +68,8 @@ pub struct Model {
     /// The loss function's parameter names: the output, the targets and,
     /// when it takes them, the weights (the array they are read from).
     pub loss_inputs: Vec<String>,
-    /// `repeat(..., stages: axis)`: microbatches and schedule.
-    pub pipeline: Option<(usize, crate::vocab::Pipe)>,
+    /// `repeat(..., stages: axis)`: microbatches, schedule and chunks per rank.
+    pub pipeline: Option<(usize, crate::vocab::Pipe, usize)>,
 }
 
 /// What the checker learned, for tools and later stages.

@@ -72,6 +72,7 @@ codes! {
     E0228 => "checkpoint policy names an unknown value",
     E0229 => "a dimension split both by its size argument and by its type",
     E0230 => "`step_total` of a value that is not data",
+    E0231 => "pipeline schedule does not fit the stack",
     E0300 => "unknown or missing field",
     E0301 => "unknown optimizer, schedule, loss or data source",
     E0302 => "invalid option value",

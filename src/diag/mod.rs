@@ -6,7 +6,7 @@ mod problem;
 pub mod render;
 
 pub use codes::Code;
-pub use problem::{ComputedInitProblem, LossFnProblem, Problem, TotalProblem};
+pub use problem::{ComputedInitProblem, LossFnProblem, Problem, ScheduleProblem, TotalProblem};
 
 use crate::source::Span;
 use serde::Serialize;

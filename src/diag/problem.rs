@@ -36,6 +36,32 @@ pub enum TotalProblem {
     Nested,
 }
 
+/// Why a pipelined stack cannot run its schedule (E0231).
+#[derive(Clone, Debug, PartialEq)]
+pub enum ScheduleProblem {
+    /// `chunks:` given to a schedule that fixes its own (`fixed`).
+    Chunks {
+        schedule: crate::vocab::Pipe,
+        chunks: i64,
+        fixed: usize,
+    },
+    /// The repetitions do not split into stages × chunks pieces.
+    Layers {
+        layers: u64,
+        stages: usize,
+        chunks: usize,
+        axis: String,
+    },
+    /// The microbatches are not a multiple of the stages.
+    Microbatches {
+        schedule: crate::vocab::Pipe,
+        microbatches: usize,
+        stages: usize,
+    },
+    /// A checkpointed stack under a schedule that splits the backward.
+    Checkpointed { schedule: crate::vocab::Pipe },
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Problem {
     Syntax {
@@ -395,6 +421,11 @@ pub enum Problem {
         input: String,
         batch: Option<(String, i64)>,
         train: Span,
+    },
+    /// A pipelined stack its schedule cannot run (E0231).
+    Schedule {
+        span: Span,
+        problem: ScheduleProblem,
     },
     FewMicrobatches {
         span: Span,
@@ -808,6 +839,7 @@ impl Problem {
                     .note(bound)
                     .help(format!("declare it: `const {size} = ...`"))
             }
+            Schedule { span, problem } => schedule_problem(*span, problem),
             FewMicrobatches { span, microbatches, stages } => {
                 let bubble = (*stages as f64 - 1.0) / (*microbatches as f64 + *stages as f64 - 1.0);
                 d(Code::W0001, format!("{microbatches} microbatch(es) for {stages} pipeline stages: devices idle {:.0}% of each step", bubble * 100.0), *span, format!("{microbatches} < {stages}"))
@@ -867,5 +899,43 @@ impl Problem {
             // Calls per step are the plan's (`world::calls_per_step`).
             Reshard { span, what, from, to, bytes } => d(Code::N0001, format!("inserted {what}: {from} → {to}"), *span, format!("{bytes} per call")),
         }
+    }
+}
+
+/// E0231: what a schedule needs of its stack, and the nearest thing that fits.
+fn schedule_problem(span: Span, problem: &ScheduleProblem) -> Diagnostic {
+    let d = |msg: String, label: String| Diagnostic::new(Code::E0231, msg, Label::new(span, label));
+    match problem {
+        ScheduleProblem::Chunks { schedule, chunks, fixed } => d(
+            format!("`chunks: {chunks}` for the {} schedule, which places {fixed} piece(s) of the stack on each rank", schedule.label()),
+            "not for this schedule".into(),
+        )
+        .note("only `schedule: interleaved` takes a number of chunks")
+        .help("remove `chunks`, or use `schedule: interleaved`"),
+        ScheduleProblem::Layers { layers, stages, chunks, axis } => {
+            let pieces = stages * chunks;
+            let lower = (*layers as usize / pieces) * pieces;
+            let upper = lower + pieces;
+            let near = if lower > 0 { format!("{lower} or {upper}") } else { upper.to_string() };
+            d(
+                format!("{layers} repeated layers cannot be cut into {stages} stages over `{axis}` × {chunks} chunks ({pieces} equal pieces)"),
+                format!("{layers} is not a multiple of {pieces}"),
+            )
+            .help(format!("use a layer count that is a multiple of {pieces} (e.g. {near}), or fewer chunks"))
+        }
+        ScheduleProblem::Microbatches { schedule, microbatches, stages } => {
+            let up = microbatches.div_ceil(*stages).max(1) * stages;
+            d(
+                format!("the {} schedule runs microbatches in groups of the {stages} stages, and {microbatches} is not a multiple of {stages}", schedule.label()),
+                format!("{microbatches} microbatches"),
+            )
+            .help(format!("use {up} microbatches (the batch must divide into them too)"))
+            .fix(span, up.to_string())
+        }
+        ScheduleProblem::Checkpointed { schedule } => d(
+            format!("the {} schedule splits each backward into input- and weight-gradient passes, which a checkpointed stack does not run yet", schedule.label()),
+            "checkpointed and split".into(),
+        )
+        .help("use `schedule: one_f_one_b` or `interleaved` with checkpointing, or drop `checkpoint` from this stack"),
     }
 }

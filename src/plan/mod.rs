@@ -114,12 +114,15 @@ pub struct Proposal {
 pub struct PipelinePlan {
     pub axis: String,
     pub stages: usize,
+    /// Pieces of the stack per rank (virtual stages).
+    pub chunks: usize,
     pub microbatches: usize,
     pub schedule: crate::vocab::Pipe,
-    /// Idle share of each device's step.
+    /// Idle share of each device's step (a backward costing two forwards,
+    /// each half of a split one one forward).
     pub bubble: f64,
-    /// Per stage: the most microbatches in flight, and their activation bytes
-    /// and gathered parameters.
+    /// Per rank: the most microbatches in flight through its pieces, and
+    /// their activation bytes and gathered parameters.
     pub in_flight: Vec<usize>,
     pub activations: Vec<f64>,
     pub gathered: Vec<f64>,
@@ -387,7 +390,7 @@ fn plan_of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> P
         plan.grad_sum = plan.grads;
     }
     if let Some(pp) = &prog.pipeline {
-        pipeline(&mut plan, pp, &acts, (&gathered, regathered), &cts);
+        pipeline(&mut plan, prog, pp, &acts, (&gathered, regathered), &cts);
     }
     tables(&mut plan, prog, train, spec);
     plan
@@ -500,8 +503,8 @@ fn values(
     Values { acts, gathered }
 }
 
-/// How many times each node counts: a pipelined stack counts one stage's share
-/// (the first's), a folded stack its repetition count.
+/// How many times each node counts: a pipelined stack counts the first rank's
+/// pieces, a folded stack its repetition count.
 struct Weights {
     /// (range, weight) overrides, in node order.
     ranges: Vec<(usize, usize, f64)>,
@@ -511,9 +514,10 @@ impl Weights {
     fn new(prog: &Program) -> Weights {
         let mut ranges = Vec::new();
         if let Some(pp) = &prog.pipeline {
-            let per = (pp.blocks.len() / pp.stages.max(1)).max(1);
+            let per = (pp.blocks.len() / pp.virtual_stages()).max(1);
+            let placement = pp.placement();
             for (k, (a, b)) in pp.blocks.iter().enumerate() {
-                if k >= per {
+                if placement.get(k / per) != Some(&0) {
                     ranges.push((*a as usize, *b as usize, 0.0));
                 }
             }
@@ -663,65 +667,99 @@ fn weights(
     plan.replicas = replicas.into_iter().collect();
 }
 
-/// Each stage keeps, per microbatch in flight, its layers' share of one
-/// microbatch's activations; the first also those before the stack, the last
-/// those after it.
+/// Each rank keeps, per microbatch in flight through each of its pieces of
+/// the stack, that piece's share of one microbatch's activations (the first
+/// piece also those before the stack, the last those after it), as the
+/// schedule's order on the rank holds them ([`sch::held_peak`]).
 fn pipeline(
     plan: &mut Plan,
+    prog: &Program,
     pp: &crate::spmd::Pipeline,
     acts: &[f64],
     (gathered, regathered): (&[f64], f64),
     cts: &[f64],
 ) {
     use crate::schedule as sch;
-    let stages = pp.stages.max(1);
+    let ranks = pp.stages.max(1);
     let m = pp.microbatches.max(1);
-    let ticks = sch::timeline(Some(pp.schedule), stages, m);
-    let in_flight: Vec<usize> = (0..stages).map(|k| sch::in_flight(&ticks, k)).collect();
+    let pieces = pp.virtual_stages();
+    let per = pp.blocks.len() / pieces;
+    let Ok(schedule) = sch::make(pp.schedule, ranks, pp.chunks, m, true) else {
+        return;
+    };
+    let Ok(verified) = sch::verify::verify(&schedule) else {
+        return;
+    };
     let start = pp.blocks.first().map_or(0, |b| b.0 as usize);
     let end = pp.blocks.last().map_or(0, |b| b.1 as usize);
-    // Per stage, what each microbatch in flight keeps, plus one block recomputed.
-    let per_stage = |v: &[f64], once: f64| -> Vec<f64> {
-        let pre: f64 = v[..start.min(v.len())].iter().sum();
-        let stack: f64 = v[start.min(v.len())..end.min(v.len())].iter().sum();
-        let post: f64 = v[end.min(v.len())..].iter().sum();
-        in_flight
-            .iter()
-            .enumerate()
-            .map(|(k, n)| {
-                let own = stack
-                    + if k == 0 { pre } else { 0.0 }
-                    + if k + 1 == stages { post } else { 0.0 };
-                own * *n as f64 + once
-            })
-            .collect()
+    // Node range of piece `v`, and what happens outside the stack on it.
+    let range = |v: usize| -> std::ops::Range<usize> {
+        match (pp.blocks.get(v * per), pp.blocks.get((v + 1) * per - 1)) {
+            (Some(a), Some(b)) if per > 0 => a.0 as usize..b.1 as usize,
+            _ => 0..0,
+        }
     };
-    let activations = per_stage(acts, plan.recompute_activations);
-    let gathered = per_stage(gathered, regathered);
-    // Each stage runs backward over its own blocks (the first also before
-    // the stack, the last after it, and the loss): the cotangents it holds.
-    let per = pp.blocks.len() / stages;
+    let outside = |v: usize| -> Vec<std::ops::Range<usize>> {
+        let mut r = Vec::new();
+        if v == 0 {
+            r.push(0..start);
+        }
+        if v + 1 == pieces {
+            r.push(end..usize::MAX);
+        }
+        r
+    };
+    let sum = |v: &[f64], r: std::ops::Range<usize>| -> f64 {
+        v.get(r.start.min(v.len())..r.end.min(v.len()))
+            .map_or(0.0, |x| x.iter().sum())
+    };
     let most = |r: std::ops::Range<usize>| -> f64 {
-        cts.get(r.start..r.end.min(cts.len()))
+        cts.get(r.start.min(cts.len())..r.end.min(cts.len()))
             .map_or(0.0, |v| v.iter().fold(0.0, |a, b| a.max(*b)))
     };
-    let cotangents: Vec<f64> = (0..stages)
-        .map(|k| {
-            let last_block = ((k + 1) * per).checked_sub(1);
-            let own = match (
-                pp.blocks.get(k * per),
-                last_block.and_then(|b| pp.blocks.get(b)),
-            ) {
-                (Some(a), Some(b)) => most(a.0 as usize..b.1 as usize),
-                _ => 0.0,
-            };
-            let first = if k == 0 { most(0..start) } else { 0.0 };
-            let last = if k + 1 == stages {
-                most(end..cts.len())
-            } else {
-                0.0
-            };
-            own.max(first).max(last)
+    // The plan's values count the first rank's pieces only; the stack's
+    // repetitions are alike, so every piece holds what the first holds, and
+    // a piece after the first also the value it received: the first piece's
+    // result, which the second reads.
+    let received = match prog.read_from_outside(&range(1)).as_slice() {
+        [one] if pieces > 1 => Some(*one),
+        _ => None,
+    };
+    let weight = |v: &[f64], k: usize| -> f64 {
+        let got = match received {
+            Some(i) if k > 0 => v.get(i).copied().unwrap_or(0.0),
+            _ => 0.0,
+        };
+        sum(v, range(0)) + got + outside(k).into_iter().map(|r| sum(v, r)).sum::<f64>()
+    };
+    let per_rank = |v: &[f64], once: f64| -> Vec<f64> {
+        schedule
+            .orders
+            .iter()
+            .map(|o| sch::held_peak(o, &|k| weight(v, k)) + once)
+            .collect()
+    };
+    let activations = per_rank(acts, plan.recompute_activations);
+    let gathered = per_rank(gathered, regathered);
+    let in_flight: Vec<usize> = schedule
+        .orders
+        .iter()
+        .map(|o| sch::held_peak(o, &|_| 1.0) as usize)
+        .collect();
+    // Each rank runs backward over its own pieces (the first piece also
+    // before the stack, the last after it, and the loss): the cotangents it
+    // holds at once.
+    let cotangents: Vec<f64> = (0..ranks)
+        .map(|r| {
+            (0..pieces)
+                .filter(|k| schedule.placement.get(*k) == Some(&r))
+                .map(|k| {
+                    outside(k)
+                        .into_iter()
+                        .map(|x| most(x.start..x.end.min(cts.len())))
+                        .fold(most(range(0)), f64::max)
+                })
+                .fold(0.0, f64::max)
         })
         .collect();
     plan.activations = activations.first().copied().unwrap_or(plan.activations);
@@ -729,15 +767,16 @@ fn pipeline(
     plan.cotangents = cotangents.first().copied().unwrap_or(plan.cotangents);
     plan.pipeline = Some(PipelinePlan {
         axis: pp.axis.clone(),
-        stages,
+        stages: ranks,
+        chunks: pp.chunks,
         microbatches: m,
         schedule: pp.schedule,
-        bubble: sch::bubble(&ticks),
+        bubble: verified.bubble,
         in_flight,
         activations,
         gathered,
         cotangents,
-        timeline: sch::draw(&ticks),
+        timeline: sch::draw(&schedule, &verified.ticks),
     });
 }
 
@@ -1002,8 +1041,13 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
         ));
     }
     if let Some(pp) = &p.pipeline {
+        let chunks = if pp.chunks > 1 {
+            format!(" × {} chunks", pp.chunks)
+        } else {
+            String::new()
+        };
         s.push_str(&format!(
-            "\npipeline: {} stages over `{}`, {} microbatches per pass (one pass per accumulated chunk), {}: bubble {:.1}%\n",
+            "\npipeline: {} stages{chunks} over `{}`, {} microbatches per pass (one pass per accumulated chunk), {}: bubble {:.1}%\n",
             pp.stages,
             pp.axis,
             pp.microbatches,
@@ -1012,12 +1056,12 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
         ));
         s.push_str(&format!(
             "  {:<8} {:>10} {:>14}\n",
-            "stage", "in flight", "activations"
+            "rank", "in flight", "activations"
         ));
         for (k, (n, b)) in pp.in_flight.iter().zip(&pp.activations).enumerate() {
             s.push_str(&format!("  {:<8} {:>10} {:>14}\n", k, n, human_bytes(*b)));
         }
-        s.push_str("  (each stage holds its layers' parameters; the layers before and after the stack are on every device)\n");
+        s.push_str(&format!("  (each rank holds its pieces' parameters; the layers before and after the stack are on every device; a time unit is a forward; a whole backward takes two{})\n", if pp.schedule.splits_backward() { ", its input- or weight-gradient half one" } else { "" }));
         s.push_str(&pp.timeline);
     }
     for st in &p.stacks {

@@ -561,8 +561,50 @@ impl Exec<'_> {
         self.run_backward(tape, seeds, range, grads, bwd)
     }
 
+    /// Node `i`'s derivative from its cotangent `g`: each wanted operand's
+    /// node and its cotangent addend.
+    pub(super) fn vjp_at(
+        &self,
+        tape: &Tape,
+        i: usize,
+        g: &Tensor,
+        wants: &[bool],
+    ) -> R<Vec<(usize, Tensor)>> {
+        let node = &self.prog.nodes[i];
+        let Op::Prim(p) = &node.op else {
+            return Ok(Vec::new());
+        };
+        let x: Vec<&Tensor> = node.args.iter().map(|k| &tape.vals[*k as usize]).collect();
+        let ts: Vec<&TType> = node
+            .args
+            .iter()
+            .map(|k| &self.prog.nodes[*k as usize].ty)
+            .collect();
+        let grad = Grad {
+            x: &x,
+            ts: &ts,
+            y: &tape.vals[i],
+            out: &node.ty,
+            saved: &tape.masks[i],
+            g,
+            want: wants,
+        };
+        let prim = p.get();
+        let ds = profile::time(&self.dev, Phase::Backward, prim.name(), Some(i), || {
+            self.run_vjp(prim, self.kernel(i, None), &grad)
+        })?;
+        Ok(ds
+            .into_iter()
+            .enumerate()
+            .filter_map(|(k, d)| match (d, node.args.get(k), wants.get(k)) {
+                (Some(d), Some(a), Some(true)) => Some((*a as usize, d)),
+                _ => None,
+            })
+            .collect())
+    }
+
     /// The program's backward pass (see [`Backward::of`]), made once.
-    fn backward_of(&self) -> &Backward {
+    pub(super) fn backward_of(&self) -> &Backward {
         self.bwd.get_or_init(|| Backward::of(self.prog))
     }
 
@@ -609,45 +651,13 @@ impl Exec<'_> {
                     })?
                 }
                 Act::Vjp { wants } => {
-                    let node = &self.prog.nodes[i];
-                    let Op::Prim(p) = &node.op else { continue };
-                    let x: Vec<&Tensor> =
-                        node.args.iter().map(|k| &tape.vals[*k as usize]).collect();
-                    let ts: Vec<&TType> = node
-                        .args
-                        .iter()
-                        .map(|k| &self.prog.nodes[*k as usize].ty)
-                        .collect();
-                    let grad = Grad {
-                        x: &x,
-                        ts: &ts,
-                        y: &tape.vals[i],
-                        out: &node.ty,
-                        saved: &tape.masks[i],
-                        g: &g,
-                        want: wants,
-                    };
-                    let prim = p.get();
-                    let ds =
-                        profile::time(&self.dev, Phase::Backward, prim.name(), Some(i), || {
-                            self.run_vjp(prim, self.kernel(i, None), &grad)
-                        })?;
-                    for (k, d) in ds.into_iter().enumerate() {
-                        if let (Some(d), Some(a), true) =
-                            (d, node.args.get(k), wants.get(k) == Some(&true))
-                        {
-                            let a = *a as usize;
-                            if ct[a].is_none() {
-                                size[a] = bytes(&d);
-                            }
-                            profile::time(
-                                &self.dev,
-                                Phase::Backward,
-                                "cotangent add",
-                                None,
-                                || add(&mut ct[a], d),
-                            )?;
+                    for (a, d) in self.vjp_at(tape, i, &g, wants)? {
+                        if ct[a].is_none() {
+                            size[a] = bytes(&d);
                         }
+                        profile::time(&self.dev, Phase::Backward, "cotangent add", None, || {
+                            add(&mut ct[a], d)
+                        })?;
                     }
                 }
             }

@@ -25,6 +25,7 @@ pub mod profile;
 pub mod reload;
 pub mod report;
 pub mod sparse;
+mod split;
 pub mod tensorboard;
 pub mod train;
 mod worker;

@@ -1,12 +1,19 @@
-//! Pipeline parallelism: a `repeat(..., stages: axis)` stack split into stages over
-//! the axis, microbatches moved between stages with `ppermute`, in the order a
-//! schedule (GPipe or 1F1B) gives. All devices advance in lockstep ticks; in each
-//! tick every device does at most one forward or one backward of one microbatch,
-//! then activations move one stage on and gradients one stage back.
+//! Pipeline parallelism: a `repeat(..., stages: axis)` stack cut into
+//! pieces (virtual stages, `chunks` per rank) over the axis, microbatches
+//! moved between them with `ppermute`, in the order the schedule gives
+//! ([`crate::schedule`]: GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZBV). All
+//! devices advance in the schedule's lockstep rounds
+//! ([`crate::schedule::verify::lockstep`]); in each round every device runs
+//! at most one pass — a forward, a backward, or one half of a split backward
+//! ([`super::split`]) — of one microbatch through one of its pieces, then
+//! each value moves to the rank of the piece that reads it. Every device
+//! knows the whole round table, so a receiver knows what arrives without a
+//! header, and a round sends only over the rank offsets it uses.
 
 use super::exec::{Exec, Fault, Tape, R};
-use crate::schedule::{timeline, Act};
-use crate::spmd::{Kept, Op, Program};
+use super::split::Deferred;
+use crate::schedule::{self, Action, Pass};
+use crate::spmd::{Kept, Program};
 use candle_core::Tensor;
 use std::collections::HashMap;
 use std::ops::Range;
@@ -15,44 +22,35 @@ fn ce(e: candle_core::Error) -> crate::fault::Fault {
     e.into()
 }
 
-/// Where each stage's work lies in the program.
+/// Where each piece's work lies in the program.
 #[derive(Clone, Debug)]
 pub struct Stages {
     pub axis: String,
+    /// Ranks on the axis.
     pub stages: usize,
+    /// Pieces per rank.
+    pub chunks: usize,
     pub microbatches: usize,
     pub schedule: crate::vocab::Pipe,
-    /// Everything before the stack (stage 0 runs it), each stage's layers, and
-    /// everything after (the last stage runs it, with the loss).
+    /// Everything before the stack (piece 0 runs it), each piece's layers, and
+    /// everything after (the last piece runs it, with the loss).
     pub pre: Range<usize>,
     pub ranges: Vec<Range<usize>>,
     pub post: Range<usize>,
-    /// The value each stage reads (the stack's input for stage 0), and the value
-    /// the last stage hands to `post`.
+    /// The value each piece reads (the stack's input for piece 0), and the
+    /// value the last piece hands to `post`.
     pub inputs: Vec<usize>,
     pub output: usize,
-    /// Per parameter: the stage that holds it (`None`: outside the stack, kept by
-    /// every device).
+    /// The rank each piece lives on.
+    pub placement: Vec<usize>,
+    /// Per parameter: the rank that holds it (`None`: outside the stack, kept
+    /// by every device).
     pub param_stage: Vec<Option<usize>>,
 }
 
 /// The one value outside `range` (other than inputs and parameters) its nodes read.
 fn reads(prog: &Program, range: &Range<usize>) -> R<Option<usize>> {
-    let mut outside: Vec<usize> = Vec::new();
-    for i in range.clone() {
-        for a in &prog.nodes[i].args {
-            let a = *a as usize;
-            if !range.contains(&a)
-                && !matches!(
-                    prog.nodes[a].op,
-                    Op::Input(_) | Op::Param(_) | Op::Targets | Op::Weights
-                )
-                && !outside.contains(&a)
-            {
-                outside.push(a);
-            }
-        }
-    }
+    let outside = prog.read_from_outside(range);
     match outside.as_slice() {
         [] => Ok(None),
         [one] => Ok(Some(*one)),
@@ -73,8 +71,9 @@ impl Stages {
         let ranges = prog.stage_ranges();
         if ranges.is_empty() {
             return Err(Fault::Shape(format!(
-                "{} layers cannot be split into {s} stages",
-                p.blocks.len()
+                "{} layers cannot be split into {} pieces",
+                p.blocks.len(),
+                p.virtual_stages()
             )));
         }
         let first = p.blocks.first().map_or(0, |b| b.0 as usize);
@@ -93,6 +92,8 @@ impl Stages {
         let param_stage = prog.param_stages();
         Ok(Some(Stages {
             param_stage,
+            placement: p.placement(),
+            chunks: p.chunks.max(1),
             axis: p.axis.clone(),
             stages: s,
             microbatches: p.microbatches.max(1),
@@ -203,7 +204,7 @@ pub fn add_into(acc: &mut Vec<f64>, v: &[f64]) {
     }
 }
 
-/// Run microbatches `0..M` of one chunk through the stages; the last stage
+/// Run microbatches `0..M` of one chunk through the pieces; the last piece
 /// computes the loss and the metrics' sums (`n_sums` of them).
 pub fn run_chunk(
     ex: &Exec,
@@ -215,7 +216,9 @@ pub fn run_chunk(
     train: bool,
 ) -> R<Chunk> {
     let topo = ex.comm.topo();
-    let schedule = train.then_some(st.schedule);
+    let made = schedule::make(st.schedule, st.stages, st.chunks, microbatches, train)
+        .map_err(|e| Fault::Shape(e.to_string()))?;
+    let rounds = schedule::verify::lockstep(&made).map_err(|e| Fault::Shape(e.to_string()))?;
     // The shape every boundary value has (the repeated layer keeps its type).
     let act_shape: Vec<usize> = ex
         .prog
@@ -232,6 +235,7 @@ pub fn run_chunk(
         me: topo.coord(ex.rank, &st.axis),
         zeros: Tensor::zeros(act_shape.as_slice(), ex.dtype, &ex.dev).map_err(ce)?,
         tapes: HashMap::new(),
+        deferred: HashMap::new(),
         out_ct: HashMap::new(),
         recv_f: HashMap::new(),
         recv_b: HashMap::new(),
@@ -243,42 +247,47 @@ pub fn run_chunk(
         peak_gathered: 0.0,
         last_tape: None,
     };
-    for row in &timeline(schedule, st.stages, microbatches) {
-        let mut send_f = (c.zeros.clone(), -1i64);
-        let mut send_b = (c.zeros.clone(), -1i64);
-        match row[c.me] {
-            Some(Act::F(m)) => {
-                if let Some(v) = c.forward(m)? {
-                    send_f = (v, m as i64);
-                }
-            }
-            Some(Act::B(m)) => {
-                if let Some(g) = c.backward(m)? {
-                    send_b = (g, m as i64);
-                }
-            }
-            None => {}
-        }
-        c.exchange(send_f, send_b)?;
+    for row in &rounds {
+        let sent = match row.get(c.me).copied().flatten() {
+            Some(a) => c.run(a)?,
+            None => None,
+        };
+        c.exchange(row, sent)?;
     }
     c.finish(n_sums)
 }
 
-/// One device's stage running a chunk's microbatches tick by tick.
+/// Where the value pass `a` makes goes: the piece that reads it, and whether
+/// it is an activation (else a gradient).
+fn reader(a: Action, pieces: usize) -> Option<(usize, bool)> {
+    match a.pass {
+        Pass::F if a.stage + 1 < pieces => Some((a.stage + 1, true)),
+        Pass::B | Pass::I if a.stage > 0 => Some((a.stage - 1, false)),
+        Pass::F | Pass::B | Pass::I | Pass::W => None,
+    }
+}
+
+/// A value a round moves: the offset from the sender's rank to the reader's,
+/// the reader's key (microbatch, piece), and whether it is an activation.
+type Move = (usize, (usize, usize), bool);
+
+/// One device's pieces running a chunk's microbatches round by round.
 struct Ticks<'x, 'e> {
     ex: &'x Exec<'e>,
     st: &'x Stages,
     params: &'x [Tensor],
     micro: &'x dyn Fn(usize) -> R<Micro>,
     train: bool,
-    /// This device's stage.
+    /// This device's rank on the stage axis.
     me: usize,
-    /// A boundary value's zeros (what a stage sends when it sends nothing).
+    /// A boundary value's zeros (what a rank sends when it sends nothing).
     zeros: Tensor,
-    tapes: HashMap<usize, Tape>,
+    /// Keyed by (microbatch, piece).
+    tapes: HashMap<(usize, usize), Tape>,
+    deferred: HashMap<(usize, usize), Deferred>,
     out_ct: HashMap<usize, Tensor>,
-    recv_f: HashMap<usize, Tensor>,
-    recv_b: HashMap<usize, Tensor>,
+    recv_f: HashMap<(usize, usize), Tensor>,
+    recv_b: HashMap<(usize, usize), Tensor>,
     grads: Vec<Option<Tensor>>,
     loss_sum: f64,
     sums: Vec<f64>,
@@ -289,27 +298,42 @@ struct Ticks<'x, 'e> {
 }
 
 impl Ticks<'_, '_> {
-    /// Microbatch `m` forward through this stage (the first also before
-    /// the stack; the last after it, with the loss and, training, the
-    /// backward of what follows the stack). Returns what goes to the next
-    /// stage.
-    fn forward(&mut self, m: usize) -> R<Option<Tensor>> {
-        let (ex, st, me) = (self.ex, self.st, self.me);
-        let s_last = st.stages - 1;
+    fn pieces(&self) -> usize {
+        self.st.ranges.len()
+    }
+
+    /// Run pass `a`; what it sends on, if anything.
+    fn run(&mut self, a: Action) -> R<Option<Tensor>> {
+        match a.pass {
+            Pass::F => self.forward(a.mb, a.stage),
+            Pass::B | Pass::I => self.backward(a.mb, a.stage, a.pass == Pass::I),
+            Pass::W => {
+                self.weight(a.mb, a.stage)?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Microbatch `m` forward through piece `v` (the first also before the
+    /// stack; the last after it, with the loss and, training, the backward
+    /// of what follows the stack). Returns what goes to the next piece.
+    fn forward(&mut self, m: usize, v: usize) -> R<Option<Tensor>> {
+        let (ex, st) = (self.ex, self.st);
+        let last = v + 1 == self.pieces();
         let mb = (self.micro)(m)?;
         *ex.sparse.keep.borrow_mut() = mb.keep;
         let mut tape = ex.empty_tape(self.params, &mb.inputs)?;
-        if me == 0 {
+        if v == 0 {
             ex.forward_range(&mut tape, st.pre.clone(), mb.seed)?;
         } else {
-            tape.vals[st.inputs[me]] = self
+            tape.vals[st.inputs[v]] = self
                 .recv_f
-                .remove(&m)
-                .ok_or_else(|| format!("stage {me}: microbatch {m} never arrived"))?;
+                .remove(&(m, v))
+                .ok_or_else(|| format!("piece {v}: microbatch {m} never arrived"))?;
         }
-        ex.forward_range(&mut tape, st.ranges[me].clone(), mb.seed)?;
+        ex.forward_range(&mut tape, st.ranges[v].clone(), mb.seed)?;
         let mut send = None;
-        if me == s_last {
+        if last {
             ex.forward_range(&mut tape, st.post.clone(), mb.seed)?;
             self.loss_sum += ex.loss(&tape)?;
             let s = ex.metric_sums(&tape)?;
@@ -321,21 +345,21 @@ impl Ticks<'_, '_> {
                 self.out_ct.insert(m, g);
             }
         } else {
-            send = Some(tape.vals[st.inputs[me + 1]].clone());
+            send = Some(tape.vals[st.inputs[v + 1]].clone());
         }
-        // The added losses and observed values this stage computed.
+        // The added losses and observed values this piece computed.
         let mine = |i: usize| {
-            (me == 0 && st.pre.contains(&i))
-                || st.ranges[me].contains(&i)
-                || (me == s_last && st.post.contains(&i))
+            (v == 0 && st.pre.contains(&i))
+                || st.ranges[v].contains(&i)
+                || (last && st.post.contains(&i))
         };
         add_into(&mut self.aux, &aux_flat(ex.prog, &tape, &mine)?);
         if self.train {
             // Checkpointed blocks keep only their results in flight.
             if !ex.prog.checkpoints.is_empty() {
-                ex.drop_checkpointed(&mut tape, st.ranges[me].clone())?;
+                ex.drop_checkpointed(&mut tape, st.ranges[v].clone())?;
             }
-            self.tapes.insert(m, tape);
+            self.tapes.insert((m, v), tape);
             self.peak = self
                 .peak
                 .max(self.tapes.values().map(|t| tape_bytes(ex.prog, t)).sum());
@@ -349,18 +373,19 @@ impl Ticks<'_, '_> {
         Ok(send)
     }
 
-    /// Microbatch `m` backward through this stage (the first also before
-    /// the stack). Returns the gradient that goes to the previous stage.
-    fn backward(&mut self, m: usize) -> R<Option<Tensor>> {
-        let (ex, st, me) = (self.ex, self.st, self.me);
-        let s_last = st.stages - 1;
+    /// Microbatch `m` backward through piece `v` (the first also before the
+    /// stack), whole or (`input_only`) its input-gradient half. Returns the
+    /// gradient that goes to the previous piece.
+    fn backward(&mut self, m: usize, v: usize, input_only: bool) -> R<Option<Tensor>> {
+        let (ex, st) = (self.ex, self.st);
+        let last = v + 1 == self.pieces();
         let mb = (self.micro)(m)?;
         *ex.sparse.keep.borrow_mut() = mb.keep;
         let mut tape = self
             .tapes
-            .remove(&m)
-            .ok_or_else(|| format!("stage {me}: no forward of microbatch {m}"))?;
-        let (seed_node, g) = if me == s_last {
+            .remove(&(m, v))
+            .ok_or_else(|| format!("piece {v}: no forward of microbatch {m}"))?;
+        let (seed_node, g) = if last {
             (
                 st.output,
                 self.out_ct.remove(&m).ok_or("missing loss cotangent")?,
@@ -368,23 +393,23 @@ impl Ticks<'_, '_> {
         } else {
             let g = self
                 .recv_b
-                .remove(&m)
-                .ok_or_else(|| format!("stage {me}: gradient of microbatch {m} never arrived"))?;
-            (st.inputs[me + 1], g)
+                .remove(&(m, v))
+                .ok_or_else(|| format!("piece {v}: gradient of microbatch {m} never arrived"))?;
+            (st.inputs[v + 1], g)
         };
-        let cts = if ex.prog.checkpoints.is_empty() {
-            ex.backward_range(
-                &tape,
-                &[(seed_node, g)],
-                st.ranges[me].clone(),
-                &mut self.grads,
-            )?
+        let seeds = vec![(seed_node, g)];
+        let cts = if input_only {
+            let (cts, later) = ex.backward_input(&tape, &seeds, st.ranges[v].clone())?;
+            self.deferred.insert((m, v), later);
+            cts
+        } else if ex.prog.checkpoints.is_empty() {
+            ex.backward_range(&tape, &seeds, st.ranges[v].clone(), &mut self.grads)?
         } else {
-            // The stage's blocks recomputed one at a time.
+            // The piece's blocks recomputed one at a time.
             let (cts, block) = ex.backward_checkpointed_range(
                 &mut tape,
-                vec![(seed_node, g)],
-                st.ranges[me].clone(),
+                seeds,
+                st.ranges[v].clone(),
                 &mut self.grads,
                 mb.seed,
             )?;
@@ -392,11 +417,11 @@ impl Ticks<'_, '_> {
             self.peak = self.peak.max(held + tape_bytes(ex.prog, &tape) + block);
             cts
         };
-        let g_in = cts[st.inputs[me]]
+        let g_in = cts[st.inputs[v]]
             .clone()
             .unwrap_or_else(|| self.zeros.clone());
         let mut send = None;
-        if me == 0 {
+        if v == 0 {
             ex.backward_range(
                 &tape,
                 &[(st.inputs[0], g_in)],
@@ -406,50 +431,95 @@ impl Ticks<'_, '_> {
         } else {
             send = Some(g_in);
         }
-        if me == s_last {
+        if input_only {
+            // The weight-gradient half reads the activations.
+            self.tapes.insert((m, v), tape);
+        } else if last {
             self.last_tape = Some(tape);
         }
         Ok(send)
     }
 
-    /// Activations one stage on, gradients one stage back (with their
-    /// microbatch, -1 for nothing).
-    fn exchange(&mut self, send_f: (Tensor, i64), send_b: (Tensor, i64)) -> R<()> {
-        let (ex, me) = (self.ex, self.me);
-        let s_last = self.st.stages - 1;
-        let ax = self.st.axis.as_str();
-        let id = |k: i64| Tensor::new(&[k as f64], &ex.dev).map_err(ce);
-        let (fv, fi) = (
-            ex.comm.ppermute(ex.rank, &send_f.0, ax, 1).map_err(ce)?,
-            ex.comm
-                .ppermute(ex.rank, &id(send_f.1)?, ax, 1)
-                .map_err(ce)?,
-        );
-        let (bv, bi) = (
-            ex.comm.ppermute(ex.rank, &send_b.0, ax, -1).map_err(ce)?,
-            ex.comm
-                .ppermute(ex.rank, &id(send_b.1)?, ax, -1)
-                .map_err(ce)?,
-        );
-        let num = |t: &Tensor| -> R<i64> {
-            Ok(crate::kernels::host::read_ids(t)
-                .map_err(ce)?
-                .first()
-                .copied()
-                .unwrap_or(-1))
-        };
-        let (fk, bk) = (num(&fi)?, num(&bi)?);
-        if fk >= 0 && me > 0 {
-            self.recv_f.insert(fk as usize, fv);
-        }
-        if bk >= 0 && me < s_last {
-            self.recv_b.insert(bk as usize, bv);
+    /// The weight-gradient half of microbatch `m`'s backward through piece
+    /// `v`; its activations go.
+    fn weight(&mut self, m: usize, v: usize) -> R<()> {
+        let (ex, st) = (self.ex, self.st);
+        let tape = self
+            .tapes
+            .remove(&(m, v))
+            .ok_or_else(|| format!("piece {v}: no forward of microbatch {m}"))?;
+        let later = self
+            .deferred
+            .remove(&(m, v))
+            .ok_or_else(|| format!("piece {v}: no input gradient of microbatch {m}"))?;
+        ex.backward_weight(&tape, later, st.ranges[v].clone(), &mut self.grads)?;
+        if v + 1 == self.pieces() {
+            self.last_tape = Some(tape);
         }
         Ok(())
     }
 
-    /// Every device reports the losses and metrics the last stage computed,
-    /// and the values each stage added or observed.
+    /// After a round: every value made moves to the rank of the piece that
+    /// reads it — kept when that is this rank, else one `ppermute` per rank
+    /// offset the round uses (the same on every device: each knows the
+    /// round's passes, and so what it receives from whom).
+    fn exchange(&mut self, row: &[Option<Action>], sent: Option<Tensor>) -> R<()> {
+        let (ex, st, me) = (self.ex, self.st, self.me);
+        let ranks = st.stages.max(1);
+        let pieces = self.pieces();
+        // Per rank: (offset to the reader's rank, reader's key, activation?).
+        let moves: Vec<Option<Move>> = row
+            .iter()
+            .enumerate()
+            .map(|(r, a)| {
+                let a = (*a)?;
+                let (to, forward) = reader(a, pieces)?;
+                let off = (st.placement[to] + ranks - r) % ranks;
+                Some((off, (a.mb, to), forward))
+            })
+            .collect();
+        let mut store = |key: (usize, usize), forward: bool, t: Tensor| {
+            if forward {
+                self.recv_f.insert(key, t);
+            } else {
+                self.recv_b.insert(key, t);
+            }
+        };
+        let mut sent = sent;
+        if let (Some(Some((0, key, forward))), Some(t)) = (moves.get(me), sent.as_ref()) {
+            store(*key, *forward, t.clone());
+            sent = None;
+        }
+        let mut offsets: Vec<usize> = moves
+            .iter()
+            .flatten()
+            .map(|m| m.0)
+            .filter(|o| *o != 0)
+            .collect();
+        offsets.sort_unstable();
+        offsets.dedup();
+        for off in offsets {
+            let mine = matches!(moves.get(me), Some(Some((o, _, _))) if *o == off);
+            let out = match (&sent, mine) {
+                (Some(t), true) => t.clone(),
+                _ => self.zeros.clone(),
+            };
+            let got = ex
+                .comm
+                .ppermute(ex.rank, &out, &st.axis, off as i64)
+                .map_err(ce)?;
+            let from = (me + ranks - off) % ranks;
+            if let Some(Some((o, key, forward))) = moves.get(from) {
+                if *o == off {
+                    store(*key, *forward, got);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every device reports the losses and metrics the last piece computed,
+    /// and the values each piece added or observed.
     fn finish(self, n_sums: usize) -> R<Chunk> {
         let ex = self.ex;
         let mut all = vec![self.loss_sum];

@@ -120,9 +120,18 @@ pub fn verify(s: &Schedule) -> Result<Verified, ScheduleError> {
         )));
     }
     let split = coverage(s)?;
-    let timeline = simulate(s, split)?;
+    let timeline = simulate(s, split, Pass::cost)?;
     messages(s, split)?;
     Ok(timeline)
+}
+
+/// The rounds a verified schedule runs in when every rank advances in
+/// lockstep (the runtime's virtual mesh): per round, per rank, the pass it
+/// runs (`None`: idle), each pass one round, a pass's results usable the
+/// round after it.
+pub fn lockstep(s: &Schedule) -> Result<Vec<Vec<Option<Action>>>, ScheduleError> {
+    let split = coverage(s)?;
+    Ok(simulate(s, split, |_| 1)?.ticks)
 }
 
 /// Every pass exactly once on its stage's rank; whether backwards are split.
@@ -169,7 +178,7 @@ fn coverage(s: &Schedule) -> Result<bool, ScheduleError> {
 
 /// Run every rank's list in order, each pass as soon as what it needs has
 /// ended: the timeline, each rank's activation peak, and the bubble.
-fn simulate(s: &Schedule, split: bool) -> Result<Verified, ScheduleError> {
+fn simulate(s: &Schedule, split: bool, cost: fn(Pass) -> usize) -> Result<Verified, ScheduleError> {
     let stages = s.stages();
     let mut end: HashMap<Action, usize> = HashMap::new();
     let mut next = vec![0usize; s.ranks];
@@ -208,7 +217,7 @@ fn simulate(s: &Schedule, split: bool) -> Result<Verified, ScheduleError> {
                 .iter()
                 .all(|d| end.get(d).is_some_and(|e| *e <= t))
             {
-                let e = t + a.pass.cost();
+                let e = t + cost(a.pass);
                 end.insert(a, e);
                 busy[r] = Some((a, e));
                 row[r] = Some(a);

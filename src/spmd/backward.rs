@@ -79,6 +79,32 @@ impl Backward {
     }
 }
 
+/// Per node: whether its cotangent flows to parameters alone — a parameter,
+/// or an op of parameters (and constants) with no data among its ancestors,
+/// like a weight's gathered or cast copy. A backward split in two (the
+/// zero-bubble pipeline schedules) leaves these, and each op's operands among
+/// them, to its weight-gradient half: nothing upstream waits for them.
+pub fn weight_side(prog: &Program) -> Vec<bool> {
+    let n = prog.nodes.len();
+    let (mut data, mut param) = (vec![false; n], vec![false; n]);
+    for (i, node) in prog.nodes.iter().enumerate() {
+        match node.op {
+            Op::Param(_) => param[i] = true,
+            Op::Input(_) | Op::Targets | Op::Weights => data[i] = true,
+            _ => {
+                for a in &node.args {
+                    let a = *a as usize;
+                    if a < i {
+                        data[i] |= data[a];
+                        param[i] |= param[a];
+                    }
+                }
+            }
+        }
+    }
+    (0..n).map(|i| param[i] && !data[i]).collect()
+}
+
 /// Per node: whether the root ([`Program::root`]) depends on it. What it
 /// does not depend on (the metrics beside the loss, a value computed and
 /// never used) gets no cotangent.

@@ -204,10 +204,24 @@ pub struct Pipeline {
     pub microbatches: usize,
     /// The order of the microbatches' passes (`schedule:` of the `repeat`).
     pub schedule: crate::vocab::Pipe,
+    /// Virtual stages per rank (`chunks:`, or what the schedule fixes).
+    pub chunks: usize,
     /// Node ranges `[start, end)` of the repetitions, in order.
     pub blocks: Vec<(Nid, Nid)>,
     /// The value entering the stack.
     pub input: Nid,
+}
+
+impl Pipeline {
+    /// Pieces the stack is cut into: ranks × chunks.
+    pub fn virtual_stages(&self) -> usize {
+        self.stages.max(1) * self.chunks.max(1)
+    }
+
+    /// The rank each virtual stage lives on.
+    pub fn placement(&self) -> Vec<usize> {
+        crate::schedule::placement(self.schedule, self.stages, self.chunks)
+    }
 }
 
 impl Program {
@@ -392,14 +406,14 @@ impl Program {
             .map_or(self.nodes.len(), |o| o.start as usize)
     }
 
-    /// The node range of each pipeline stage: its share of the stack's
-    /// repetitions, in order (none without a pipeline, or when the
+    /// The node range of each virtual pipeline stage: its share of the
+    /// stack's repetitions, in order (none without a pipeline, or when the
     /// repetitions do not split evenly into the stages).
     pub fn stage_ranges(&self) -> Vec<std::ops::Range<usize>> {
         let Some(p) = &self.pipeline else {
             return Vec::new();
         };
-        let s = p.stages.max(1);
+        let s = p.virtual_stages();
         let per = p.blocks.len() / s;
         if per == 0 || p.blocks.len() % s != 0 {
             return Vec::new();
@@ -407,6 +421,28 @@ impl Program {
         (0..s)
             .map(|k| p.blocks[k * per].0 as usize..p.blocks[(k + 1) * per - 1].1 as usize)
             .collect()
+    }
+
+    /// The values outside `range` (inputs, targets, weights and parameters
+    /// aside) that its nodes read, in first-read order: a pipeline piece's
+    /// one entering value.
+    pub fn read_from_outside(&self, range: &std::ops::Range<usize>) -> Vec<usize> {
+        let mut outside: Vec<usize> = Vec::new();
+        for i in range.clone() {
+            for a in self.nodes.get(i).map_or(&[][..], |n| n.args.as_slice()) {
+                let a = *a as usize;
+                if !range.contains(&a)
+                    && !matches!(
+                        self.nodes.get(a).map(|n| &n.op),
+                        Some(Op::Input(_) | Op::Param(_) | Op::Targets | Op::Weights) | None
+                    )
+                    && !outside.contains(&a)
+                {
+                    outside.push(a);
+                }
+            }
+        }
+        outside
     }
 
     /// Per parameter: whether an op reads it as rows by id (an embedding, a
@@ -432,15 +468,23 @@ impl Program {
         out
     }
 
-    /// Per parameter: the pipeline stage holding it (`None`: outside the
-    /// pipelined stack, held by every device).
+    /// Per parameter: the pipeline rank (coordinate on the stage axis)
+    /// holding it (`None`: outside the pipelined stack, held by every device).
     pub fn param_stages(&self) -> Vec<Option<usize>> {
         let ranges = self.stage_ranges();
+        let placement = self
+            .pipeline
+            .as_ref()
+            .map(Pipeline::placement)
+            .unwrap_or_default();
         let mut out = vec![None; self.params.len()];
         for (i, n) in self.nodes.iter().enumerate() {
             if let Op::Param(k) = n.op {
                 if let Some(o) = out.get_mut(k) {
-                    *o = ranges.iter().position(|r| r.contains(&i));
+                    *o = ranges
+                        .iter()
+                        .position(|r| r.contains(&i))
+                        .and_then(|v| placement.get(v).copied());
                 }
             }
         }

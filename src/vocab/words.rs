@@ -243,6 +243,24 @@ vocabulary! {
             doc: "a stage starts with as many forwards as stages after it, then alternates one forward and one backward, holding at most that many microbatches' activations",
             args: &[],
         }
+        /// Megatron's interleaved 1F1B over `chunks` virtual stages per rank.
+        Interleaved {
+            name: "interleaved",
+            doc: "Megatron's interleaved 1F1B: the stack cut into `chunks: v` pieces per rank (default 2), placed round-robin, bubble (stages − 1) / (v · microbatches); microbatches a multiple of the stages",
+            args: &[],
+        }
+        /// Zero bubble H1: the backward split, weight gradients deferred.
+        ZbH1 {
+            name: "zb_h1",
+            doc: "zero bubble (H1): each backward split into its input-gradient pass and its weight-gradient pass, the weight gradients deferred into the bubble, at 1F1B's activation memory",
+            args: &[],
+        }
+        /// Zero bubble V: two chunks per rank in a V, the backward split.
+        Zbv {
+            name: "zbv",
+            doc: "zero bubble V (DualPipeV's placement): two chunks per rank, stage s and stage 2·stages − 1 − s on rank s, the backward split; the smallest bubble at 1F1B's activation memory",
+            args: &[],
+        }
     }
 }
 
@@ -259,6 +277,41 @@ impl Pipe {
         match self {
             Pipe::GPipe => "GPipe",
             Pipe::OneFOneB => "1F1B",
+            Pipe::Interleaved => "interleaved 1F1B",
+            Pipe::ZbH1 => "ZB-H1",
+            Pipe::Zbv => "ZBV",
+        }
+    }
+
+    /// Virtual stages per rank the schedule fixes (`None`: the `repeat`'s
+    /// `chunks:`, 2 when left out).
+    pub fn fixed_chunks(self) -> Option<usize> {
+        match self {
+            Pipe::GPipe | Pipe::OneFOneB | Pipe::ZbH1 => Some(1),
+            Pipe::Zbv => Some(2),
+            Pipe::Interleaved => None,
+        }
+    }
+
+    /// Virtual stages per rank: what the schedule fixes, else `given` (the
+    /// `repeat`'s `chunks:`), 2 when left out.
+    pub fn chunks(self, given: Option<usize>) -> usize {
+        self.fixed_chunks().or(given).unwrap_or(2).max(1)
+    }
+
+    /// Whether each backward runs as two passes, input then weight gradient.
+    pub fn splits_backward(self) -> bool {
+        match self {
+            Pipe::GPipe | Pipe::OneFOneB | Pipe::Interleaved => false,
+            Pipe::ZbH1 | Pipe::Zbv => true,
+        }
+    }
+
+    /// Whether the microbatches must be a multiple of the stages.
+    pub fn needs_multiple(self) -> bool {
+        match self {
+            Pipe::Interleaved => true,
+            Pipe::GPipe | Pipe::OneFOneB | Pipe::ZbH1 | Pipe::Zbv => false,
         }
     }
 }

@@ -120,8 +120,8 @@
   (#any-of? @constant.builtin
     "zeros" "ones" "xavier" "lecun" "softmax_cross_entropy" "mse"
     "sigmoid_binary_cross_entropy" "accuracy" "auc" "sgd" "adam" "adamw" "adagrad"
-    "ftrl" "lion" "muon" "gpipe" "one_f_one_b" "jsonl" "tensorboard" "sum" "mean"
-    "sqrtn" "virtual" "cuda" "mpi"))
+    "ftrl" "lion" "muon" "gpipe" "one_f_one_b" "interleaved" "zb_h1" "zbv" "jsonl"
+    "tensorboard" "sum" "mean" "sqrtn" "virtual" "cuda" "mpi"))
 ((option value: (list (dim size: (ident) @constant.builtin)))
   (#any-of? @constant.builtin
     "accuracy" "auc"))
@@ -130,7 +130,7 @@
     "f32" "bf16" "f16"))
 ((named_arg value: (ident) @constant.builtin)
   (#any-of? @constant.builtin
-    "gpipe" "one_f_one_b" "sum" "mean" "sqrtn"))
+    "gpipe" "one_f_one_b" "interleaved" "zb_h1" "zbv" "sum" "mean" "sqrtn"))
 ; /vocabulary
 
 ; dtypes used as values: `cast(x, bf16)`

@@ -50,7 +50,7 @@ syn keyword shardBuiltin      warmup_cosine warmup_linear warmup_constant invers
 syn keyword shardBuiltin      wsd shakespeare_words shakespeare_chars text tokens arrays
 syn keyword shardBuiltin      synthetic clicks
 syn keyword shardConstant     mse sigmoid_binary_cross_entropy accuracy auc gpipe
-syn keyword shardConstant     one_f_one_b jsonl tensorboard
+syn keyword shardConstant     one_f_one_b interleaved zb_h1 zbv jsonl tensorboard
 " /vocabulary
 
 " Names: declarations, upper-case constants and sizes
