@@ -143,7 +143,7 @@ impl<'p> Checker<'p> {
                 self.report(Problem::Schedule {
                     span,
                     problem: ScheduleProblem::Microbatches {
-                        schedule: st.schedule,
+                        schedule: st.schedule.label(),
                         microbatches: m as usize,
                         stages: stages as usize,
                     },

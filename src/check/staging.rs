@@ -211,7 +211,7 @@ impl Checker<'_> {
                 self.report(Problem::Schedule {
                     span,
                     problem: ScheduleProblem::Chunks {
-                        schedule,
+                        schedule: schedule.label(),
                         chunks: c,
                         fixed: f,
                     },
@@ -222,7 +222,9 @@ impl Checker<'_> {
         if checkpointed && schedule.splits_backward() {
             self.report(Problem::Schedule {
                 span: axis_span,
-                problem: ScheduleProblem::Checkpointed { schedule },
+                problem: ScheduleProblem::Checkpointed {
+                    schedule: schedule.label(),
+                },
             });
             return false;
         }

@@ -41,7 +41,8 @@ pub enum TotalProblem {
 pub enum ScheduleProblem {
     /// `chunks:` given to a schedule that fixes its own (`fixed`).
     Chunks {
-        schedule: crate::vocab::Pipe,
+        /// The schedule as `shardc plan` names it (GPipe, ZBV, ...).
+        schedule: &'static str,
         chunks: i64,
         fixed: usize,
     },
@@ -54,12 +55,13 @@ pub enum ScheduleProblem {
     },
     /// The microbatches are not a multiple of the stages.
     Microbatches {
-        schedule: crate::vocab::Pipe,
+        /// The schedule as `shardc plan` names it (GPipe, ZBV, ...).
+        schedule: &'static str,
         microbatches: usize,
         stages: usize,
     },
     /// A checkpointed stack under a schedule that splits the backward.
-    Checkpointed { schedule: crate::vocab::Pipe },
+    Checkpointed { schedule: &'static str },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -907,7 +909,7 @@ fn schedule_problem(span: Span, problem: &ScheduleProblem) -> Diagnostic {
     let d = |msg: String, label: String| Diagnostic::new(Code::E0231, msg, Label::new(span, label));
     match problem {
         ScheduleProblem::Chunks { schedule, chunks, fixed } => d(
-            format!("`chunks: {chunks}` for the {} schedule, which places {fixed} piece(s) of the stack on each rank", schedule.label()),
+            format!("`chunks: {chunks}` for the {schedule} schedule, which places {fixed} piece(s) of the stack on each rank"),
             "not for this schedule".into(),
         )
         .note("only `schedule: interleaved` takes a number of chunks")
@@ -926,14 +928,14 @@ fn schedule_problem(span: Span, problem: &ScheduleProblem) -> Diagnostic {
         ScheduleProblem::Microbatches { schedule, microbatches, stages } => {
             let up = microbatches.div_ceil(*stages).max(1) * stages;
             d(
-                format!("the {} schedule runs microbatches in groups of the {stages} stages, and {microbatches} is not a multiple of {stages}", schedule.label()),
+                format!("the {schedule} schedule runs microbatches in groups of the {stages} stages, and {microbatches} is not a multiple of {stages}"),
                 format!("{microbatches} microbatches"),
             )
             .help(format!("use {up} microbatches (the batch must divide into them too)"))
             .fix(span, up.to_string())
         }
         ScheduleProblem::Checkpointed { schedule } => d(
-            format!("the {} schedule splits each backward into input- and weight-gradient passes, which a checkpointed stack does not run yet", schedule.label()),
+            format!("the {schedule} schedule splits each backward into input- and weight-gradient passes, which a checkpointed stack does not run yet"),
             "checkpointed and split".into(),
         )
         .help("use `schedule: one_f_one_b` or `interleaved` with checkpointing, or drop `checkpoint` from this stack"),
