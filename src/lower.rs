@@ -31,7 +31,7 @@ pub fn lower(model: &Model, bodies: &Bodies) -> Program {
         },
         params: HashMap::new(),
         path: Vec::new(),
-        pipeline: model.pipeline,
+        pipeline: model.pipeline.clone(),
         in_checkpoint: false,
     };
     l.prog.output = l.inline(model.body, &[]);
@@ -52,8 +52,7 @@ struct Lowering<'a> {
     /// The layer path of the body being inlined (`blocks.3.attn`).
     path: Vec<String>,
     /// Microbatches and schedule of the model's pipelined stack.
-    /// Microbatches, schedule and chunks per rank of the pipelined stack.
-    pipeline: Option<(usize, crate::vocab::Pipe, usize)>,
+    pipeline: Option<(usize, crate::schedule::Source)>,
     /// Inside a checkpointed block: the calls within it are not checkpointed
     /// again.
     in_checkpoint: bool,
@@ -285,7 +284,7 @@ impl Lowering<'_> {
                 self.prog.checkpoints.extend(ranges.iter().copied());
             }
         }
-        if let (Some(axis), Some((microbatches, schedule, chunks))) = (&r.stages, &self.pipeline) {
+        if let (Some(axis), Some((microbatches, schedule))) = (&r.stages, &self.pipeline) {
             if self.prog.folds.is_empty() {
                 let stages = self
                     .prog
@@ -297,8 +296,7 @@ impl Lowering<'_> {
                     axis: axis.clone(),
                     stages,
                     microbatches: *microbatches,
-                    schedule: *schedule,
-                    chunks: *chunks,
+                    schedule: schedule.clone(),
                     blocks: ranges,
                     input,
                 });

@@ -10,7 +10,109 @@ use crate::vocab::Pipe;
 pub mod data;
 pub mod verify;
 
+pub mod file;
+
 pub use data::{Action, GenError, Pass, Schedule};
+
+/// What a pipelined stack runs: a built-in schedule with its pieces per
+/// rank, or a schedule file (torchtitan's CSV layout, [`file`]), read and
+/// verified after lowering.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Source {
+    Built {
+        pipe: Pipe,
+        chunks: usize,
+    },
+    File {
+        /// As the `.shard` file writes it, and where.
+        written: String,
+        span: crate::source::Span,
+        /// Once read and verified (`None`: not yet, or it failed).
+        schedule: Option<Box<Schedule>>,
+    },
+}
+
+impl Default for Source {
+    fn default() -> Source {
+        Source::Built {
+            pipe: Pipe::default(),
+            chunks: 1,
+        }
+    }
+}
+
+impl Source {
+    /// Pieces of the stack: ranks × chunks, or the file's stages.
+    pub fn pieces(&self, ranks: usize) -> usize {
+        match self {
+            Source::Built { chunks, .. } => ranks.max(1) * chunks.max(&1),
+            Source::File {
+                schedule: Some(s), ..
+            } => s.stages(),
+            Source::File { .. } => ranks.max(1),
+        }
+    }
+
+    /// The rank each piece lives on.
+    pub fn placement(&self, ranks: usize) -> Vec<usize> {
+        match self {
+            Source::Built { pipe, chunks } => placement(*pipe, ranks, *chunks),
+            Source::File {
+                schedule: Some(s), ..
+            } => s.placement.clone(),
+            Source::File { .. } => (0..ranks.max(1)).collect(),
+        }
+    }
+
+    /// The schedule for `ranks` ranks and `m` microbatches (forwards alone
+    /// when not `train`).
+    pub fn make(&self, ranks: usize, m: usize, train: bool) -> Result<Schedule, GenError> {
+        let mut s = match self {
+            Source::Built { pipe, chunks } => return make(*pipe, ranks, *chunks, m, train),
+            Source::File {
+                schedule: Some(s), ..
+            } => (**s).clone(),
+            Source::File { .. } => return Err(GenError::Empty),
+        };
+        if !train {
+            for o in &mut s.orders {
+                o.retain(|a| a.pass == Pass::F);
+            }
+        }
+        Ok(s)
+    }
+
+    /// As `shardc plan` names it.
+    pub fn label(&self) -> String {
+        match self {
+            Source::Built { pipe, .. } => pipe.label().to_string(),
+            Source::File { written, .. } => format!("`{written}`"),
+        }
+    }
+
+    /// As `--json` names it: the registry's word, or the file as written.
+    pub fn name(&self) -> String {
+        match self {
+            Source::Built { pipe, .. } => pipe.name().to_string(),
+            Source::File { written, .. } => written.clone(),
+        }
+    }
+
+    /// Pieces per rank, when every rank holds as many.
+    pub fn chunks(&self, ranks: usize) -> usize {
+        self.pieces(ranks) / ranks.max(1)
+    }
+
+    /// Whether backwards run split into input- and weight-gradient passes.
+    pub fn splits_backward(&self) -> bool {
+        match self {
+            Source::Built { pipe, .. } => pipe.splits_backward(),
+            Source::File { schedule, .. } => schedule
+                .as_ref()
+                .is_some_and(|s| s.orders.iter().flatten().any(|a| a.pass == Pass::I)),
+        }
+    }
+}
 
 /// The rank each virtual stage lives on: in order (one chunk per rank),
 /// round-robin (interleaved), or a V (ZBV).

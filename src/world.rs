@@ -380,6 +380,10 @@ fn compile_here(files: &dyn Files, path: &Path, text: String, opts: &Options) ->
         })
         .collect();
     diagnostics.extend(step_notes);
+    let mut lowered = lowered;
+    for p in &mut lowered {
+        schedule_file(p, files, &mut sources, &mut diagnostics, &mut read);
+    }
     let clean = !diagnostics.iter().any(|d| d.is_error());
     let plans: Vec<crate::plan::Plan> = lowered
         .iter()
@@ -460,6 +464,68 @@ fn weight_map(
     }
     let clean = !diagnostics[before..].iter().any(|d| d.is_error());
     clean.then_some(map)
+}
+
+/// A pipelined stack's `schedule: "FILE"`: read (relative to the `.shard`
+/// file naming it), parsed and verified (E0232, E0233, each at its cell), and
+/// given to the program.
+fn schedule_file(
+    prog: &mut crate::spmd::Program,
+    files: &dyn Files,
+    sources: &mut SourceMap,
+    diagnostics: &mut Vec<Diagnostic>,
+    read: &mut Vec<PathBuf>,
+) {
+    use crate::diag::{Problem, ScheduleFileProblem, ScheduleProblem};
+    use crate::schedule::Source;
+    let checkpointed = !prog.checkpoints.is_empty();
+    let Some(pp) = prog.pipeline.as_mut() else {
+        return;
+    };
+    let Source::File {
+        written,
+        span,
+        schedule: slot @ None,
+    } = &mut pp.schedule
+    else {
+        return;
+    };
+    let span = *span;
+    let base = sources.get(span.file).path.parent().map(Path::to_path_buf);
+    let path = base.unwrap_or_default().join(written.as_str());
+    read.push(path.clone());
+    let text = match files.read_text(&path) {
+        Ok(t) => t,
+        Err(e) => {
+            let problem = ScheduleFileProblem::Unreadable(format!("`{}`: {e}", path.display()));
+            diagnostics.push(Problem::ScheduleFile { span, problem }.diagnostic());
+            return;
+        }
+    };
+    let file = sources.add(SourceFile::new(path.clone(), display_name(&path), text));
+    let stack = crate::schedule::file::Stack {
+        ranks: pp.stages,
+        axis: &pp.axis,
+        microbatches: pp.microbatches,
+        layers: pp.blocks.len(),
+        span,
+    };
+    match crate::schedule::file::read(file, &sources.get(file).text, &stack) {
+        Ok(s)
+            if checkpointed
+                && s.orders
+                    .iter()
+                    .flatten()
+                    .any(|a| a.pass == crate::schedule::Pass::I) =>
+        {
+            let problem = ScheduleProblem::Checkpointed {
+                schedule: format!("`{written}`"),
+            };
+            diagnostics.push(Problem::Schedule { span, problem }.diagnostic());
+        }
+        Ok(s) => *slot = Some(Box::new(s)),
+        Err(problems) => diagnostics.extend(problems.iter().map(Problem::diagnostic)),
+    }
 }
 
 /// The access policy's write side: each `train`'s checkpoint and FDO directory

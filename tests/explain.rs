@@ -1,6 +1,7 @@
 //! Every explanation's example (`docs/errors/CODE.md`, served by `shardc
 //! explain`) produces its own code, and its fix checks without errors. A
-//! section's ```toml block is a weight map, checked as `--map` is.
+//! section's ```toml block is a weight map, checked as `--map` is; a ```csv
+//! block whose first line is `# NAME.csv` is that file (a schedule file).
 
 use shardc::diag::Code;
 use shardc::files::Memory;
@@ -35,8 +36,13 @@ fn fenced(text: &str, section: &str, lang: &str) -> Vec<String> {
 /// The codes of compiling a section's blocks as files in memory: a block whose
 /// first line is `// NAME.shard` is that file (imports find it); the first
 /// block is the one compiled.
-fn codes(dir: &Path, blocks: &[String], map: Option<&String>) -> Vec<String> {
+fn codes(dir: &Path, blocks: &[String], map: Option<&String>, csv: &[String]) -> Vec<String> {
     let mut files = Memory::new();
+    for b in csv {
+        if let Some(name) = b.lines().next().and_then(|l| l.strip_prefix("# ")) {
+            files.insert(dir.join(name.trim()), b.as_str());
+        }
+    }
     let mut opts = Options::default();
     if let Some(m) = map {
         let path = dir.join("map.toml");
@@ -87,13 +93,23 @@ fn every_explanation_example_produces_its_code() {
             errs.push(format!("{name}: no ```shard example under `## Example`"));
             continue;
         }
-        let got = codes(&dir, &examples, fenced(text, "Example", "toml").first());
+        let got = codes(
+            &dir,
+            &examples,
+            fenced(text, "Example", "toml").first(),
+            &fenced(text, "Example", "csv"),
+        );
         if !got.iter().any(|c| c == name) {
             errs.push(format!("{name}: its example produces {got:?}, not {name}"));
         }
         let fix = blocks(text, "Fix");
         if !fix.is_empty() {
-            let got = codes(&dir, &fix, fenced(text, "Fix", "toml").first());
+            let got = codes(
+                &dir,
+                &fix,
+                fenced(text, "Fix", "toml").first(),
+                &fenced(text, "Fix", "csv"),
+            );
             if got.iter().any(|c| c == name || c.starts_with('E')) {
                 errs.push(format!("{name}: its fix produces {got:?}"));
             }

@@ -125,3 +125,71 @@ fn planned_activations_are_measured() {
         assert_eq!(plan.activations, measured, "{schedule}");
     }
 }
+
+/// A user's schedule file in torchtitan's CSV layout (here ZB-H1's own
+/// timeline, written out with its idle cells) runs like the built-in
+/// schedule: the same gradients, bit for bit, and the same losses.
+#[test]
+fn a_schedule_file_runs_like_the_built_in_schedule() {
+    use shardc::schedule::{verify, Schedule};
+    let s = Schedule::zb_h1(4, 8).expect("zb_h1");
+    let v = verify::verify(&s).expect("verified");
+    let mut csv = String::from("# ZB-H1, 4 ranks, 8 microbatches\n");
+    for r in 0..4 {
+        let row: Vec<String> = v
+            .ticks
+            .iter()
+            .map(|t| {
+                t[r].map_or(String::new(), |a| {
+                    format!("{}{:?}{}", a.stage, a.pass, a.mb)
+                })
+            })
+            .collect();
+        csv.push_str(&row.join(","));
+        csv.push('\n');
+    }
+    let dir = std::env::temp_dir().join(format!("shardc-schedule-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("zb.csv");
+    std::fs::write(&path, &csv).expect("written");
+    let text = model("zb_h1").replace(
+        "schedule: zb_h1",
+        &format!("schedule: \"{}\"", path.display()),
+    );
+    assert!(text.contains("zb.csv"));
+    // The file is what runs: the plan names it and times its passes.
+    let c = shardc::world::compile_source(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(FILE),
+        text.replace(
+            "mesh pod(dp: 2, pp: 2, tp: 2)",
+            "mesh pod(dp: 1, pp: 4, tp: 2)",
+        ),
+        &shardc::world::Options {
+            grants: vec![dir.clone()],
+            ..Default::default()
+        },
+    );
+    let errors: Vec<String> = c
+        .diagnostics
+        .iter()
+        .filter(|d| d.is_error())
+        .map(|d| format!("{:?}: {}", d.code, d.message))
+        .collect();
+    assert!(errors.is_empty(), "{errors:?}");
+    let pp = c.plans[0].pipeline.as_ref().expect("a pipeline");
+    assert!(
+        pp.schedule.ends_with("zb.csv") && pp.split,
+        "{}",
+        pp.schedule
+    );
+    assert_eq!(pp.bubble, v.bubble);
+    let mesh = [("dp", 1), ("pp", 4), ("tp", 2)];
+    let (gf, lf) = grads_and_losses_text(FILE, &text, &mesh, None, 1, true);
+    let (gb, lb) = grads_and_losses_text(FILE, &model("zb_h1"), &mesh, None, 1, true);
+    for ((n, a), (_, b)) in gf.iter().zip(&gb) {
+        let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "gradient of `{n}` differs from the built-in ZB-H1's");
+    }
+    assert_eq!(lf, lb);
+    let _ = std::fs::remove_dir_all(&dir);
+}

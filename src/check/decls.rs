@@ -10,11 +10,10 @@ use crate::source::Span;
 /// A `repeat(n, Layer, stages: axis, microbatches: m, schedule: s)` member.
 pub(super) struct Staged {
     pub axis: String,
-    pub schedule: crate::vocab::Pipe,
+    /// The schedule with its pieces per rank, or a schedule file.
+    pub schedule: crate::schedule::Source,
     pub microbatches: Option<i64>,
     pub microbatches_span: Option<Span>,
-    /// Virtual stages per rank: what the schedule fixes, else `chunks:`.
-    pub chunks: usize,
     pub span: Span,
 }
 
@@ -40,19 +39,29 @@ pub(super) fn staged_repeat(decl: &ast::LayerDecl) -> Option<Staged> {
             _ => return None,
         };
         let mb = named("microbatches");
-        // The default when left out; an unknown name is E0301 (`staging.rs`).
-        let schedule = match named("schedule").map(|e| &e.kind) {
-            Some(ExprKind::Name(s)) => crate::vocab::Pipe::from_name(s).unwrap_or_default(),
-            _ => crate::vocab::Pipe::default(),
-        };
         let chunks = match named("chunks").map(|e| &e.kind) {
             Some(ExprKind::Int(c)) if *c >= 1 => Some(*c as usize),
             _ => None,
         };
+        // The default when left out; an unknown name is E0301 (`staging.rs`).
+        let built = |pipe: crate::vocab::Pipe| crate::schedule::Source::Built {
+            pipe,
+            chunks: pipe.chunks(chunks),
+        };
+        let schedule = match named("schedule").map(|e| (&e.kind, e.span)) {
+            Some((ExprKind::Name(s), _)) => {
+                built(crate::vocab::Pipe::from_name(s).unwrap_or_default())
+            }
+            Some((ExprKind::Str(path), span)) => crate::schedule::Source::File {
+                written: path.clone(),
+                span,
+                schedule: None,
+            },
+            _ => built(crate::vocab::Pipe::default()),
+        };
         Some(Staged {
             axis,
             schedule,
-            chunks: schedule.chunks(chunks),
             microbatches: mb.and_then(|e| match e.kind {
                 ExprKind::Int(v) => Some(v),
                 _ => None,
@@ -139,11 +148,18 @@ impl<'p> Checker<'p> {
                     help: Some(format!("use a number of microbatches that divides {b}, or a batch that is a multiple of {m}")),
                 });
                 batch = None;
-            } else if st.schedule.needs_multiple() && m % stages != 0 {
+            } else if let Some(pipe) = match &st.schedule {
+                crate::schedule::Source::Built { pipe, .. }
+                    if pipe.needs_multiple() && m % stages != 0 =>
+                {
+                    Some(*pipe)
+                }
+                _ => None,
+            } {
                 self.report(Problem::Schedule {
                     span,
                     problem: ScheduleProblem::Microbatches {
-                        schedule: st.schedule.label(),
+                        schedule: pipe.label(),
                         microbatches: m as usize,
                         stages: stages as usize,
                     },
@@ -151,7 +167,7 @@ impl<'p> Checker<'p> {
                 batch = None;
             } else {
                 batch = Some(b / m);
-                pipeline = Some((m as usize, st.schedule, st.chunks));
+                pipeline = Some((m as usize, st.schedule.clone()));
                 if m < stages {
                     self.report(Problem::FewMicrobatches {
                         span,

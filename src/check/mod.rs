@@ -68,8 +68,8 @@ pub struct Model {
     /// The loss function's parameter names: the output, the targets and,
     /// when it takes them, the weights (the array they are read from).
     pub loss_inputs: Vec<String>,
-    /// `repeat(..., stages: axis)`: microbatches, schedule and chunks per rank.
-    pub pipeline: Option<(usize, crate::vocab::Pipe, usize)>,
+    /// `repeat(..., stages: axis)`: microbatches and schedule.
+    pub pipeline: Option<(usize, crate::schedule::Source)>,
 }
 
 /// What the checker learned, for tools and later stages.

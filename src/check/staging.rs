@@ -14,6 +14,8 @@ use crate::vocab::Pipe;
 struct RepeatArgs {
     stage_axis: Option<(String, Span)>,
     schedule: Pipe,
+    /// `schedule: "FILE"`: read after lowering (`crate::schedule::file`).
+    file: bool,
     chunks: Option<(i64, Span)>,
     checkpoint: Option<Vec<String>>,
 }
@@ -55,6 +57,7 @@ impl Checker<'_> {
         let RepeatArgs {
             stage_axis,
             schedule,
+            file,
             chunks,
             checkpoint,
         } = self.repeat_args(args, &li);
@@ -69,7 +72,20 @@ impl Checker<'_> {
                     help: Some(format!("use a layer count that is a multiple of {stages}, or a `{ax}` axis size that divides {n}")),
                 });
             } else {
-                fits = self.check_chunks(n, (ax, sspan), schedule, chunks, checkpoint.is_some());
+                fits = match (file, chunks) {
+                    // The file's pieces are checked when it is read.
+                    (true, None) => true,
+                    (true, Some((c, span))) => {
+                        self.report(Problem::Schedule {
+                            span,
+                            problem: ScheduleProblem::FileChunks { chunks: c },
+                        });
+                        false
+                    }
+                    (false, _) => {
+                        self.check_chunks(n, (ax, sspan), schedule, chunks, checkpoint.is_some())
+                    }
+                };
             }
         }
         let stages = stage_axis.map(|(a, _)| a).filter(|_| fits);
@@ -80,6 +96,7 @@ impl Checker<'_> {
         let mut r = RepeatArgs {
             stage_axis: None,
             schedule: crate::vocab::Pipe::default(),
+            file: false,
             chunks: None,
             // The layer's own `checkpoint(...)` directive, unless the repeat says otherwise.
             checkpoint: li.checkpoint.clone(),
@@ -144,6 +161,13 @@ impl Checker<'_> {
                             });
                         }
                     }
+                    (
+                        "schedule",
+                        ast::OptValue::Expr(Expr {
+                            kind: ExprKind::Str(_),
+                            ..
+                        }),
+                    ) => r.file = true,
                     (
                         "microbatches",
                         ast::OptValue::Expr(Expr {
@@ -223,7 +247,7 @@ impl Checker<'_> {
             self.report(Problem::Schedule {
                 span: axis_span,
                 problem: ScheduleProblem::Checkpointed {
-                    schedule: schedule.label(),
+                    schedule: schedule.label().to_string(),
                 },
             });
             return false;

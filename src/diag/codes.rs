@@ -73,6 +73,8 @@ codes! {
     E0229 => "a dimension split both by its size argument and by its type",
     E0230 => "`step_total` of a value that is not data",
     E0231 => "pipeline schedule does not fit the stack",
+    E0232 => "schedule file cannot be read",
+    E0233 => "pipeline schedule cannot run",
     E0300 => "unknown or missing field",
     E0301 => "unknown optimizer, schedule, loss or data source",
     E0302 => "invalid option value",

@@ -6,7 +6,9 @@ mod problem;
 pub mod render;
 
 pub use codes::Code;
-pub use problem::{ComputedInitProblem, LossFnProblem, Problem, ScheduleProblem, TotalProblem};
+pub use problem::{
+    ComputedInitProblem, LossFnProblem, Problem, ScheduleFileProblem, ScheduleProblem, TotalProblem,
+};
 
 use crate::source::Span;
 use serde::Serialize;

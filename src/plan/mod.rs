@@ -117,7 +117,12 @@ pub struct PipelinePlan {
     /// Pieces of the stack per rank (virtual stages).
     pub chunks: usize,
     pub microbatches: usize,
-    pub schedule: crate::vocab::Pipe,
+    /// The schedule's word (`one_f_one_b`) or file, as written.
+    pub schedule: String,
+    /// As the plan prints it (`1F1B`).
+    pub label: String,
+    /// Whether backwards run split (input, then weight gradients).
+    pub split: bool,
     /// Idle share of each device's step (a backward costing two forwards,
     /// each half of a split one one forward).
     pub bubble: f64,
@@ -684,7 +689,7 @@ fn pipeline(
     let m = pp.microbatches.max(1);
     let pieces = pp.virtual_stages();
     let per = pp.blocks.len() / pieces;
-    let Ok(schedule) = sch::make(pp.schedule, ranks, pp.chunks, m, true) else {
+    let Ok(schedule) = pp.schedule.make(ranks, m, true) else {
         return;
     };
     let Ok(verified) = sch::verify::verify(&schedule) else {
@@ -768,9 +773,11 @@ fn pipeline(
     plan.pipeline = Some(PipelinePlan {
         axis: pp.axis.clone(),
         stages: ranks,
-        chunks: pp.chunks,
+        chunks: pp.schedule.chunks(ranks),
         microbatches: m,
-        schedule: pp.schedule,
+        schedule: pp.schedule.name(),
+        label: pp.schedule.label(),
+        split: pp.schedule.splits_backward(),
         bubble: verified.bubble,
         in_flight,
         activations,
@@ -1051,7 +1058,7 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
             pp.stages,
             pp.axis,
             pp.microbatches,
-            pp.schedule.label(),
+            pp.label,
             pp.bubble * 100.0
         ));
         s.push_str(&format!(
@@ -1061,7 +1068,7 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
         for (k, (n, b)) in pp.in_flight.iter().zip(&pp.activations).enumerate() {
             s.push_str(&format!("  {:<8} {:>10} {:>14}\n", k, n, human_bytes(*b)));
         }
-        s.push_str(&format!("  (each rank holds its pieces' parameters; the layers before and after the stack are on every device; a time unit is a forward; a whole backward takes two{})\n", if pp.schedule.splits_backward() { ", its input- or weight-gradient half one" } else { "" }));
+        s.push_str(&format!("  (each rank holds its pieces' parameters; the layers before and after the stack are on every device; a time unit is a forward; a whole backward takes two{})\n", if pp.split { ", its input- or weight-gradient half one" } else { "" }));
         s.push_str(&pp.timeline);
     }
     for st in &p.stacks {

@@ -28,10 +28,8 @@ pub struct Stages {
     pub axis: String,
     /// Ranks on the axis.
     pub stages: usize,
-    /// Pieces per rank.
-    pub chunks: usize,
     pub microbatches: usize,
-    pub schedule: crate::vocab::Pipe,
+    pub schedule: crate::schedule::Source,
     /// Everything before the stack (piece 0 runs it), each piece's layers, and
     /// everything after (the last piece runs it, with the loss).
     pub pre: Range<usize>,
@@ -93,11 +91,10 @@ impl Stages {
         Ok(Some(Stages {
             param_stage,
             placement: p.placement(),
-            chunks: p.chunks.max(1),
             axis: p.axis.clone(),
             stages: s,
             microbatches: p.microbatches.max(1),
-            schedule: p.schedule,
+            schedule: p.schedule.clone(),
             pre: 0..first,
             ranges,
             post,
@@ -216,7 +213,9 @@ pub fn run_chunk(
     train: bool,
 ) -> R<Chunk> {
     let topo = ex.comm.topo();
-    let made = schedule::make(st.schedule, st.stages, st.chunks, microbatches, train)
+    let made = st
+        .schedule
+        .make(st.stages, microbatches, train)
         .map_err(|e| Fault::Shape(e.to_string()))?;
     let rounds = schedule::verify::lockstep(&made).map_err(|e| Fault::Shape(e.to_string()))?;
     // The shape every boundary value has (the repeated layer keeps its type).

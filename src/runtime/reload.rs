@@ -244,7 +244,8 @@ fn program_changes(old: &Program, new: &Program) -> Vec<String> {
             p.axis.clone(),
             p.stages,
             p.microbatches,
-            p.schedule,
+            p.schedule.name(),
+            p.placement(),
             p.blocks.len(),
         )
     };

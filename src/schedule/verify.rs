@@ -22,7 +22,7 @@ pub enum ScheduleError {
     Twice { rank: usize, action: Action },
     /// A pass no rank lists (a forward, and a backward or both halves of one).
     Missing { action: Action },
-    /// A backward given both whole and split.
+    /// A whole backward in a schedule that splits others.
     Mixed { action: Action },
     /// Nothing can run: `rank`'s next pass waits, at time `tick`, for
     /// `waits_for`, which never comes (later in its own list, or behind a
@@ -54,7 +54,7 @@ impl std::fmt::Display for ScheduleError {
             ScheduleError::Twice { rank, action } => write!(f, "rank {rank} lists {action} twice"),
             ScheduleError::Missing { action } => write!(f, "no rank runs {action}"),
             ScheduleError::Mixed { action } => {
-                write!(f, "{action} is given both as a whole backward and split")
+                write!(f, "{action} is a whole backward, but the schedule splits others")
             }
             ScheduleError::Deadlock {
                 rank,
@@ -154,6 +154,14 @@ fn coverage(s: &Schedule) -> Result<bool, ScheduleError> {
         }
     }
     let split = seen.keys().any(|a| a.pass == Pass::I);
+    // Backwards all whole or all split: the first whole one of a split
+    // schedule, by rank and position.
+    if split {
+        let whole = s.orders.iter().flatten().find(|a| a.pass == Pass::B);
+        if let Some(a) = whole {
+            return Err(ScheduleError::Mixed { action: *a });
+        }
+    }
     for stage in 0..s.stages() {
         for mb in 0..s.microbatches {
             let at = |pass| Action { pass, mb, stage };

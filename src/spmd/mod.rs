@@ -202,10 +202,9 @@ pub struct Pipeline {
     pub axis: String,
     pub stages: usize,
     pub microbatches: usize,
-    /// The order of the microbatches' passes (`schedule:` of the `repeat`).
-    pub schedule: crate::vocab::Pipe,
-    /// Virtual stages per rank (`chunks:`, or what the schedule fixes).
-    pub chunks: usize,
+    /// The order of the microbatches' passes (`schedule:` of the `repeat`,
+    /// with its `chunks:`, or a schedule file).
+    pub schedule: crate::schedule::Source,
     /// Node ranges `[start, end)` of the repetitions, in order.
     pub blocks: Vec<(Nid, Nid)>,
     /// The value entering the stack.
@@ -213,14 +212,14 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// Pieces the stack is cut into: ranks × chunks.
+    /// Pieces the stack is cut into: ranks × chunks, or a file's stages.
     pub fn virtual_stages(&self) -> usize {
-        self.stages.max(1) * self.chunks.max(1)
+        self.schedule.pieces(self.stages)
     }
 
-    /// The rank each virtual stage lives on.
+    /// The rank each piece lives on.
     pub fn placement(&self) -> Vec<usize> {
-        crate::schedule::placement(self.schedule, self.stages, self.chunks)
+        self.schedule.placement(self.stages)
     }
 }
 
