@@ -210,6 +210,23 @@ fn mpi_runs_equal_the_virtual_mesh_bit_for_bit() {
         false,
         &["--steps", "2"],
     );
+    // The zero-bubble V schedule: two pieces per rank, the first and last
+    // on rank 0, values moved within a rank and both ways between ranks,
+    // backwards split into input and weight gradients.
+    let zbv = dir.join("t3d_small_zbv.shard");
+    let text = std::fs::read_to_string(root().join("tests/models/t3d_small.shard"))
+        .expect("model")
+        .replace("schedule: gpipe", "schedule: zbv");
+    assert!(text.contains("schedule: zbv"), "the model file changed");
+    std::fs::write(&zbv, text).expect("written");
+    same_losses(
+        &bin,
+        &dir,
+        &zbv.display().to_string(),
+        8,
+        false,
+        &["--steps", "2"],
+    );
     // bf16 mixed precision: 16-bit tensors cross as f32, and sums over
     // devices accumulate in f32 on both backends.
     let bf16 = dir.join("gptj_small_bf16.shard");

@@ -4,8 +4,9 @@
 //! shape, `tests/models/t3d_small.shard` with 8 layers) like one device:
 //! f64 gradients within 1e-12, f32 losses within 1e-6 over 10 steps, and the
 //! schedules' gradients bit-identical to one another (each sums a
-//! parameter's microbatches in the same order). The activations `--mem`
-//! measures on the first rank are the plan's.
+//! parameter's microbatches in the same order), and central differences. The
+//! activations `--mem` measures on the first rank are the plan's; a schedule
+//! file runs like the built-in schedule it writes out.
 
 mod numerics;
 
@@ -192,4 +193,61 @@ fn a_schedule_file_runs_like_the_built_in_schedule() {
     }
     assert_eq!(lf, lb);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Central differences on the small stack (4 layers, 2 ranks, 4
+/// microbatches) under the schedules that cut it into pieces or split the
+/// backward: the split halves together are the derivative.
+#[test]
+fn split_and_chunked_schedules_pass_finite_differences() {
+    let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(FILE))
+        .expect("model file")
+        .replace("accumulate: 2", "accumulate: 1");
+    for (schedule, chunks) in [("zbv", ""), ("zb_h1", "")] {
+        let t = text.replace(
+            "schedule: gpipe, microbatches: 4",
+            &format!("schedule: {schedule}{chunks}, microbatches: 4"),
+        );
+        assert!(t.contains(schedule), "the model file changed");
+        finite_differences(
+            &format!("fd_{schedule}.shard"),
+            &t,
+            &[("dp", 1), ("pp", 2), ("tp", 1)],
+        );
+    }
+}
+
+/// `shardc plan --device` compares the schedules a stack can run: the file's
+/// own first, each with its bubble, worst peak and step time; a checkpointed
+/// stack is not offered the split-backward schedules, and a stack the
+/// pieces do not divide not the chunked ones.
+#[test]
+fn plan_device_compares_the_schedules_the_stack_can_run() {
+    let bin = env!("CARGO_BIN_EXE_shardc");
+    let run = |file: &str| {
+        let out = std::process::Command::new(bin)
+            .args(["plan", file, "--device", "h100-80g", "--json"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("shardc runs");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        v[0]["device"]["schedules"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    let t3d = run("models/transformer_3d.shard");
+    let names: Vec<&str> = t3d.iter().filter_map(|c| c["schedule"].as_str()).collect();
+    assert_eq!(
+        names,
+        ["one_f_one_b", "gpipe", "interleaved", "zb_h1", "zbv"]
+    );
+    assert_eq!(t3d[0]["current"], true);
+    let bubble = |k: usize| t3d[k]["bubble"].as_f64().unwrap_or(1.0);
+    assert!(bubble(4) < bubble(3) && bubble(3) < bubble(2) && bubble(2) < bubble(0));
+    assert!(t3d.iter().all(|c| c["step_seconds"].as_f64().is_some()));
+    // GPT-3 175B checkpoints its blocks: no split backward offered.
+    let gpt3 = run("examples/gpt3_175b.shard");
+    let names: Vec<&str> = gpt3.iter().filter_map(|c| c["schedule"].as_str()).collect();
+    assert_eq!(names, ["one_f_one_b", "gpipe", "interleaved"]);
 }

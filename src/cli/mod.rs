@@ -652,7 +652,17 @@ pub fn plans_of(
     }
     for p in &mut plans {
         match &device {
-            Some(d) => p.device = Some(crate::plan::device::verdict(p, d.clone())),
+            Some(d) => {
+                let mut v = crate::plan::device::verdict(p, d.clone());
+                let prog = c.programs.iter().find(|q| q.model == p.model);
+                let train = c.spec.train(Some(&p.model));
+                if let (Some(prog), Some(train)) = (prog, train) {
+                    let alts =
+                        crate::plan::schedules::alternatives(prog, train, &c.spec, &c.sources);
+                    v.schedules = crate::plan::schedules::compare(&alts, d);
+                }
+                p.device = Some(v);
+            }
             // The process on this machine runs this binary.
             None => p.shardc_code = crate::plan::host::shardc_code(),
         }

@@ -134,6 +134,9 @@ pub struct Verdict {
     pub precision: &'static str,
     /// When it does not fit: the changes that save memory, with their peaks.
     pub proposals: Vec<super::Proposal>,
+    /// A pipelined model: every schedule its stack can run, against the
+    /// device, the file's own first ([`super::schedules`]).
+    pub schedules: Vec<super::schedules::Compared>,
 }
 
 /// `plan` on `device`.
@@ -167,6 +170,7 @@ pub fn verdict(plan: &super::Plan, device: Device) -> Verdict {
         mfu,
         precision,
         proposals: if fits { vec![] } else { plan.proposals.clone() },
+        schedules: Vec::new(),
     }
 }
 
@@ -236,6 +240,29 @@ pub fn render(v: &Verdict) -> String {
             seconds(m),
             100.0 * mfu
         ));
+    }
+    if !v.schedules.is_empty() {
+        s.push_str(
+            "  schedules this stack can run (worst rank's peak; step and MFU estimated as above):
+",
+        );
+        for c in &v.schedules {
+            let chunks = if c.chunks > 1 {
+                format!(" × {}", c.chunks)
+            } else {
+                String::new()
+            };
+            s.push_str(&format!(
+                "    {:<22} bubble {:>5.1}%  peak {:>10}{}  step ≈ {:>9}  MFU ≈ {:>3.0}%{}\n",
+                format!("{}{chunks}", c.label),
+                c.bubble * 100.0,
+                human_bytes(c.peak),
+                if c.fits { "" } else { " (over)" },
+                c.step_seconds.map_or("-".to_string(), seconds),
+                100.0 * c.mfu.unwrap_or(0.0),
+                if c.current { "  ← this file" } else { "" }
+            ));
+        }
     }
     s
 }

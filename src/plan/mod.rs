@@ -6,6 +6,7 @@
 mod backward;
 pub mod device;
 pub mod host;
+pub mod schedules;
 
 use crate::prim::cost::CostCx;
 use crate::prim::Prim;
