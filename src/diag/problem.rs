@@ -80,6 +80,12 @@ pub enum ScheduleFileProblem {
         mb: usize,
         microbatches: usize,
     },
+    /// A piece beyond the stack's layers (at most a piece per layer).
+    Piece {
+        cell: String,
+        stage: usize,
+        layers: usize,
+    },
     /// Not one row per rank of the stage axis.
     Ranks {
         rows: usize,
@@ -1037,6 +1043,8 @@ fn schedule_file(span: Span, problem: &ScheduleFileProblem) -> Diagnostic {
             .help("write the pass as torchtitan's CSV does, e.g. `0F3`, `1I3`, `1W3`"),
         P::Microbatch { cell, mb, microbatches } => read(format!("`{cell}` names microbatch {mb}, but the stack runs {microbatches} (0 to {})", microbatches.saturating_sub(1)), "no such microbatch")
             .help(format!("number the microbatches from 0 to {}, or set `microbatches: {}`", microbatches.saturating_sub(1), mb + 1)),
+        P::Piece { cell, stage, layers } => read(format!("`{cell}` names piece {stage}, but the stack's {layers} layers make at most {layers} pieces"), "no such piece")
+            .help(format!("number the pieces from 0, at most {}", layers.saturating_sub(1))),
         P::Ranks { rows, ranks, axis } => read(format!("the schedule file has {rows} row(s), one per rank, but `{axis}` has {ranks}"), "read from here")
             .help(format!("write one row per rank of `{axis}` ({ranks})")),
         P::StageNowhere { stage, stages } => read(format!("the file lists pieces up to {} but never piece {stage}", stages - 1), "in this file")

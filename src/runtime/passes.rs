@@ -29,6 +29,8 @@ pub struct Passes {
     /// The last microbatch's tape (none on a pipeline's first stages).
     pub tape: Option<Tape>,
     pub peaks: Peaks,
+    /// A pipeline's time: each rank's busy seconds and the chunks' seconds.
+    pub pipeline_time: Option<(Vec<f64>, f64)>,
 }
 
 /// One device's view of a step: its program and the step's batch.
@@ -196,6 +198,7 @@ impl StepCx<'_, '_, '_> {
         let (mut metric_sums, mut aux_sum) = (Vec::new(), Vec::new());
         let mut tape = None;
         let mut peaks = Peaks::default();
+        let mut time: Option<(Vec<f64>, f64)> = None;
         for a in 0..run.io.k / m_count {
             let micro = |m: usize| self.microbatch(a * m_count + m);
             let n_sums = cfg.metrics.iter().map(|m| m.sums()).sum();
@@ -205,6 +208,9 @@ impl StepCx<'_, '_, '_> {
                 gathered: c.peak_gathered,
                 recompute: 0.0,
             });
+            let (busy, wall) = time.get_or_insert_with(|| (vec![0.0; c.busy.len()], 0.0));
+            add_into(busy, &c.busy);
+            *wall += c.wall;
             let g = master_grads(c.grads, self.params)?;
             let loss = c.loss + aux_split(self.prog, &c.aux).0;
             add_into(&mut metric_sums, &c.sums);
@@ -222,6 +228,7 @@ impl StepCx<'_, '_, '_> {
             aux_sum,
             tape,
             peaks,
+            pipeline_time: time,
         })
     }
 
@@ -280,6 +287,7 @@ impl StepCx<'_, '_, '_> {
             aux_sum,
             tape,
             peaks,
+            pipeline_time: None,
         })
     }
 }

@@ -131,6 +131,11 @@ pub struct Chunk {
     pub peak_gathered: f64,
     /// A tape of the last stage's last microbatch (for the NaN report).
     pub tape: Option<Tape>,
+    /// Seconds each rank of the stage axis spent running its passes, and
+    /// the seconds the chunk took (this device's clock): each rank's idle
+    /// share is the measured bubble.
+    pub busy: Vec<f64>,
+    pub wall: f64,
 }
 
 /// Activation bytes a tape holds (inputs and parameters are shared, not
@@ -246,14 +251,22 @@ pub fn run_chunk(
         peak_gathered: 0.0,
         last_tape: None,
     };
+    let start = std::time::Instant::now();
+    let mut busy = 0.0;
     for row in &rounds {
         let sent = match row.get(c.me).copied().flatten() {
-            Some(a) => c.run(a)?,
+            Some(a) => {
+                let t = std::time::Instant::now();
+                let sent = c.run(a)?;
+                busy += t.elapsed().as_secs_f64();
+                sent
+            }
             None => None,
         };
         c.exchange(row, sent)?;
     }
-    c.finish(n_sums)
+    let wall = start.elapsed().as_secs_f64();
+    c.finish(n_sums, busy, wall)
 }
 
 /// Where the value pass `a` makes goes: the piece that reads it, and whether
@@ -519,11 +532,14 @@ impl Ticks<'_, '_> {
 
     /// Every device reports the losses and metrics the last piece computed,
     /// and the values each piece added or observed.
-    fn finish(self, n_sums: usize) -> R<Chunk> {
+    fn finish(self, n_sums: usize, busy: f64, wall: f64) -> R<Chunk> {
         let ex = self.ex;
+        let ranks = self.st.stages.max(1);
         let mut all = vec![self.loss_sum];
         all.extend(&self.sums);
         all.extend(&self.aux);
+        // Each rank's busy seconds in its own slot (summed: every rank's).
+        all.extend((0..ranks).map(|r| if r == self.me { busy } else { 0.0 }));
         let n = all.len();
         let total = Tensor::from_vec(all, n, &ex.dev).map_err(ce)?;
         let total = ex
@@ -531,11 +547,14 @@ impl Ticks<'_, '_> {
             .psum(ex.rank, &total, std::slice::from_ref(&self.st.axis))
             .and_then(|t| crate::kernels::host::read::<f64>(&t))
             .map_err(ce)?;
+        let timed = total.len().saturating_sub(ranks);
         Ok(Chunk {
             grads: self.grads,
             loss: total.first().copied().unwrap_or(f64::NAN),
             sums: total.get(1..1 + n_sums).unwrap_or_default().to_vec(),
-            aux: total.get(1 + n_sums..).unwrap_or_default().to_vec(),
+            aux: total.get(1 + n_sums..timed).unwrap_or_default().to_vec(),
+            busy: total.get(timed..).unwrap_or_default().to_vec(),
+            wall,
             peak_activations: self.peak,
             peak_gathered: self.peak_gathered,
             tape: self.last_tape,

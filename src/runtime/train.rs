@@ -61,6 +61,9 @@ pub struct RunOutput {
     /// The parameters after the last step (global arrays, by name), when
     /// [`Config::keep_final`] asks for them.
     pub last: Option<Named>,
+    /// A pipeline's measured bubble: each rank's idle share of the steps
+    /// after the first (1 − its passes' seconds / the steps' seconds).
+    pub pipeline_idle: Option<Vec<f64>>,
 }
 
 /// The shapes of a step's data, from the program and the configuration.
@@ -478,6 +481,7 @@ fn devices(run: &Run, on_step: &mut dyn FnMut(&StepReport)) -> Result<RunOutput,
         // Every device has returned.
         run.batches.stop();
         let (mut first, mut memory, mut last) = (None, None, None);
+        let mut idle = None;
         let mut errors: Vec<RunError> = Vec::new();
         for (&rank, h) in run.local_ranks.iter().zip(handles) {
             match h.join() {
@@ -486,6 +490,11 @@ fn devices(run: &Run, on_step: &mut dyn FnMut(&StepReport)) -> Result<RunOutput,
                         first = g.first_grads;
                         memory = g.memory;
                         last = g.last;
+                        idle = g.pipeline_time.map(|(busy, wall)| {
+                            busy.iter()
+                                .map(|b| 1.0 - b / wall.max(f64::MIN_POSITIVE))
+                                .collect()
+                        });
                     }
                 }
                 Ok(Err(e)) => {
@@ -512,6 +521,7 @@ fn devices(run: &Run, on_step: &mut dyn FnMut(&StepReport)) -> Result<RunOutput,
             losses,
             first_grads: first,
             last,
+            pipeline_idle: idle,
         })
     })
 }

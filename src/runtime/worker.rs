@@ -42,6 +42,9 @@ pub(crate) struct Gathered {
     pub memory: Option<Memory>,
     /// The parameters after the last step, when kept.
     pub last: Option<Named>,
+    /// A pipeline's time over the steps after the first: each rank's busy
+    /// seconds, and the seconds of its passes.
+    pub pipeline_time: Option<(Vec<f64>, f64)>,
 }
 
 /// One device of the mesh, training.
@@ -57,6 +60,7 @@ pub struct Worker<'r, 'a> {
     shared: bool,
     active: Active,
     memory: Option<Memory>,
+    pipeline_time: Option<(Vec<f64>, f64)>,
     first: Option<Named>,
     /// The parameters after the run's last step, when kept.
     last: Option<Named>,
@@ -111,6 +115,7 @@ impl<'r, 'a> Worker<'r, 'a> {
             shared: run.local_ranks.len() > 1 && run.reloads.is_none(),
             active: Active::default(),
             memory: None,
+            pipeline_time: None,
             first: None,
             last: None,
             tx,
@@ -218,6 +223,7 @@ impl<'r, 'a> Worker<'r, 'a> {
             first_grads: self.first,
             memory: self.memory,
             last: self.last,
+            pipeline_time: self.pipeline_time,
         })
     }
 
@@ -317,6 +323,13 @@ impl<'r, 'a> Worker<'r, 'a> {
             // Every device sees the same loss, so all stop here together.
             let model = &tape.vals[..prog.model_nodes().min(tape.vals.len())];
             return Err(RunError::non_finite(step, loss, model, generation));
+        }
+        if let (Some((busy, wall)), true) = (&passes.pipeline_time, step > 0 && self.rank == 0) {
+            let (b, w) = self
+                .pipeline_time
+                .get_or_insert_with(|| (vec![0.0; busy.len()], 0.0));
+            b.iter_mut().zip(busy).for_each(|(a, x)| *a += x);
+            *w += wall;
         }
         if step == 0 && self.rank == 0 {
             let m = Measured {

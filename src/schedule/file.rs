@@ -209,6 +209,12 @@ fn parse(file: FileId, text: &str, stack: &Stack) -> Result<Cells, Vec<Problem>>
                 continue;
             }
             let problem = match action(text) {
+                // At most a piece per layer.
+                Some(a) if a.stage >= stack.layers => ScheduleFileProblem::Piece {
+                    cell: text.to_string(),
+                    stage: a.stage,
+                    layers: stack.layers,
+                },
                 Some(a) if a.mb < stack.microbatches => {
                     order.push(a);
                     cells.at.entry((rank, a)).or_default().push(span);
