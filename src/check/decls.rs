@@ -73,6 +73,54 @@ pub(super) fn staged_repeat(decl: &ast::LayerDecl) -> Option<Staged> {
 }
 
 impl<'p> Checker<'p> {
+    /// A pipelined stack's microbatches against the step's batch `b`: the
+    /// batch one microbatch holds and the pipeline (microbatches, schedule),
+    /// or the problems (E0302, E0231; W0001 for fewer than the stages).
+    fn staged_batch(
+        &mut self,
+        b: i64,
+        st: &Staged,
+    ) -> (Option<i64>, Option<(usize, crate::schedule::Source)>) {
+        let stages = self.axis_size(&st.axis).max(1);
+        let m = st.microbatches.unwrap_or(stages);
+        let span = st.microbatches_span.unwrap_or(st.span);
+        if m < 1 {
+            // Reported where `repeat` is checked.
+            return (None, None);
+        } else if b % m != 0 {
+            self.report(Problem::BadValue {
+                span,
+                message: format!("the batch of {b} examples per step (after `accumulate`) cannot be split into {m} pipeline microbatches"),
+                help: Some(format!("use a number of microbatches that divides {b}, or a batch that is a multiple of {m}")),
+            });
+            return (None, None);
+        } else if let Some(pipe) = match &st.schedule {
+            crate::schedule::Source::Built { pipe, .. }
+                if pipe.needs_multiple() && m % stages != 0 =>
+            {
+                Some(*pipe)
+            }
+            _ => None,
+        } {
+            self.report(Problem::Schedule {
+                span,
+                problem: ScheduleProblem::Microbatches {
+                    schedule: pipe.label(),
+                    microbatches: m as usize,
+                    stages: stages as usize,
+                },
+            });
+            return (None, None);
+        } else if m < stages {
+            self.report(Problem::FewMicrobatches {
+                span,
+                microbatches: m as usize,
+                stages: stages as usize,
+            });
+        }
+        (Some(b / m), Some((m as usize, st.schedule.clone())))
+    }
+
     pub(super) fn check_features(&mut self) {
         let tables = self.prog.tables.clone();
         for f in self.prog.features.clone() {
@@ -135,47 +183,7 @@ impl<'p> Checker<'p> {
         let staged = staged_repeat(&decl);
         let mut pipeline = None;
         if let (Some(b), Some(st)) = (batch, &staged) {
-            let stages = self.axis_size(&st.axis).max(1);
-            let m = st.microbatches.unwrap_or(stages);
-            let span = st.microbatches_span.unwrap_or(st.span);
-            if m < 1 {
-                // Reported where `repeat` is checked.
-                batch = None;
-            } else if b % m != 0 {
-                self.report(Problem::BadValue {
-                    span,
-                    message: format!("the batch of {b} examples per step (after `accumulate`) cannot be split into {m} pipeline microbatches"),
-                    help: Some(format!("use a number of microbatches that divides {b}, or a batch that is a multiple of {m}")),
-                });
-                batch = None;
-            } else if let Some(pipe) = match &st.schedule {
-                crate::schedule::Source::Built { pipe, .. }
-                    if pipe.needs_multiple() && m % stages != 0 =>
-                {
-                    Some(*pipe)
-                }
-                _ => None,
-            } {
-                self.report(Problem::Schedule {
-                    span,
-                    problem: ScheduleProblem::Microbatches {
-                        schedule: pipe.label(),
-                        microbatches: m as usize,
-                        stages: stages as usize,
-                    },
-                });
-                batch = None;
-            } else {
-                batch = Some(b / m);
-                pipeline = Some((m as usize, st.schedule.clone()));
-                if m < stages {
-                    self.report(Problem::FewMicrobatches {
-                        span,
-                        microbatches: m as usize,
-                        stages: stages as usize,
-                    });
-                }
-            }
+            (batch, pipeline) = self.staged_batch(b, st);
         }
         if let (Some(b), Some(f)) = (batch, fwd) {
             if let Some((_, te)) = f.params.first() {
