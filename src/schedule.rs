@@ -67,19 +67,13 @@ impl Source {
     /// The schedule for `ranks` ranks and `m` microbatches (forwards alone
     /// when not `train`).
     pub fn make(&self, ranks: usize, m: usize, train: bool) -> Result<Schedule, GenError> {
-        let mut s = match self {
-            Source::Built { pipe, chunks } => return make(*pipe, ranks, *chunks, m, train),
+        match self {
+            Source::Built { pipe, chunks } => make(*pipe, ranks, *chunks, m, train),
             Source::File {
                 schedule: Some(s), ..
-            } => (**s).clone(),
-            Source::File { .. } => return Err(GenError::Empty),
-        };
-        if !train {
-            for o in &mut s.orders {
-                o.retain(|a| a.pass == Pass::F);
-            }
+            } => Ok(passes_for((**s).clone(), train)),
+            Source::File { .. } => Err(GenError::Empty),
         }
-        Ok(s)
     }
 
     /// As `shardc plan` names it.
@@ -138,19 +132,25 @@ pub fn make(
     m: usize,
     train: bool,
 ) -> Result<Schedule, GenError> {
-    let mut s = match pipe {
+    let s = match pipe {
         Pipe::GPipe => Schedule::gpipe(ranks, m),
         Pipe::OneFOneB => Schedule::one_f_one_b(ranks, m),
         Pipe::Interleaved => Schedule::interleaved(ranks, chunks, m),
         Pipe::ZbH1 => Schedule::zb_h1(ranks, m),
         Pipe::Zbv => Schedule::zbv(ranks, m),
     }?;
+    Ok(passes_for(s, train))
+}
+
+/// The passes a step runs: all of them training; the forwards alone, in the
+/// same order, evaluating.
+fn passes_for(mut s: Schedule, train: bool) -> Schedule {
     if !train {
         for o in &mut s.orders {
             o.retain(|a| a.pass == Pass::F);
         }
     }
-    Ok(s)
+    s
 }
 
 /// The most a rank's held activations weigh at once, running `order`: a

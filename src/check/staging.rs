@@ -175,13 +175,7 @@ impl Checker<'_> {
                             span,
                         }),
                     ) => {
-                        if *m < 1 {
-                            self.report(Problem::BadValue {
-                                span: *span,
-                                message: "microbatches must be at least 1".into(),
-                                help: None,
-                            });
-                        }
+                        self.at_least_one(*m, *span, "microbatches");
                     }
                     (
                         "chunks",
@@ -190,13 +184,7 @@ impl Checker<'_> {
                             span,
                         }),
                     ) => {
-                        if *c < 1 {
-                            self.report(Problem::BadValue {
-                                span: *span,
-                                message: "chunks must be at least 1".into(),
-                                help: None,
-                            });
-                        } else {
+                        if self.at_least_one(*c, *span, "chunks") {
                             r.chunks = Some((*c, *span));
                         }
                     }
@@ -217,6 +205,18 @@ impl Checker<'_> {
             }
         }
         r
+    }
+
+    /// Whether a count `v` is at least 1 (E0302 when not).
+    fn at_least_one(&mut self, v: i64, span: Span, what: &str) -> bool {
+        if v < 1 {
+            self.report(Problem::BadValue {
+                span,
+                message: format!("{what} must be at least 1"),
+                help: None,
+            });
+        }
+        v >= 1
     }
 
     /// Whether `n` repetitions cut into the stages × chunks pieces the

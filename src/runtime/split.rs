@@ -4,12 +4,13 @@
 //! waits for — and keeps, at each op that also reads a weight, the op's
 //! cotangent; the weight-gradient half ([`Exec::backward_weight`]), run
 //! later, turns those into the parameters' gradients. Which operands are the
-//! weights' is the program's ([`backward::weight_side`]). Each half runs the
-//! same derivatives as the whole backward, in the same order, so the
-//! gradients have the same bits.
+//! weights' is the program's backward's
+//! ([`crate::spmd::backward::weight_side`]). Each half runs the same
+//! derivatives as the whole backward, in the same order, so the gradients
+//! have the same bits.
 
 use super::exec::{Exec, Tape, R};
-use crate::spmd::backward::{self, Act};
+use crate::spmd::backward::Act;
 use candle_core::Tensor;
 
 /// What the input-gradient half leaves to the weight-gradient half: per op
@@ -17,6 +18,17 @@ use candle_core::Tensor;
 #[derive(Default)]
 pub struct Deferred {
     at: Vec<(usize, Tensor)>,
+}
+
+/// The operands an op's derivative gives a cotangent (`wants`), split: those
+/// the input-gradient half takes, and the weight side's.
+fn split_wants(wants: &[bool], args: &[u32], weights: &[bool]) -> (Vec<bool>, Vec<bool>) {
+    let side = |k: usize| args.get(k).is_some_and(|a| weights[*a as usize]);
+    wants
+        .iter()
+        .enumerate()
+        .map(|(k, w)| (*w && !side(k), *w && side(k)))
+        .unzip()
 }
 
 fn add(slot: &mut Option<Tensor>, g: Tensor) -> R<()> {
@@ -37,14 +49,15 @@ impl Exec<'_> {
         seeds: &[(usize, Tensor)],
         range: std::ops::Range<usize>,
     ) -> R<(Vec<Option<Tensor>>, Deferred)> {
-        let weights = backward::weight_side(self.prog);
+        let bwd = self.backward_of();
+        let weights = &bwd.weights;
         let n = self.prog.nodes.len();
         let mut ct: Vec<Option<Tensor>> = vec![None; n];
         for (i, g) in seeds {
             ct[*i] = Some(g.clone());
         }
         let mut deferred = Deferred::default();
-        for b in self.backward_of().within(range) {
+        for b in bwd.within(range) {
             let i = b.node;
             if weights[i] {
                 continue;
@@ -55,13 +68,7 @@ impl Exec<'_> {
                 None if b.zero_if_absent => tape.vals[i].zeros_like()?,
                 None => continue,
             };
-            let args = &self.prog.nodes[i].args;
-            let side = |k: usize| args.get(k).is_some_and(|a| weights[*a as usize]);
-            let (inputs, later): (Vec<bool>, Vec<bool>) = wants
-                .iter()
-                .enumerate()
-                .map(|(k, w)| (*w && !side(k), *w && side(k)))
-                .unzip();
+            let (inputs, later) = split_wants(wants, &self.prog.nodes[i].args, weights);
             if later.iter().any(|w| *w) {
                 deferred.at.push((i, g.clone()));
             }
@@ -83,21 +90,17 @@ impl Exec<'_> {
         range: std::ops::Range<usize>,
         grads: &mut [Option<Tensor>],
     ) -> R<()> {
-        let weights = backward::weight_side(self.prog);
+        let bwd = self.backward_of();
+        let weights = &bwd.weights;
         let n = self.prog.nodes.len();
         let mut ct: Vec<Option<Tensor>> = vec![None; n];
         let mut kept = deferred.at.into_iter().peekable();
-        for b in self.backward_of().within(range) {
+        for b in bwd.within(range) {
             let i = b.node;
             if kept.peek().is_some_and(|(k, _)| *k == i) {
                 let Some((_, g)) = kept.next() else { continue };
                 let Act::Vjp { wants } = &b.act else { continue };
-                let args = &self.prog.nodes[i].args;
-                let side: Vec<bool> = wants
-                    .iter()
-                    .enumerate()
-                    .map(|(k, w)| *w && args.get(k).is_some_and(|a| weights[*a as usize]))
-                    .collect();
+                let (_, side) = split_wants(wants, &self.prog.nodes[i].args, weights);
                 for (a, d) in self.vjp_at(tape, i, &g, &side)? {
                     add(&mut ct[a], d)?;
                 }

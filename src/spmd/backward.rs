@@ -41,6 +41,9 @@ pub struct Bwd {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Backward {
     pub acts: Vec<Bwd>,
+    /// Per node: on the weight side ([`weight_side`]), for a backward run
+    /// in two halves.
+    pub weights: Vec<bool>,
 }
 
 impl Backward {
@@ -70,7 +73,10 @@ impl Backward {
                 })
             })
             .collect();
-        Backward { acts }
+        Backward {
+            acts,
+            weights: weight_side(prog),
+        }
     }
 
     /// The actions at nodes in `range`, in the order they run.
