@@ -656,10 +656,11 @@ pub fn plans_of(
                 let mut v = crate::plan::device::verdict(p, d.clone());
                 let prog = c.programs.iter().find(|q| q.model == p.model);
                 let train = c.spec.train(Some(&p.model));
-                if let (Some(prog), Some(train)) = (prog, train) {
-                    let alts =
+                let pipeline = prog.and_then(|q| q.pipeline.as_ref());
+                if let (Some(prog), Some(train), Some(pp)) = (prog, train, pipeline) {
+                    let others =
                         crate::plan::schedules::alternatives(prog, train, &c.spec, &c.sources);
-                    v.schedules = crate::plan::schedules::compare(&alts, d);
+                    v.schedules = crate::plan::schedules::compare((&pp.schedule, &*p), &others, d);
                 }
                 p.device = Some(v);
             }

@@ -30,8 +30,8 @@ pub struct Compared {
     pub mfu: Option<f64>,
 }
 
-/// The plans of the schedules the stack of `prog` can run, the file's own
-/// first.
+/// The plans of the other schedules the stack of `prog` can run (the
+/// file's own is its plan already).
 pub fn alternatives(
     prog: &Program,
     train: &Train,
@@ -43,7 +43,7 @@ pub fn alternatives(
     };
     let (layers, ranks, m) = (pp.blocks.len(), pp.stages.max(1), pp.microbatches);
     let checkpointed = !prog.checkpoints.is_empty();
-    let mut out = vec![(pp.schedule.clone(), plan_of(prog, train, spec, sources))];
+    let mut out = Vec::new();
     for def in PIPELINE_SCHEDULES.defs {
         let pipe = def.tag;
         let chunks = match (&pp.schedule, pipe.fixed_chunks()) {
@@ -66,10 +66,15 @@ pub fn alternatives(
     out
 }
 
-/// Each schedule's plan against `device`.
-pub fn compare(plans: &[(Source, Plan)], device: &super::device::Device) -> Vec<Compared> {
-    plans
-        .iter()
+/// The file's own plan (`current`, its schedule first) and the others'
+/// against `device`.
+pub fn compare(
+    current: (&Source, &Plan),
+    others: &[(Source, Plan)],
+    device: &super::device::Device,
+) -> Vec<Compared> {
+    std::iter::once(current)
+        .chain(others.iter().map(|(s, p)| (s, p)))
         .enumerate()
         .map(|(k, (source, plan))| {
             let v = super::device::verdict(plan, device.clone());
