@@ -1,6 +1,6 @@
 //! `cargo bench --bench schedules`: each pipeline schedule's planned bubble
-//! beside the idle share each rank measures on the virtual mesh (median of 5
-//! runs of 4 steps, the first step left out), and the step time. Prints
+//! and idle share per rank beside the idle share each rank measures on the
+//! virtual mesh (median of 5 runs of 4 steps), and the step time. Prints
 //! figures only. The model is `tests/models/t3d_small.shard` widened (D 128,
 //! T 32, 8 layers) on pp = 2 — one device per core of a 2-core machine — or
 //! pp = 4 with `SHARDC_BENCH_PP=4`.
@@ -15,6 +15,10 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2);
+    // What `shardc run` does first: each device one core's share of candle's
+    // threads (without it, both ranks' ops queue for one shared pool and a
+    // pass takes twice as long while the other rank runs).
+    shardc::runtime::mesh::share_cores(pp as usize);
     let file = "tests/models/t3d_small.shard";
     let base = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file))
         .expect("readable")
@@ -28,9 +32,10 @@ fn main() {
             &format!("mesh pod(dp: 1, pp: {pp}, tp: 1)"),
         );
     println!(
-        "{:<24} {:>14} {:>28} {:>12}",
+        "{:<24} {:>8} {:>26} {:>26} {:>12}",
         format!("schedule (pp={pp}, m=8)"),
-        "planned bubble",
+        "bubble",
+        "planned idle per rank",
         "measured idle per rank",
         "step"
     );
@@ -48,7 +53,16 @@ fn main() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
         let c = world::compile_source(&path, text, &Options::default());
         assert!(!c.has_errors(), "{schedule}: errors");
-        let planned = c.plans[0].pipeline.as_ref().map_or(0.0, |p| p.bubble);
+        let pipeline = c.plans[0].pipeline.as_ref();
+        let planned = pipeline.map_or(0.0, |p| p.bubble);
+        let planned_idle: Vec<String> = pipeline
+            .map(|p| {
+                p.idle
+                    .iter()
+                    .map(|x| format!("{:.1}%", x * 100.0))
+                    .collect()
+            })
+            .unwrap_or_default();
         let (prog, _, mut cfg, src) = c.prepare(None).expect("runnable");
         cfg.steps = 4;
         let mut idle: Vec<Vec<f64>> = Vec::new();
@@ -71,9 +85,10 @@ fn main() {
             })
             .collect();
         println!(
-            "{:<24} {:>13.1}% {:>28} {:>9.2} ms",
+            "{:<24} {:>7.1}% {:>26} {:>26} {:>9.2} ms",
             format!("{schedule}{chunks}"),
             planned * 100.0,
+            planned_idle.join(" "),
             per_rank.join(" "),
             median(steps) * 1e3
         );

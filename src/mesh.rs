@@ -98,6 +98,10 @@ impl Topology {
 /// implements the same calls over processes or GPUs, and neither the lowering nor
 /// the executor changes. Implementations must reduce in a fixed order (rank order
 /// within the group) so that one seed gives bit-identical results.
+/// The largest tag [`Collectives::send`] takes (MPI guarantees tags up to
+/// 32767).
+pub const MAX_TAG: u32 = 32_000;
+
 pub trait Collectives: Sync {
     fn topo(&self) -> &Topology;
     /// Sum over the devices that differ only along `axes`; every one gets the sum.
@@ -120,6 +124,17 @@ pub trait Collectives: Sync {
     ) -> Result<Tensor>;
     /// Member i's tensor goes to member (i + shift) mod n along `axis`.
     fn ppermute(&self, rank: usize, t: &Tensor, axis: &str, shift: i64) -> Result<Tensor>;
+    /// Point to point, for a pipeline's stages: `t` goes to member `to` of
+    /// this device's group along `axis`, labelled `tag` (below
+    /// [`MAX_TAG`]); returns without waiting for the receiver, which takes
+    /// it with [`Collectives::recv`] whenever it is ready. Unlike the calls
+    /// above, the two ends need not call at the same time or in the same
+    /// order: a message is matched by sender and tag.
+    fn send(&self, rank: usize, t: &Tensor, axis: &str, to: usize, tag: u32) -> Result<()>;
+    /// Wait for the tensor member `from` of this device's group along
+    /// `axis` sent with `tag`; `like` has its shape and type.
+    fn recv(&self, rank: usize, like: &Tensor, axis: &str, from: usize, tag: u32)
+        -> Result<Tensor>;
     /// Every device's tensor, in rank order, on rank 0 (`None` elsewhere): for
     /// writing checkpoints without a global copy on every device.
     fn gather_to_first(&self, rank: usize, t: &Tensor) -> Result<Option<Vec<Tensor>>>;

@@ -3,7 +3,7 @@
 //! ([`crate::vocab::PIPELINE_SCHEDULES`]: GPipe, 1F1B, interleaved 1F1B,
 //! ZB-H1, ZBV). A schedule is data ([`data::Schedule`]); [`verify`] checks it
 //! and times it; the plan counts the bubble and each rank's activations from
-//! it, and the runtime runs its lockstep rounds ([`verify::lockstep`]).
+//! it, and the runtime runs each rank's list as it is.
 
 use crate::vocab::Pipe;
 

@@ -183,7 +183,18 @@ fn a_schedule_file_runs_like_the_built_in_schedule() {
         "{}",
         pp.schedule
     );
-    assert_eq!(pp.bubble, v.bubble);
+    // Timed like the built-in schedule it lists.
+    let built = shardc::world::compile_source(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(FILE),
+        model("zb_h1").replace(
+            "mesh pod(dp: 2, pp: 2, tp: 2)",
+            "mesh pod(dp: 1, pp: 4, tp: 2)",
+        ),
+        &shardc::world::Options::default(),
+    );
+    let bp = built.plans[0].pipeline.as_ref().expect("a pipeline");
+    assert_eq!((pp.bubble, &pp.idle), (bp.bubble, &bp.idle));
+    assert!(v.bubble > 0.0 && pp.idle.len() == 4);
     let mesh = [("dp", 1), ("pp", 4), ("tp", 2)];
     let (gf, lf) = grads_and_losses_text(FILE, &text, &mesh, None, 1, true);
     let (gb, lb) = grads_and_losses_text(FILE, &model("zb_h1"), &mesh, None, 1, true);

@@ -6,6 +6,7 @@
 mod backward;
 pub mod device;
 pub mod host;
+mod pipeline;
 pub mod schedules;
 
 use crate::prim::cost::CostCx;
@@ -124,9 +125,14 @@ pub struct PipelinePlan {
     pub label: String,
     /// Whether backwards run split (input, then weight gradients).
     pub split: bool,
-    /// Idle share of each device's step (a backward costing two forwards,
-    /// each half of a split one one forward).
+    /// Idle share of the stage axis's time, the mean of `idle`.
     pub bubble: f64,
+    /// The schedule's own bubble: every piece costing the same (a forward
+    /// one unit, a backward two), what its textbook formula gives.
+    pub uniform_bubble: f64,
+    /// Per rank: its idle share of a chunk, each pass taking time in
+    /// proportion to its FLOPs (see `plan/pipeline.rs`).
+    pub idle: Vec<f64>,
     /// Per rank: the most microbatches in flight through its pieces, and
     /// their activation bytes and gathered parameters.
     pub in_flight: Vec<usize>,
@@ -334,6 +340,7 @@ fn plan_of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> P
     let Values {
         mut acts,
         mut gathered,
+        flops,
     } = values(
         &mut plan,
         prog,
@@ -396,7 +403,14 @@ fn plan_of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> P
         plan.grad_sum = plan.grads;
     }
     if let Some(pp) = &prog.pipeline {
-        pipeline(&mut plan, prog, pp, &acts, (&gathered, regathered), &cts);
+        pipeline::pipeline(
+            &mut plan,
+            prog,
+            pp,
+            &acts,
+            (&gathered, regathered),
+            (&cts, &flops),
+        );
     }
     tables(&mut plan, prog, train, spec);
     plan
@@ -408,6 +422,8 @@ struct Values {
     acts: Vec<f64>,
     /// Parameters gathered for use ([`Program::gathers_copy`]).
     gathered: Vec<f64>,
+    /// Each node's forward FLOPs on a device.
+    flops: Vec<f64>,
 }
 
 /// Activations, FLOPs and collectives of `prog`'s values, node `i` counting
@@ -428,6 +444,7 @@ fn values(
     // their own. Collectives count forward and backward.
     let mut acts = vec![0.0f64; prog.nodes.len()];
     let mut gathered = vec![0.0f64; prog.nodes.len()];
+    let mut node_flops = vec![0.0f64; prog.nodes.len()];
     let on_path = prog.on_gradient_path(false);
     for (i, n) in prog.nodes.iter().enumerate() {
         let m = weight(i);
@@ -450,6 +467,7 @@ fn values(
             }
         }
         plan.forward_flops += flops;
+        node_flops[i] = flops;
         if again {
             plan.recompute_flops += flops;
         }
@@ -506,7 +524,11 @@ fn values(
             });
         }
     }
-    Values { acts, gathered }
+    Values {
+        acts,
+        gathered,
+        flops: node_flops,
+    }
 }
 
 /// How many times each node counts: a pipelined stack counts the first rank's
@@ -671,121 +693,6 @@ fn weights(
     merged.extend(gathers);
     plan.comms = merged;
     plan.replicas = replicas.into_iter().collect();
-}
-
-/// Each rank keeps, per microbatch in flight through each of its pieces of
-/// the stack, that piece's share of one microbatch's activations (the first
-/// piece also those before the stack, the last those after it), as the
-/// schedule's order on the rank holds them ([`sch::held_peak`]).
-fn pipeline(
-    plan: &mut Plan,
-    prog: &Program,
-    pp: &crate::spmd::Pipeline,
-    acts: &[f64],
-    (gathered, regathered): (&[f64], f64),
-    cts: &[f64],
-) {
-    use crate::schedule as sch;
-    let ranks = pp.stages.max(1);
-    let m = pp.microbatches.max(1);
-    let pieces = pp.virtual_stages();
-    let per = pp.blocks.len() / pieces;
-    let Ok(schedule) = pp.schedule.make(ranks, m, true) else {
-        return;
-    };
-    let Ok(verified) = sch::verify::verify(&schedule) else {
-        return;
-    };
-    let start = pp.blocks.first().map_or(0, |b| b.0 as usize);
-    let end = pp.blocks.last().map_or(0, |b| b.1 as usize);
-    // Node range of piece `v`, and what happens outside the stack on it.
-    let range = |v: usize| -> std::ops::Range<usize> {
-        match (pp.blocks.get(v * per), pp.blocks.get((v + 1) * per - 1)) {
-            (Some(a), Some(b)) if per > 0 => a.0 as usize..b.1 as usize,
-            _ => 0..0,
-        }
-    };
-    let outside = |v: usize| -> Vec<std::ops::Range<usize>> {
-        let mut r = Vec::new();
-        if v == 0 {
-            r.push(0..start);
-        }
-        if v + 1 == pieces {
-            r.push(end..usize::MAX);
-        }
-        r
-    };
-    let sum = |v: &[f64], r: std::ops::Range<usize>| -> f64 {
-        v.get(r.start.min(v.len())..r.end.min(v.len()))
-            .map_or(0.0, |x| x.iter().sum())
-    };
-    let most = |r: std::ops::Range<usize>| -> f64 {
-        cts.get(r.start.min(cts.len())..r.end.min(cts.len()))
-            .map_or(0.0, |v| v.iter().fold(0.0, |a, b| a.max(*b)))
-    };
-    // The plan's values count the first rank's pieces only; the stack's
-    // repetitions are alike, so every piece holds what the first holds, and
-    // a piece after the first also the value it received: the first piece's
-    // result, which the second reads.
-    let received = match prog.read_from_outside(&range(1)).as_slice() {
-        [one] if pieces > 1 => Some(*one),
-        _ => None,
-    };
-    let weight = |v: &[f64], k: usize| -> f64 {
-        let got = match received {
-            Some(i) if k > 0 => v.get(i).copied().unwrap_or(0.0),
-            _ => 0.0,
-        };
-        sum(v, range(0)) + got + outside(k).into_iter().map(|r| sum(v, r)).sum::<f64>()
-    };
-    let per_rank = |v: &[f64], once: f64| -> Vec<f64> {
-        schedule
-            .orders
-            .iter()
-            .map(|o| sch::held_peak(o, &|k| weight(v, k)) + once)
-            .collect()
-    };
-    let activations = per_rank(acts, plan.recompute_activations);
-    let gathered = per_rank(gathered, regathered);
-    let in_flight: Vec<usize> = schedule
-        .orders
-        .iter()
-        .map(|o| sch::held_peak(o, &|_| 1.0) as usize)
-        .collect();
-    // Each rank runs backward over its own pieces (the first piece also
-    // before the stack, the last after it, and the loss): the cotangents it
-    // holds at once.
-    let cotangents: Vec<f64> = (0..ranks)
-        .map(|r| {
-            (0..pieces)
-                .filter(|k| schedule.placement.get(*k) == Some(&r))
-                .map(|k| {
-                    outside(k)
-                        .into_iter()
-                        .map(|x| most(x.start..x.end.min(cts.len())))
-                        .fold(most(range(0)), f64::max)
-                })
-                .fold(0.0, f64::max)
-        })
-        .collect();
-    plan.activations = activations.first().copied().unwrap_or(plan.activations);
-    plan.gathered_params = gathered.first().copied().unwrap_or(plan.gathered_params);
-    plan.cotangents = cotangents.first().copied().unwrap_or(plan.cotangents);
-    plan.pipeline = Some(PipelinePlan {
-        axis: pp.axis.clone(),
-        stages: ranks,
-        chunks: pp.schedule.chunks(ranks),
-        microbatches: m,
-        schedule: pp.schedule.name(),
-        label: pp.schedule.label(),
-        split: pp.schedule.splits_backward(),
-        bubble: verified.bubble,
-        in_flight,
-        activations,
-        gathered,
-        cotangents,
-        timeline: sch::draw(&schedule, &verified.ticks),
-    });
 }
 
 /// Embedding tables: rows MOD-sharded over `devices × sparsecores` partitions,
@@ -1055,21 +962,29 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
             String::new()
         };
         s.push_str(&format!(
-            "\npipeline: {} stages{chunks} over `{}`, {} microbatches per pass (one pass per accumulated chunk), {}: bubble {:.1}%\n",
+            "\npipeline: {} stages{chunks} over `{}`, {} microbatches per pass (one pass per accumulated chunk), {}: bubble {:.1}% ({:.1}% with every piece alike)\n",
             pp.stages,
             pp.axis,
             pp.microbatches,
             pp.label,
-            pp.bubble * 100.0
+            pp.bubble * 100.0,
+            pp.uniform_bubble * 100.0
         ));
         s.push_str(&format!(
-            "  {:<8} {:>10} {:>14}\n",
-            "rank", "in flight", "activations"
+            "  {:<8} {:>10} {:>14} {:>6}\n",
+            "rank", "in flight", "activations", "idle"
         ));
         for (k, (n, b)) in pp.in_flight.iter().zip(&pp.activations).enumerate() {
-            s.push_str(&format!("  {:<8} {:>10} {:>14}\n", k, n, human_bytes(*b)));
+            let idle = pp.idle.get(k).map_or(0.0, |x| x * 100.0);
+            s.push_str(&format!(
+                "  {:<8} {:>10} {:>14} {:>5.1}%\n",
+                k,
+                n,
+                human_bytes(*b),
+                idle
+            ));
         }
-        s.push_str(&format!("  (each rank holds its pieces' parameters; the layers before and after the stack are on every device; a time unit is a forward; a whole backward takes two{})\n", if pp.split { ", its input- or weight-gradient half one" } else { "" }));
+        s.push_str(&format!("  (each rank holds its pieces' parameters; the layers before and after the stack are on every device; idle: each pass taking time in proportion to its FLOPs, the first piece also running what comes before the stack and the last what comes after; the timeline below in units of a forward, a whole backward taking two{})\n", if pp.split { ", its input- or weight-gradient half one" } else { "" }));
         s.push_str(&pp.timeline);
     }
     for st in &p.stacks {

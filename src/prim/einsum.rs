@@ -489,6 +489,11 @@ impl Primitive for Einsum {
         let want = layout(&self.inputs, &self.output, g.ts, g.out);
         let mut grads = Vec::new();
         for (i, s) in self.inputs.iter().enumerate() {
+            if g.want.get(i) == Some(&false) {
+                // Not asked for (a split backward's other half takes it).
+                grads.push(None);
+                continue;
+            }
             // d/d operand i: the output's cotangent contracted with the others;
             // letters only operand i had were summed out, so broadcast back.
             let mut ins: Vec<&str> = vec![self.output.as_str()];

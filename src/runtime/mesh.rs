@@ -146,6 +146,10 @@ pub struct Comm {
     /// may be a whole gradient, lives no longer than its users hold it).
     results: Mutex<HashMap<Vec<usize>, Shared>>,
     aborted: AtomicBool,
+    /// Point-to-point messages not yet taken, keyed by (receiver, sender,
+    /// tag); `mail_cv` wakes a receiver when one arrives or a device fails.
+    mail: Mutex<HashMap<(usize, usize, u32), Tensor>>,
+    mail_cv: Condvar,
 }
 
 impl Comm {
@@ -157,6 +161,8 @@ impl Comm {
             barriers: Mutex::new(HashMap::new()),
             results: Mutex::new(HashMap::new()),
             aborted: AtomicBool::new(false),
+            mail: Mutex::new(HashMap::new()),
+            mail_cv: Condvar::new(),
         }
     }
 
@@ -196,6 +202,17 @@ impl Comm {
         // gradient) instead of holding it until this device's next collective.
         self.post(rank, None);
         out
+    }
+
+    /// The rank of member `i` of `rank`'s group along `axis`.
+    fn member(&self, rank: usize, axis: &str, i: usize) -> Result<usize> {
+        let group = self.topo.group(rank, &[axis.to_string()]);
+        group.get(i).copied().ok_or_else(|| {
+            candle_core::Error::Msg(format!(
+                "no member {i} on the axis {axis} ({} devices)",
+                group.len()
+            ))
+        })
     }
 
     /// Put (or clear) this device's post in its slot.
@@ -275,6 +292,10 @@ impl Comm {
     }
 }
 
+fn poisoned() -> candle_core::Error {
+    candle_core::Error::Msg("mesh lock poisoned".into())
+}
+
 /// From this many elements up, `psum` reduces in chunks (each member adds its
 /// own slice of every member's tensor, then the slices are gathered): 1/n of the
 /// additions and of the temporaries, for one more exchange.
@@ -291,6 +312,43 @@ impl Collectives for Comm {
             for b in m.values() {
                 b.abort();
             }
+        }
+        // Taking the lock orders the flag before a receiver's next check.
+        drop(self.mail.lock());
+        self.mail_cv.notify_all();
+    }
+
+    fn send(&self, rank: usize, t: &Tensor, axis: &str, to: usize, tag: u32) -> Result<()> {
+        let to = self.member(rank, axis, to)?;
+        let mut m = self.mail.lock().map_err(|_| poisoned())?;
+        if m.insert((to, rank, tag), t.clone()).is_some() {
+            return Err(candle_core::Error::Msg(format!(
+                "device {rank} sent message {tag} to device {to} twice"
+            )));
+        }
+        drop(m);
+        self.mail_cv.notify_all();
+        Ok(())
+    }
+
+    fn recv(
+        &self,
+        rank: usize,
+        _like: &Tensor,
+        axis: &str,
+        from: usize,
+        tag: u32,
+    ) -> Result<Tensor> {
+        let from = self.member(rank, axis, from)?;
+        let mut m = self.mail.lock().map_err(|_| poisoned())?;
+        loop {
+            if let Some(t) = m.remove(&(rank, from, tag)) {
+                return Ok(t);
+            }
+            if self.aborted.load(Ordering::SeqCst) {
+                return Err(candle_core::Error::Msg("another device stopped".into()));
+            }
+            m = self.mail_cv.wait(m).map_err(|_| poisoned())?;
         }
     }
 

@@ -105,6 +105,80 @@ pub struct MpiComm<'a> {
     rank: usize,
     world: &'a SimpleCommunicator,
     groups: HashMap<Vec<String>, SimpleCommunicator>,
+    /// Point-to-point sends not yet known to be complete, each with its
+    /// buffer (see [`Collectives::send`]).
+    sends: std::sync::Mutex<Vec<Box<dyn Sending>>>,
+}
+
+/// An `MPI_Isend` in flight and the buffer it reads, which lives until it
+/// completes.
+trait Sending {
+    /// Whether it has completed (then it may be dropped).
+    fn done(&mut self) -> bool;
+    /// Wait until it completes.
+    fn wait(&mut self);
+}
+
+struct Sent<T: Wire> {
+    request: Option<mpi::request::Request<'static, [T]>>,
+    // Read by MPI through `request`; dropped only after it completes.
+    _buf: Box<[T]>,
+}
+
+impl<T: Wire> Sending for Sent<T> {
+    fn done(&mut self) -> bool {
+        match self.request.take().map(|r| r.test()) {
+            Some(Err(r)) => {
+                self.request = Some(r);
+                false
+            }
+            Some(Ok(_)) | None => true,
+        }
+    }
+    fn wait(&mut self) {
+        if let Some(r) = self.request.take() {
+            r.wait();
+        }
+    }
+}
+
+impl Drop for MpiComm<'_> {
+    /// A send still in flight keeps its buffer until it completes (MPI reads
+    /// it; dropping the request unfinished would abort).
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.sends.lock() {
+            s.iter_mut().for_each(|x| x.wait());
+        }
+    }
+}
+
+/// Start sending `t` to member `to` of `g` with `tag`.
+fn send_t<T: Wire>(
+    g: &SimpleCommunicator,
+    t: &Tensor,
+    to: usize,
+    tag: i32,
+) -> Result<Box<dyn Sending>> {
+    let buf: Box<[T]> = t.flatten_all()?.to_vec1::<T>()?.into_boxed_slice();
+    // SAFETY: the slice lives in `buf`'s heap allocation, which does not move
+    // when the box does and is dropped only after the request completes
+    // (`Sent` is dropped once `done` says so, or after `wait`).
+    let view: &'static [T] = unsafe { &*(buf.as_ref() as *const [T]) };
+    let request =
+        g.process_at_rank(to as i32)
+            .immediate_send_with_tag(mpi::request::StaticScope, view, tag);
+    Ok(Box::new(Sent {
+        request: Some(request),
+        _buf: buf,
+    }))
+}
+
+/// Take the message member `from` of `g` sent with `tag`, shaped like `like`.
+fn recv_t<T: Wire>(g: &SimpleCommunicator, like: &Tensor, from: usize, tag: i32) -> Result<Tensor> {
+    let mut got = vec![T::zero(); like.elem_count()];
+    g.process_at_rank(from as i32)
+        .receive_into_with_tag(&mut got[..], tag);
+    Tensor::from_vec(got, like.shape(), like.device())
 }
 
 // Communicators are handles into the MPI library, which was initialised for
@@ -159,6 +233,7 @@ impl<'a> MpiComm<'a> {
             rank,
             world,
             groups,
+            sends: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -525,6 +600,47 @@ impl Collectives for MpiComm<'_> {
         let to = (i + shift).rem_euclid(n) as usize;
         let from = (i - shift).rem_euclid(n) as usize;
         by_dtype!(t.dtype(), ppermute_t(g, t, to, from))
+    }
+
+    fn send(&self, rank: usize, t: &Tensor, axis: &str, to: usize, tag: u32) -> Result<()> {
+        self.check_rank(rank)?;
+        if let Some(w) = widened(t)? {
+            return self.send(rank, &w, axis, to, tag);
+        }
+        let g = self
+            .group(&[axis.to_string()])?
+            .ok_or_else(|| err(format!("no other device on the axis {axis} to send to")))?;
+        // Tag 0 stays with `ppermute`'s exchanges.
+        let tag = i32::try_from(tag + 1).map_err(|_| err("a message tag is too large"))?;
+        let sending = by_dtype!(t.dtype(), send_t(g, t, to, tag))?;
+        let mut s = self
+            .sends
+            .lock()
+            .map_err(|_| err("the MPI send list's lock is poisoned"))?;
+        s.retain_mut(|x| !x.done());
+        s.push(sending);
+        Ok(())
+    }
+
+    fn recv(
+        &self,
+        rank: usize,
+        like: &Tensor,
+        axis: &str,
+        from: usize,
+        tag: u32,
+    ) -> Result<Tensor> {
+        self.check_rank(rank)?;
+        if let Some(w) = widened(like)? {
+            return self.recv(rank, &w, axis, from, tag)?.to_dtype(like.dtype());
+        }
+        let g = self.group(&[axis.to_string()])?.ok_or_else(|| {
+            err(format!(
+                "no other device on the axis {axis} to receive from"
+            ))
+        })?;
+        let tag = i32::try_from(tag + 1).map_err(|_| err("a message tag is too large"))?;
+        by_dtype!(like.dtype(), recv_t(g, like, from, tag))
     }
 
     fn gather_to_first(&self, rank: usize, t: &Tensor) -> Result<Option<Vec<Tensor>>> {

@@ -1,18 +1,25 @@
 //! Pipeline parallelism: a `repeat(..., stages: axis)` stack cut into
 //! pieces (virtual stages, `chunks` per rank) over the axis, microbatches
-//! moved between them with `ppermute`, in the order the schedule gives
-//! ([`crate::schedule`]: GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZBV). All
-//! devices advance in the schedule's lockstep rounds
-//! ([`crate::schedule::verify::lockstep`]); in each round every device runs
-//! at most one pass — a forward, a backward, or one half of a split backward
-//! ([`super::split`]) — of one microbatch through one of its pieces, then
-//! each value moves to the rank of the piece that reads it. Every device
-//! knows the whole round table, so a receiver knows what arrives without a
-//! header, and a round sends only over the rank offsets it uses.
+//! moved between them point to point, in the order the schedule gives
+//! ([`crate::schedule`]: GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZBV). Each
+//! rank runs its own list of passes — a forward, a backward, or one half of
+//! a split backward ([`super::split`]) — of one microbatch through one of its
+//! pieces at a time, as the schedule's verifier simulated it: a pass first
+//! takes the value it reads from another rank ([`Collectives::recv`], which
+//! waits for it), and what a pass makes is sent on without waiting
+//! ([`Collectives::send`]), or kept when its reader lives on the same rank.
+//! Messages are labelled by microbatch and piece, so a rank takes them in
+//! its own order. The verifier proved every list can run to its end (no
+//! deadlock), so no rank waits for a value that never comes; the ranks wait
+//! only where the schedule has a bubble, and each rank's measured idle share
+//! is its bubble.
+//!
+//! [`Collectives::recv`]: crate::mesh::Collectives::recv
+//! [`Collectives::send`]: crate::mesh::Collectives::send
 
 use super::exec::{Exec, Fault, Tape, R};
 use super::split::Deferred;
-use crate::schedule::{self, Action, Pass};
+use crate::schedule::{Action, Pass};
 use crate::spmd::{Kept, Program};
 use candle_core::Tensor;
 use std::collections::HashMap;
@@ -222,7 +229,6 @@ pub fn run_chunk(
         .schedule
         .make(st.stages, microbatches, train)
         .map_err(|e| Fault::Shape(e.to_string()))?;
-    let rounds = schedule::verify::lockstep(&made).map_err(|e| Fault::Shape(e.to_string()))?;
     // The shape every boundary value has (the repeated layer keeps its type).
     let act_shape: Vec<usize> = ex
         .prog
@@ -230,7 +236,7 @@ pub fn run_chunk(
         .iter()
         .map(|x| *x as usize)
         .collect();
-    let mut c = Ticks {
+    let mut c = OnRank {
         ex,
         st,
         params,
@@ -251,20 +257,21 @@ pub fn run_chunk(
         peak_gathered: 0.0,
         last_tape: None,
     };
+    // The stage's ranks start together and the chunk ends when the last
+    // ends, so each rank's idle share is measured against the same span.
+    c.align()?;
     let start = std::time::Instant::now();
     let mut busy = 0.0;
-    for row in &rounds {
-        let sent = match row.get(c.me).copied().flatten() {
-            Some(a) => {
-                let t = std::time::Instant::now();
-                let sent = c.run(a)?;
-                busy += t.elapsed().as_secs_f64();
-                sent
-            }
-            None => None,
-        };
-        c.exchange(row, sent)?;
+    for &a in made.orders.get(c.me).map_or(&[][..], Vec::as_slice) {
+        c.take(a)?;
+        let t = std::time::Instant::now();
+        let sent = c.run(a)?;
+        busy += t.elapsed().as_secs_f64();
+        if let Some(t) = sent {
+            c.pass_on(a, t)?;
+        }
     }
+    c.align()?;
     let wall = start.elapsed().as_secs_f64();
     c.finish(n_sums, busy, wall)
 }
@@ -279,12 +286,8 @@ fn reader(a: Action, pieces: usize) -> Option<(usize, bool)> {
     }
 }
 
-/// A value a round moves: the offset from the sender's rank to the reader's,
-/// the reader's key (microbatch, piece), and whether it is an activation.
-type Move = (usize, (usize, usize), bool);
-
-/// One device's pieces running a chunk's microbatches round by round.
-struct Ticks<'x, 'e> {
+/// One device's pieces running a chunk's microbatches in its rank's order.
+struct OnRank<'x, 'e> {
     ex: &'x Exec<'e>,
     st: &'x Stages,
     params: &'x [Tensor],
@@ -309,7 +312,7 @@ struct Ticks<'x, 'e> {
     last_tape: Option<Tape>,
 }
 
-impl Ticks<'_, '_> {
+impl OnRank<'_, '_> {
     fn pieces(&self) -> usize {
         self.st.ranges.len()
     }
@@ -471,62 +474,69 @@ impl Ticks<'_, '_> {
         Ok(())
     }
 
-    /// After a round: every value made moves to the rank of the piece that
-    /// reads it — kept when that is this rank, else one `ppermute` per rank
-    /// offset the round uses (the same on every device: each knows the
-    /// round's passes, and so what it receives from whom).
-    fn exchange(&mut self, row: &[Option<Action>], sent: Option<Tensor>) -> R<()> {
-        let (ex, st, me) = (self.ex, self.st, self.me);
-        let ranks = st.stages.max(1);
-        let pieces = self.pieces();
-        // Per rank: (offset to the reader's rank, reader's key, activation?).
-        let moves: Vec<Option<Move>> = row
-            .iter()
-            .enumerate()
-            .map(|(r, a)| {
-                let a = (*a)?;
-                let (to, forward) = reader(a, pieces)?;
-                let off = (st.placement[to] + ranks - r) % ranks;
-                Some((off, (a.mb, to), forward))
-            })
-            .collect();
-        let mut store = |key: (usize, usize), forward: bool, t: Tensor| {
-            if forward {
-                self.recv_f.insert(key, t);
-            } else {
-                self.recv_b.insert(key, t);
-            }
+    /// Before pass `a`: the value it reads from a piece on another rank
+    /// (a piece on this rank left it here when it ran).
+    fn take(&mut self, a: Action) -> R<()> {
+        let (ex, st) = (self.ex, self.st);
+        let last = a.stage + 1 == self.pieces();
+        let (from, forward) = match a.pass {
+            Pass::F if a.stage > 0 => (a.stage - 1, true),
+            Pass::B | Pass::I if !last => (a.stage + 1, false),
+            Pass::F | Pass::B | Pass::I | Pass::W => return Ok(()),
         };
-        let mut sent = sent;
-        if let (Some(Some((0, key, forward))), Some(t)) = (moves.get(me), sent.as_ref()) {
-            store(*key, *forward, t.clone());
-            sent = None;
+        let rank = st.placement[from];
+        if rank == self.me {
+            return Ok(());
         }
-        let mut offsets: Vec<usize> = moves
-            .iter()
-            .flatten()
-            .map(|m| m.0)
-            .filter(|o| *o != 0)
-            .collect();
-        offsets.sort_unstable();
-        offsets.dedup();
-        for off in offsets {
-            let mine = matches!(moves.get(me), Some(Some((o, _, _))) if *o == off);
-            let out = match (&sent, mine) {
-                (Some(t), true) => t.clone(),
-                _ => self.zeros.clone(),
-            };
-            let got = ex
-                .comm
-                .ppermute(ex.rank, &out, &st.axis, off as i64)
-                .map_err(ce)?;
-            let from = (me + ranks - off) % ranks;
-            if let Some(Some((o, key, forward))) = moves.get(from) {
-                if *o == off {
-                    store(*key, *forward, got);
-                }
-            }
+        let key = (a.mb, a.stage);
+        let tag = self.tag(key, forward);
+        let got = ex
+            .comm
+            .recv(ex.rank, &self.zeros, &st.axis, rank, tag)
+            .map_err(ce)?;
+        if forward {
+            self.recv_f.insert(key, got);
+        } else {
+            self.recv_b.insert(key, got);
         }
+        Ok(())
+    }
+
+    /// After pass `a`: what it made goes to the rank of the piece that reads
+    /// it — kept when that is this rank, else sent without waiting.
+    fn pass_on(&mut self, a: Action, t: Tensor) -> R<()> {
+        let (ex, st) = (self.ex, self.st);
+        let Some((to, forward)) = reader(a, self.pieces()) else {
+            return Ok(());
+        };
+        let key = (a.mb, to);
+        let rank = st.placement[to];
+        if rank != self.me {
+            let tag = self.tag(key, forward);
+            return ex.comm.send(ex.rank, &t, &st.axis, rank, tag).map_err(ce);
+        }
+        if forward {
+            self.recv_f.insert(key, t);
+        } else {
+            self.recv_b.insert(key, t);
+        }
+        Ok(())
+    }
+
+    /// The label of the value for (microbatch, piece), an activation or a
+    /// gradient: unique among any pair of ranks' messages in flight.
+    fn tag(&self, (mb, piece): (usize, usize), forward: bool) -> u32 {
+        let n = (mb * self.pieces() + piece) * 2 + usize::from(forward);
+        (n % crate::mesh::MAX_TAG as usize) as u32
+    }
+
+    /// Wait until every rank of the stage axis arrives (a sum of nothing).
+    fn align(&self) -> R<()> {
+        let ex = self.ex;
+        let none = Tensor::zeros(1, candle_core::DType::F32, &ex.dev).map_err(ce)?;
+        ex.comm
+            .psum(ex.rank, &none, std::slice::from_ref(&self.st.axis))
+            .map_err(ce)?;
         Ok(())
     }
 

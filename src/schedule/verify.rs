@@ -125,13 +125,48 @@ pub fn verify(s: &Schedule) -> Result<Verified, ScheduleError> {
     Ok(timeline)
 }
 
-/// The rounds a verified schedule runs in when every rank advances in
-/// lockstep (the runtime's virtual mesh): per round, per rank, the pass it
-/// runs (`None`: idle), each pass one round, a pass's results usable the
-/// round after it.
-pub fn lockstep(s: &Schedule) -> Result<Vec<Vec<Option<Action>>>, ScheduleError> {
+/// Each rank's idle share of a sound schedule when pass `a` takes
+/// `cost(a)` (any unit): every rank runs its list in order, each pass as
+/// soon as the rank is free and what it needs has ended, and all ranks start
+/// together and are measured until the last ends (what the runtime's ranks
+/// do, timed from a common start to a common end).
+pub fn idle(s: &Schedule, cost: &dyn Fn(Action) -> f64) -> Result<Vec<f64>, ScheduleError> {
     let split = coverage(s)?;
-    Ok(simulate(s, split, |_| 1)?.ticks)
+    let stages = s.stages();
+    let mut end: HashMap<Action, f64> = HashMap::new();
+    let mut next = vec![0usize; s.ranks];
+    let (mut free, mut busy) = (vec![0.0f64; s.ranks], vec![0.0f64; s.ranks]);
+    loop {
+        let mut moved = false;
+        for r in 0..s.ranks {
+            while let Some(&a) = s.orders[r].get(next[r]) {
+                let Some(ready) = needs(a, stages, split)
+                    .iter()
+                    .try_fold(free[r], |t, d| end.get(d).map(|e| t.max(*e)))
+                else {
+                    break;
+                };
+                let c = cost(a);
+                end.insert(a, ready + c);
+                free[r] = ready + c;
+                busy[r] += c;
+                next[r] += 1;
+                moved = true;
+            }
+        }
+        if !moved {
+            break;
+        }
+    }
+    if (0..s.ranks).any(|r| next[r] < s.orders[r].len()) {
+        // Unreachable for a schedule `verify` accepts; say where it stuck.
+        return Err(deadlock(s, &next, &HashMap::new(), 0, split));
+    }
+    let span = free.iter().copied().fold(0.0, f64::max);
+    Ok(busy
+        .iter()
+        .map(|b| if span > 0.0 { 1.0 - b / span } else { 0.0 })
+        .collect())
 }
 
 /// Every pass exactly once on its stage's rank; whether backwards are split.
@@ -355,6 +390,38 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn timed_idle_is_the_timeline_at_the_same_costs() {
+        // The timeline's unit costs through `idle` give each rank's idle
+        // slots over the timeline's length; their mean is the bubble.
+        for s in [
+            Schedule::gpipe(4, 8),
+            Schedule::one_f_one_b(4, 8),
+            Schedule::interleaved(4, 2, 8),
+            Schedule::zb_h1(4, 8),
+            Schedule::zbv(4, 8),
+        ] {
+            let s = s.expect("made");
+            let v = check(&s);
+            let idle = idle(&s, &|a| a.pass.cost() as f64).expect("timed");
+            for (r, got) in idle.iter().enumerate() {
+                let slots = v.ticks.iter().filter(|t| t[r].is_none()).count();
+                let want = slots as f64 / v.ticks.len() as f64;
+                assert!(
+                    (got - want).abs() < 1e-12,
+                    "{} rank {r}: {got} vs {want}",
+                    s.name
+                );
+            }
+            let mean = idle.iter().sum::<f64>() / idle.len() as f64;
+            assert!((mean - v.bubble).abs() < 1e-12, "{}", s.name);
+        }
+        // A rank whose passes cost more makes the others wait.
+        let s = Schedule::one_f_one_b(2, 4).expect("made");
+        let slow = idle(&s, &|a| if a.stage == 1 { 2.0 } else { 1.0 }).expect("timed");
+        assert!(slow[0] > slow[1], "{slow:?}");
     }
 
     #[test]
