@@ -254,6 +254,22 @@ impl<'a> MpiComm<'a> {
             .ok_or_else(|| err(format!("no communicator for the axes {live:?}")))
     }
 
+    /// The communicator of `axis` and the MPI tag of a point-to-point
+    /// message labelled `tag` (shifted by one: tag 0 stays with
+    /// `ppermute`'s exchanges).
+    fn peers(&self, axis: &str, tag: u32) -> Result<(&SimpleCommunicator, i32)> {
+        let g = self.group(&[axis.to_string()])?.ok_or_else(|| {
+            err(format!(
+                "no other device on the axis {axis} to exchange with"
+            ))
+        })?;
+        let tag = tag
+            .checked_add(1)
+            .and_then(|t| i32::try_from(t).ok())
+            .ok_or_else(|| err("a message tag is too large"))?;
+        Ok((g, tag))
+    }
+
     fn check_rank(&self, rank: usize) -> Result<()> {
         if rank == self.rank {
             Ok(())
@@ -607,11 +623,7 @@ impl Collectives for MpiComm<'_> {
         if let Some(w) = widened(t)? {
             return self.send(rank, &w, axis, to, tag);
         }
-        let g = self
-            .group(&[axis.to_string()])?
-            .ok_or_else(|| err(format!("no other device on the axis {axis} to send to")))?;
-        // Tag 0 stays with `ppermute`'s exchanges.
-        let tag = i32::try_from(tag + 1).map_err(|_| err("a message tag is too large"))?;
+        let (g, tag) = self.peers(axis, tag)?;
         let sending = by_dtype!(t.dtype(), send_t(g, t, to, tag))?;
         let mut s = self
             .sends
@@ -634,12 +646,7 @@ impl Collectives for MpiComm<'_> {
         if let Some(w) = widened(like)? {
             return self.recv(rank, &w, axis, from, tag)?.to_dtype(like.dtype());
         }
-        let g = self.group(&[axis.to_string()])?.ok_or_else(|| {
-            err(format!(
-                "no other device on the axis {axis} to receive from"
-            ))
-        })?;
-        let tag = i32::try_from(tag + 1).map_err(|_| err("a message tag is too large"))?;
+        let (g, tag) = self.peers(axis, tag)?;
         by_dtype!(like.dtype(), recv_t(g, like, from, tag))
     }
 
