@@ -3,7 +3,7 @@
 //! virtual mesh (median of 5 runs of 4 steps), and the step time. Prints
 //! figures only. The model is `tests/models/t3d_small.shard` widened (D 128,
 //! T 32, 8 layers) on pp = 2 — one device per core of a 2-core machine — or
-//! pp = 4 with `SHARDC_BENCH_PP=4`.
+//! pp = 4 with `SHARDC_BENCH_PP=4`; `SHARDC_BENCH_D=256` widens it (T = D / 4).
 
 use shardc::runtime::train;
 use shardc::world::{self, Options};
@@ -19,11 +19,17 @@ fn main() {
     // threads (without it, both ranks' ops queue for one shared pool and a
     // pass takes twice as long while the other rank runs).
     shardc::runtime::mesh::share_cores(pp as usize);
+    // `SHARDC_BENCH_D=256`: a wider model (T grows with D), where matmuls
+    // outweigh the per-op overheads the plan does not model.
+    let d: i64 = std::env::var("SHARDC_BENCH_D")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(128);
     let file = "tests/models/t3d_small.shard";
     let base = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file))
         .expect("readable")
-        .replace("const T = 8", "const T = 32")
-        .replace("const D = 32", "const D = 128")
+        .replace("const T = 8", &format!("const T = {}", d / 4))
+        .replace("const D = 32", &format!("const D = {d}"))
         .replace("const L = 4", "const L = 8")
         .replace("accumulate: 2", "accumulate: 1")
         .replace("batch: 16", "batch: 32")

@@ -353,28 +353,29 @@ impl Primitive for Arith {
             Arith::Binary(op) => {
                 let x = k.align(g.x[0], g.ts[0], g.out, None)?;
                 let y = k.align(g.x[1], g.ts[1], g.out, None)?;
-                let (gx, gy) = match op {
-                    BinOp::Add => (ct.clone(), ct.clone()),
-                    BinOp::Sub => (ct.clone(), ct.neg().map_err(ce)?),
-                    BinOp::Mul => (
-                        ct.broadcast_mul(&y).map_err(ce)?,
-                        ct.broadcast_mul(&x).map_err(ce)?,
-                    ),
-                    _ => {
-                        let gx = ct.broadcast_div(&y).map_err(ce)?;
-                        let gy = ct
+                // A cotangent nobody wants (the other half of a split
+                // backward) is not computed, nor reduced, nor resharded back.
+                let back = |i: usize| -> R<Option<Tensor>> {
+                    if g.want.get(i) == Some(&false) {
+                        return Ok(None);
+                    }
+                    let d = match (op, i) {
+                        (BinOp::Add, _) | (BinOp::Sub, 0) => ct.clone(),
+                        (BinOp::Sub, _) => ct.neg().map_err(ce)?,
+                        (BinOp::Mul, 0) => ct.broadcast_mul(&y).map_err(ce)?,
+                        (BinOp::Mul, _) => ct.broadcast_mul(&x).map_err(ce)?,
+                        (_, 0) => ct.broadcast_div(&y).map_err(ce)?,
+                        _ => ct
                             .broadcast_mul(&x)
                             .and_then(|t| t.broadcast_div(&y.sqr()?))
                             .and_then(|t| t.neg())
-                            .map_err(ce)?;
-                        (gx, gy)
-                    }
+                            .map_err(ce)?,
+                    };
+                    let at = if i == 0 { &x } else { &y };
+                    let d = Kernel::unbroadcast(&d, at.dims())?;
+                    Ok(Some(k.align(g.x[i], g.ts[i], g.out, Some(&d))?))
                 };
-                let gx = Kernel::unbroadcast(&gx, x.dims())?;
-                let gy = Kernel::unbroadcast(&gy, y.dims())?;
-                let gx = k.align(g.x[0], g.ts[0], g.out, Some(&gx))?;
-                let gy = k.align(g.x[1], g.ts[1], g.out, Some(&gy))?;
-                vec![Some(gx), Some(gy)]
+                vec![back(0)?, back(1)?]
             }
         })
     }

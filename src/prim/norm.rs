@@ -195,71 +195,106 @@ impl Primitive for Norm {
         let v = self.operands(k, g.x, g.ts, g.out)?;
         let ct = g.g;
         let lead = ct.rank() - 1;
+        // A cotangent nobody wants (the other half of a split backward) is
+        // not computed; the ones computed have the same bits either way.
+        let wanted = |i: usize| g.want.get(i) != Some(&false);
         #[cfg(feature = "cuda")]
         let fused = {
             let b = (self.kind == NormKind::Layer).then(|| &v[2]);
             super::norm_gpu::vjp(&v[0], &v[1], b, ct, self.eps)
                 .transpose()
                 .map_err(ce)?
-                .map(|(dx, dw, db)| [Some(dx), Some(dw), db].into_iter().flatten().collect())
+                .map(|(dx, dw, db)| {
+                    let db = db.map(Some);
+                    [Some(Some(dx)), Some(Some(dw)), db]
+                        .into_iter()
+                        .flatten()
+                        .enumerate()
+                        .map(|(i, t)| t.filter(|_| wanted(i)))
+                        .collect()
+                })
         };
         #[cfg(not(feature = "cuda"))]
-        let fused: Option<Vec<Tensor>> = None;
+        let fused: Option<Vec<Option<Tensor>>> = None;
         let mut grads = if let Some(g) = fused {
             g
         } else {
             match self.kind {
                 NormKind::Rms => {
                     let (_, (xhat, inv)) = rms_norm(&v[0], &v[1], self.eps)?;
-                    let dxhat = ct.broadcast_mul(&v[1]).map_err(ce)?;
-                    let m = dxhat
-                        .mul(&xhat)
-                        .and_then(|t| t.mean_keepdim(D::Minus1))
-                        .map_err(ce)?;
-                    let dx = dxhat
-                        .sub(&xhat.broadcast_mul(&m).map_err(ce)?)
-                        .and_then(|t| t.broadcast_mul(&inv))
-                        .map_err(ce)?;
-                    let mut dw = ct.mul(&xhat).map_err(ce)?;
-                    for _ in 0..lead {
-                        dw = super::reduce_fast::sum(&dw, 0).map_err(ce)?;
-                    }
+                    let dx = if wanted(0) {
+                        let dxhat = ct.broadcast_mul(&v[1]).map_err(ce)?;
+                        let m = dxhat
+                            .mul(&xhat)
+                            .and_then(|t| t.mean_keepdim(D::Minus1))
+                            .map_err(ce)?;
+                        let dx = dxhat
+                            .sub(&xhat.broadcast_mul(&m).map_err(ce)?)
+                            .and_then(|t| t.broadcast_mul(&inv))
+                            .map_err(ce)?;
+                        Some(dx)
+                    } else {
+                        None
+                    };
+                    let dw = if wanted(1) {
+                        let mut dw = ct.mul(&xhat).map_err(ce)?;
+                        for _ in 0..lead {
+                            dw = super::reduce_fast::sum(&dw, 0).map_err(ce)?;
+                        }
+                        Some(dw)
+                    } else {
+                        None
+                    };
                     vec![dx, dw]
                 }
                 NormKind::Layer => {
                     let (_, (xhat, inv)) = layer_norm(&v[0], &v[1], &v[2], self.eps)?;
-                    let dxhat = ct.broadcast_mul(&v[1]).map_err(ce)?;
-                    let m1 = dxhat.mean_keepdim(D::Minus1).map_err(ce)?;
-                    let m2 = dxhat
-                        .mul(&xhat)
-                        .and_then(|t| t.mean_keepdim(D::Minus1))
-                        .map_err(ce)?;
-                    let dx = dxhat
-                        .broadcast_sub(&m1)
-                        .and_then(|t| t.broadcast_sub(&xhat.broadcast_mul(&m2)?))
-                        .and_then(|t| t.broadcast_mul(&inv))
-                        .map_err(ce)?;
-                    let mut dw = ct.mul(&xhat).map_err(ce)?;
-                    let mut db = ct.clone();
-                    for _ in 0..lead {
-                        dw = super::reduce_fast::sum(&dw, 0).map_err(ce)?;
-                        db = super::reduce_fast::sum(&db, 0).map_err(ce)?;
-                    }
+                    let dx = if wanted(0) {
+                        let dxhat = ct.broadcast_mul(&v[1]).map_err(ce)?;
+                        let m1 = dxhat.mean_keepdim(D::Minus1).map_err(ce)?;
+                        let m2 = dxhat
+                            .mul(&xhat)
+                            .and_then(|t| t.mean_keepdim(D::Minus1))
+                            .map_err(ce)?;
+                        let dx = dxhat
+                            .broadcast_sub(&m1)
+                            .and_then(|t| t.broadcast_sub(&xhat.broadcast_mul(&m2)?))
+                            .and_then(|t| t.broadcast_mul(&inv))
+                            .map_err(ce)?;
+                        Some(dx)
+                    } else {
+                        None
+                    };
+                    let summed = |t: Tensor| -> R<Tensor> {
+                        let mut t = t;
+                        for _ in 0..lead {
+                            t = super::reduce_fast::sum(&t, 0).map_err(ce)?;
+                        }
+                        Ok(t)
+                    };
+                    let dw = match wanted(1) {
+                        true => Some(summed(ct.mul(&xhat).map_err(ce)?)?),
+                        false => None,
+                    };
+                    let db = match wanted(2) {
+                        true => Some(summed(ct.clone())?),
+                        false => None,
+                    };
                     vec![dx, dw, db]
                 }
             }
         };
         // Computed in the gathered layouts: transpose the gathers.
-        if g.ts[0].dims != g.out.dims {
-            grads[0] = k.reshard_t(&grads[0], g.ts[0], g.out)?;
+        if let Some(dx) = grads[0].as_mut().filter(|_| g.ts[0].dims != g.out.dims) {
+            *dx = k.reshard_t(dx, g.ts[0], g.out)?;
         }
         for (gi, t) in grads.iter_mut().zip(g.ts).skip(1) {
             let w = whole(t);
-            if t.dims != w.dims {
+            if let Some(gi) = gi.as_mut().filter(|_| t.dims != w.dims) {
                 *gi = k.reshard_t(gi, t, &w)?;
             }
         }
-        Ok(grads.into_iter().map(Some).collect())
+        Ok(grads)
     }
 
     fn cost(&self, c: &CostCx, ts: &[&TType], out: &TType) -> Option<Cost> {
