@@ -6,7 +6,7 @@ use crate::diag::{did_you_mean, Diagnostic, Problem};
 use crate::files::Files;
 use crate::parse;
 use crate::source::{FileId, SourceFile, SourceMap, Span};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -77,7 +77,10 @@ pub struct Loader<'a> {
     pub read: Vec<PathBuf>,
     files: Vec<(FileId, ast::File)>,
     stack: Vec<(FileId, String)>,
-    done: HashMap<String, ()>,
+    done: HashMap<String, FileId>,
+    /// Each import that loaded (or found loaded) a file: the importing file,
+    /// the import's span and the file it names.
+    edges: Vec<(FileId, Span, FileId)>,
 }
 
 impl<'a> Loader<'a> {
@@ -94,6 +97,7 @@ impl<'a> Loader<'a> {
             files: vec![],
             stack: vec![],
             done: HashMap::new(),
+            edges: vec![],
         }
     }
 
@@ -101,7 +105,7 @@ impl<'a> Loader<'a> {
     pub fn load(&mut self, id: FileId) {
         let path = &self.sources.get(id).path;
         let key = self.fs.canonical(path).display().to_string();
-        self.done.insert(key.clone(), ());
+        self.done.insert(key.clone(), id);
         self.stack.push((id, key));
         let text = self.sources.get(id).text.clone();
         match parse::parse(id, &text) {
@@ -185,6 +189,8 @@ impl<'a> Loader<'a> {
                 .map(|(id, _)| self.sources.get(*id).name.clone())
                 .collect();
             chain.push(self.sources.get(self.stack[pos].0).name.clone());
+            // Recorded, so that no import on the cycle is called unused.
+            self.edges.push((from, imp.span, self.stack[pos].0));
             self.diags.push(
                 Problem::RecursiveImport {
                     span: imp.span,
@@ -194,7 +200,8 @@ impl<'a> Loader<'a> {
             );
             return;
         }
-        if self.done.contains_key(&key) {
+        if let Some(id) = self.done.get(&key) {
+            self.edges.push((from, imp.span, *id));
             return;
         }
         match text {
@@ -212,9 +219,68 @@ impl<'a> Loader<'a> {
                     self.read.push(path.clone());
                 }
                 let id = self.sources.add(SourceFile::new(path, name, text));
+                self.edges.push((from, imp.span, id));
                 self.load(id);
             }
         }
+    }
+
+    /// W0007: the root file's imports that bring nothing a file outside
+    /// them names. An import brings its file and, transitively, what that
+    /// file imports; it is used when any declaration among them (a constant,
+    /// mesh, layer, table or feature) is named as a word in any other file
+    /// of the compilation. Words are compared, not resolutions, so a local
+    /// name spelled like a declaration keeps an import (never the reverse).
+    fn unused_imports(&self, root: FileId) -> Vec<Diagnostic> {
+        let declared = |id: FileId| -> Vec<&str> {
+            let Some((_, file)) = self.files.iter().find(|(f, _)| *f == id) else {
+                return Vec::new();
+            };
+            file.items
+                .iter()
+                .filter_map(|item| match item {
+                    Item::Const(c) => Some(c.name.name.as_str()),
+                    Item::Mesh(m) => Some(m.name.name.as_str()),
+                    Item::Layer(l) => Some(l.name.name.as_str()),
+                    Item::Table(t) => Some(t.name.name.as_str()),
+                    Item::Feature(f) => Some(f.name.name.as_str()),
+                    Item::Import(_) | Item::Pragma(_) | Item::Train(_) => None,
+                })
+                .collect()
+        };
+        let mut out = Vec::new();
+        for (_, span, target) in self.edges.iter().filter(|(from, _, _)| *from == root) {
+            // The files this import brings.
+            let mut brought: Vec<FileId> = vec![*target];
+            let mut i = 0;
+            while let Some(f) = brought.get(i).copied() {
+                for (_, _, to) in self.edges.iter().filter(|(from, _, _)| *from == f) {
+                    if !brought.contains(to) {
+                        brought.push(*to);
+                    }
+                }
+                i += 1;
+            }
+            if brought.contains(&root) {
+                continue;
+            }
+            let names: HashSet<&str> = brought.iter().flat_map(|f| declared(*f)).collect();
+            let used = self
+                .files
+                .iter()
+                .filter(|(f, _)| !brought.contains(f))
+                .any(|(f, _)| words(&self.sources.get(*f).text).any(|w| names.contains(w)));
+            if !used {
+                out.push(
+                    Problem::UnusedImport {
+                        span: *span,
+                        target: self.sources.get(*target).name.clone(),
+                    }
+                    .diagnostic(),
+                );
+            }
+        }
+        out
     }
 
     pub fn resolve(self, root: FileId) -> Program {
@@ -222,7 +288,9 @@ impl<'a> Loader<'a> {
             root,
             ..Program::default()
         };
+        let unused = self.unused_imports(root);
         let diags = self.diags;
+        diags.extend(unused);
         let mut names: HashMap<String, Span> = HashMap::new();
         let mut define = |name: &ast::Ident, diags: &mut Vec<Diagnostic>| -> bool {
             if let Some(first) = names.get(&name.name) {
@@ -315,6 +383,49 @@ impl<'a> Loader<'a> {
         }
         prog
     }
+}
+
+/// The words of a source text that could name a declaration: identifiers
+/// outside comments and strings.
+fn words(text: &str) -> impl Iterator<Item = &str> {
+    let b = text.as_bytes();
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        while i < b.len() {
+            let c = b[i];
+            if b[i..].starts_with(b"//") {
+                i += b[i..]
+                    .iter()
+                    .position(|c| *c == b'\n')
+                    .unwrap_or(b.len() - i);
+            } else if b[i..].starts_with(b"/*") {
+                i += b[i + 2..]
+                    .windows(2)
+                    .position(|w| w == b"*/")
+                    .map_or(b.len() - i, |k| k + 4);
+            } else if c == b'"' {
+                i += 1 + b[i + 1..]
+                    .iter()
+                    .position(|c| *c == b'"' || *c == b'\n')
+                    .map_or(b.len() - i - 1, |k| k + 1);
+            } else if c.is_ascii_alphabetic() || c == b'_' {
+                let start = i;
+                while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
+                    i += 1;
+                }
+                return text.get(start..i);
+            } else if c.is_ascii_digit() {
+                // A number's digits and suffix (`1e3`, `0x1f`) name nothing.
+                while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || b[i] == b'.')
+                {
+                    i += 1;
+                }
+            } else {
+                i += 1;
+            }
+        }
+        None
+    })
 }
 
 /// Evaluate every constant, each after the constants it names (a depth-first

@@ -485,6 +485,32 @@ fn an_error_in_an_imported_file_shows_in_both_files() {
 }
 
 #[test]
+fn an_unused_import_is_faded_and_its_quick_fix_removes_it() {
+    let dir = scratch("unused-import");
+    std::fs::write(dir.join("lib.shard"), LIB).expect("write");
+    let main = uri(&dir.join("main.shard"));
+    // MAIN without the layer it takes from lib.shard.
+    let text = "import \"lib.shard\"\nmesh pod(dp: 2)\nmodel M {\n  w: f32[4, 4] init normal(0.1)\n  fn forward(x: f32[B@dp, 4]) -> f32[B@dp, 4] {\n    x @ w\n  }\n}\ntrain M on pod { batch: 8, steps: 1, optimizer: sgd(lr: 0.1), loss: mse }\n";
+    let mut s = Server::start();
+    s.initialize();
+    s.open(&main, text);
+    let d = s.diags(&main);
+    assert_eq!(codes(&d), ["W0007"], "{d:?}");
+    // DiagnosticTag.Unnecessary: editors fade it.
+    assert_eq!(d[0]["tags"], json!([1]), "{d:?}");
+    let actions = s.request(
+        2,
+        "textDocument/codeAction",
+        json!({"textDocument": {"uri": main}, "range": d[0]["range"], "context": {"diagnostics": []}}),
+    );
+    let edit = &actions[0]["edit"]["changes"][&main][0];
+    assert_eq!(edit["newText"], "", "{actions}");
+    assert_eq!(edit["range"]["start"], pos(text, "import", 0), "{actions}");
+    assert_eq!(edit["range"]["end"], pos(text, "\nmesh", 0), "{actions}");
+    s.finish();
+}
+
+#[test]
 fn an_unsaved_edit_to_an_imported_buffer_changes_the_importers_diagnostics() {
     let dir = scratch("overlay");
     std::fs::write(dir.join("lib.shard"), LIB).expect("write");

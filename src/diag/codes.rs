@@ -100,6 +100,7 @@ codes! {
     W0004 => "a weight-map rule names no parameter",
     W0005 => "a weight is never used",
     W0006 => "a `let` is never used",
+    W0007 => "an import is never used",
 }
 
 impl Code {
@@ -109,6 +110,11 @@ impl Code {
             b'N' => Severity::Note,
             _ => Severity::Error,
         }
+    }
+    /// Whether the code marks what can be removed (an unused weight, `let`
+    /// or import): editors fade it.
+    pub fn unnecessary(self) -> bool {
+        matches!(self, Code::W0005 | Code::W0006 | Code::W0007)
     }
     pub fn parse(s: &str) -> Option<Code> {
         let s = s.trim().to_ascii_uppercase();

@@ -530,6 +530,12 @@ pub enum Problem {
         weight: String,
         layer: String,
     },
+    /// An import of the root file that brings nothing another file names (W0007).
+    UnusedImport {
+        span: Span,
+        /// The imported file as diagnostics name it (`<std>/nn.shard`).
+        target: String,
+    },
     /// A `let` name no later `let` nor the block's result reads (W0006).
     UnusedLet {
         span: Span,
@@ -942,6 +948,10 @@ impl Problem {
             UnusedWeight { span, weight, layer } => d(Code::W0005, format!("the weight `{weight}` of `{layer}` is never used"), *span, "declared here, read nowhere".into())
                 .note("a weight no function of the run reads is not a parameter: it is not trained, saved, loaded or counted by `plan`")
                 .help(format!("use `{weight}` in `forward` (or a function it calls), or remove it")),
+            UnusedImport { span, target } => d(Code::W0007, format!("the import of `{target}` is never used"), *span, "imported here, named nowhere".into())
+                .note("nothing this file or its other imports name is declared in it, or in what it imports")
+                .help("remove the `import`")
+                .fix(*span, ""),
             UnusedLet { span, name, stmt } => {
                 let x = d(Code::W0006, format!("the `let` `{name}` is never used"), *span, "bound here, read nowhere".into())
                     .note("a value nothing reads is not computed: it is not part of the program, its plan or its gradients");

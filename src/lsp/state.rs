@@ -594,6 +594,10 @@ fn convert(
         source: Some("shardc".into()),
         message,
         related_information: (!related.is_empty()).then_some(related),
+        tags: d
+            .code
+            .unnecessary()
+            .then(|| vec![lsp_types::DiagnosticTag::UNNECESSARY]),
         data,
         ..Diagnostic::default()
     }
