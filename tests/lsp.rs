@@ -828,6 +828,69 @@ fn definition_hover_and_completion() {
 }
 
 #[test]
+fn call_hierarchy_of_layers() {
+    let dir = scratch("calls");
+    let u = uri(&dir.join("gpt.shard"));
+    let mut s = Server::start();
+    let init = s.initialize();
+    assert_eq!(
+        init["result"]["capabilities"]["callHierarchyProvider"],
+        true,
+        "{init}"
+    );
+    s.open(&u, GPT);
+    let _ = s.diags(&u);
+    let names = |calls: &Value, side: &str| -> Vec<String> {
+        calls
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| c[side]["name"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    let block = s.at(
+        2,
+        "textDocument/prepareCallHierarchy",
+        &u,
+        pos(GPT, "Block", 0),
+    );
+    assert_eq!(block[0]["name"], "Block", "{block}");
+    assert_eq!(block[0]["selectionRange"]["start"], pos(GPT, "Block", 0));
+    // Who instantiates Block: the model, at `Block(D)`.
+    let incoming = s.request(
+        3,
+        "callHierarchy/incomingCalls",
+        json!({"item": block[0]}),
+    );
+    assert_eq!(names(&incoming, "from"), ["M"], "{incoming}");
+    assert_eq!(
+        incoming[0]["fromRanges"][0]["start"],
+        pos(GPT, "= Block", 2),
+        "{incoming}"
+    );
+    // What Block is built of: nn's Dense.
+    let outgoing = s.request(
+        4,
+        "callHierarchy/outgoingCalls",
+        json!({"item": block[0]}),
+    );
+    assert_eq!(names(&outgoing, "to"), ["Dense"], "{outgoing}");
+    assert_eq!(
+        outgoing[0]["fromRanges"][0]["start"],
+        pos(GPT, "Dense", 0),
+        "{outgoing}"
+    );
+    // And the model is built of Block.
+    let m = s.at(5, "textDocument/prepareCallHierarchy", &u, pos(GPT, "M {", 0));
+    let outgoing = s.request(6, "callHierarchy/outgoingCalls", json!({"item": m[0]}));
+    assert_eq!(names(&outgoing, "to"), ["Block"], "{outgoing}");
+    // A name that is not a layer has no hierarchy.
+    let none = s.at(7, "textDocument/prepareCallHierarchy", &u, pos(GPT, "gelu", 0));
+    assert!(none.is_null(), "{none}");
+    s.finish();
+}
+
+#[test]
 fn hints_actions_symbols_tokens_and_folding() {
     let dir = scratch("outline");
     let u = uri(&dir.join("gpt.shard"));

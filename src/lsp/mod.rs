@@ -3,8 +3,8 @@
 //! over the disk ([`state`]); diagnostics go to the file they are in (and to
 //! the importer, at the import); navigation, references, rename, hover,
 //! completion, signature help, inlay hints, code actions, symbols, semantic
-//! tokens and folding read an index of each compilation ([`index`], [`nav`],
-//! [`complete`], [`outline`]); references and rename also read the `.shard`
+//! tokens, folding and the call hierarchy of layers read an index of each
+//! compilation ([`index`], [`nav`], [`complete`], [`outline`], [`calls`]); references and rename also read the `.shard`
 //! files of the workspace folders named at `initialize` ([`workspace`]).
 //! Positions are UTF-16 unless the client offers UTF-8 or UTF-32 ([`text`]).
 //!
@@ -18,6 +18,7 @@
 //! error instead of ending the session. Output uses lsp-server's `Message`
 //! and its writer.
 
+pub mod calls;
 pub mod complete;
 pub mod index;
 pub mod nav;
@@ -293,6 +294,7 @@ fn capabilities(enc: text::Encoding) -> Result<Value, Refusal> {
         )),
         folding_range_provider: Some(FoldingRangeProviderCapability::Simple(true)),
         workspace_symbol_provider: Some(OneOf::Left(true)),
+        call_hierarchy_provider: Some(lsp_types::CallHierarchyServerCapability::Simple(true)),
         code_lens_provider: Some(lsp_types::CodeLensOptions {
             resolve_provider: Some(false),
         }),
@@ -536,6 +538,15 @@ impl<W: Write> Server<'_, W> {
             }
             (Phase::Running, lsp_types::request::DocumentLinkRequest::METHOD) => {
                 params(&req).and_then(|p| json(nav::document_links(st, p)))
+            }
+            (Phase::Running, lsp_types::request::CallHierarchyPrepare::METHOD) => {
+                params(&req).and_then(|p| json(calls::prepare(st, p)))
+            }
+            (Phase::Running, lsp_types::request::CallHierarchyIncomingCalls::METHOD) => {
+                params(&req).and_then(|p| json(calls::incoming(st, p)))
+            }
+            (Phase::Running, lsp_types::request::CallHierarchyOutgoingCalls::METHOD) => {
+                params(&req).and_then(|p| json(calls::outgoing(st, p)))
             }
             // Every request gets an answer, or the client waits for it.
             (Phase::Running, m) => Err((

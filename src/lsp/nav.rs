@@ -152,7 +152,7 @@ fn target(ix: &Index, s: &Symbol) -> Option<Target> {
 /// compilation read and whose text holds `needle` (a file without the name
 /// cannot use it): each with its imports, resolved and indexed (not checked).
 /// Open buffers are read from the overlay, other files from disk.
-fn others(st: &State, needle: &str) -> Vec<Index> {
+pub(super) fn others(st: &State, needle: &str) -> Vec<Index> {
     let mut beside: Vec<PathBuf> = st
         .docs
         .keys()
