@@ -213,7 +213,7 @@ fn diagnostics_and_hover() {
     assert_eq!(edits["result"][0]["newText"], fixed.as_str(), "{edits}");
     assert_eq!(edits["result"][0]["range"]["end"]["line"], 8, "{edits}");
     // A request the server does not handle gets an error, not silence.
-    s.send(json!({"jsonrpc": "2.0", "id": 5, "method": "textDocument/prepareCallHierarchy", "params": {"textDocument": {"uri": uri}, "position": {"line": 0, "character": 0}}}));
+    s.send(json!({"jsonrpc": "2.0", "id": 5, "method": "textDocument/prepareTypeHierarchy", "params": {"textDocument": {"uri": uri}, "position": {"line": 0, "character": 0}}}));
     let none = s.recv();
     assert_eq!(none["id"], 5, "{none}");
     assert_eq!(none["error"]["code"], -32601, "{none}");
