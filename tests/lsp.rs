@@ -834,8 +834,7 @@ fn call_hierarchy_of_layers() {
     let mut s = Server::start();
     let init = s.initialize();
     assert_eq!(
-        init["result"]["capabilities"]["callHierarchyProvider"],
-        true,
+        init["result"]["capabilities"]["callHierarchyProvider"], true,
         "{init}"
     );
     s.open(&u, GPT);
@@ -857,11 +856,7 @@ fn call_hierarchy_of_layers() {
     assert_eq!(block[0]["name"], "Block", "{block}");
     assert_eq!(block[0]["selectionRange"]["start"], pos(GPT, "Block", 0));
     // Who instantiates Block: the model, at `Block(D)`.
-    let incoming = s.request(
-        3,
-        "callHierarchy/incomingCalls",
-        json!({"item": block[0]}),
-    );
+    let incoming = s.request(3, "callHierarchy/incomingCalls", json!({"item": block[0]}));
     assert_eq!(names(&incoming, "from"), ["M"], "{incoming}");
     assert_eq!(
         incoming[0]["fromRanges"][0]["start"],
@@ -869,11 +864,7 @@ fn call_hierarchy_of_layers() {
         "{incoming}"
     );
     // What Block is built of: nn's Dense.
-    let outgoing = s.request(
-        4,
-        "callHierarchy/outgoingCalls",
-        json!({"item": block[0]}),
-    );
+    let outgoing = s.request(4, "callHierarchy/outgoingCalls", json!({"item": block[0]}));
     assert_eq!(names(&outgoing, "to"), ["Dense"], "{outgoing}");
     assert_eq!(
         outgoing[0]["fromRanges"][0]["start"],
@@ -881,11 +872,21 @@ fn call_hierarchy_of_layers() {
         "{outgoing}"
     );
     // And the model is built of Block.
-    let m = s.at(5, "textDocument/prepareCallHierarchy", &u, pos(GPT, "M {", 0));
+    let m = s.at(
+        5,
+        "textDocument/prepareCallHierarchy",
+        &u,
+        pos(GPT, "M {", 0),
+    );
     let outgoing = s.request(6, "callHierarchy/outgoingCalls", json!({"item": m[0]}));
     assert_eq!(names(&outgoing, "to"), ["Block"], "{outgoing}");
     // A name that is not a layer has no hierarchy.
-    let none = s.at(7, "textDocument/prepareCallHierarchy", &u, pos(GPT, "gelu", 0));
+    let none = s.at(
+        7,
+        "textDocument/prepareCallHierarchy",
+        &u,
+        pos(GPT, "gelu", 0),
+    );
     assert!(none.is_null(), "{none}");
     s.finish();
 }
