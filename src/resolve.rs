@@ -60,6 +60,9 @@ pub struct Program {
     pub strict: Option<Span>,
     /// The file the user asked for.
     pub root: FileId,
+    /// The syntax tree of every file that parsed (what the editor's index
+    /// walks, so that it does not parse them again).
+    pub syntax: Vec<(FileId, Arc<ast::File>)>,
 }
 
 impl Program {
@@ -75,7 +78,7 @@ pub struct Loader<'a> {
     fs: &'a dyn Files,
     /// Real files read (for `watch`).
     pub read: Vec<PathBuf>,
-    files: Vec<(FileId, ast::File)>,
+    files: Vec<(FileId, Arc<ast::File>)>,
     stack: Vec<(FileId, String)>,
     done: HashMap<String, FileId>,
     /// Each import that loaded (or found loaded) a file: the importing file,
@@ -116,7 +119,7 @@ impl<'a> Loader<'a> {
                         self.import(id, imp);
                     }
                 }
-                self.files.push((id, file));
+                self.files.push((id, Arc::new(file)));
             }
         }
         self.stack.pop();
@@ -381,6 +384,7 @@ impl<'a> Loader<'a> {
                 }
             }
         }
+        prog.syntax = self.files;
         prog
     }
 }

@@ -26,6 +26,10 @@ pub struct Options {
     pub f64: bool,
     /// `--map FILE.toml`: a weight map, checked against every trained model.
     pub map: Option<PathBuf>,
+    /// The editor's check at each keystroke: no plans and no data or
+    /// weight-map checks (they read files and take most of the time on a
+    /// large model); the editor runs them once the user pauses.
+    pub quick: bool,
 }
 
 pub struct Compilation {
@@ -384,7 +388,7 @@ fn compile_here(files: &dyn Files, path: &Path, text: String, opts: &Options) ->
     for p in &mut lowered {
         schedule_file(p, files, &mut sources, &mut diagnostics, &mut read);
     }
-    let clean = !diagnostics.iter().any(|d| d.is_error());
+    let clean = !opts.quick && !diagnostics.iter().any(|d| d.is_error());
     let plans: Vec<crate::plan::Plan> = lowered
         .iter()
         .filter(|_| clean)
@@ -396,13 +400,19 @@ fn compile_here(files: &dyn Files, path: &Path, text: String, opts: &Options) ->
     calls_per_step(&mut diagnostics, &plans);
     let programs: Vec<crate::spmd::Program> =
         lowered.into_iter().filter(|p| p.folds.is_empty()).collect();
-    let (diags, data, mut data_read) =
-        crate::data::check(&spec, &programs, opts.data.as_deref(), files);
-    diagnostics.extend(diags);
-    read.append(&mut data_read);
+    let data = if opts.quick {
+        Default::default()
+    } else {
+        let (diags, data, mut data_read) =
+            crate::data::check(&spec, &programs, opts.data.as_deref(), files);
+        diagnostics.extend(diags);
+        read.append(&mut data_read);
+        data
+    };
     let map = opts
         .map
         .as_deref()
+        .filter(|_| !opts.quick)
         .and_then(|m| weight_map(m, root, files, &mut sources, &programs, &mut diagnostics));
     if let Some(m) = &opts.map {
         read.push(m.clone());

@@ -511,6 +511,34 @@ fn an_unused_import_is_faded_and_its_quick_fix_removes_it() {
 }
 
 #[test]
+fn data_checks_and_plans_wait_for_a_pause() {
+    let dir = scratch("pause");
+    let u = uri(&dir.join("q.shard"));
+    let text = "import nn\nmesh pod(dp: 2, mp: 2)\nmodel M {\n  l = Linear(8 -> 8@mp)\n  w: f32[8@mp, 8] init normal(0.1)\n  fn forward(x: f32[B@dp, 8]) -> f32[B@dp, 8] {\n    l(x) @ w\n  }\n}\ntrain M on pod {\n  data: arrays(path: \"missing.npz\")\n  batch: 8, steps: 2, optimizer: sgd(lr: 0.1), loss: mse\n}\n";
+    let mut s = Server::start();
+    s.initialize();
+    s.open(&u, text);
+    // At once: the checks that do not read data or plan.
+    let quick = s.diags(&u);
+    assert_eq!(codes(&quick), ["N0001"], "{quick:?}");
+    let said = |d: &Value| d["message"].as_str().unwrap_or("").to_string();
+    assert!(!said(&quick[0]).contains("per step"), "{quick:?}");
+    // After the pause: the data file's error, and the plan's calls per step.
+    let full = s.diags(&u);
+    assert_eq!(codes(&full), ["N0001", "E0304"], "{full:?}");
+    assert!(
+        said(&full[0]).contains("256 B per step (2 calls)"),
+        "{full:?}"
+    );
+    // A hover answers from the full check even before the pause ends.
+    s.change(&u, 2, &text.replace("steps: 2", "steps: 3"));
+    let hover = s.at(2, "textDocument/hover", &u, pos(text, "l(x) @", 5));
+    let shown = hover["contents"]["value"].as_str().unwrap_or("");
+    assert!(shown.contains("per step"), "{hover}");
+    s.finish();
+}
+
+#[test]
 fn an_unsaved_edit_to_an_imported_buffer_changes_the_importers_diagnostics() {
     let dir = scratch("overlay");
     std::fs::write(dir.join("lib.shard"), LIB).expect("write");

@@ -123,7 +123,12 @@ impl Index {
         let mut ix = Index::default();
         let mut asts = Vec::new();
         for (fid, sf) in sources.files() {
-            let ast = crate::parse::parse(fid, &sf.text).ok();
+            // The compilation's own trees: a file not among them did not parse.
+            let ast = program
+                .syntax
+                .iter()
+                .find(|(f, _)| *f == fid)
+                .map(|(_, a)| a.clone());
             ix.files.push(FileIdx {
                 key: super::text::key(&sf.path),
                 name: sf.name.clone(),

@@ -179,7 +179,23 @@ where
         output_closed: false,
         watch_by_registration: false,
     };
-    'session: while let Ok(first) = rx.recv() {
+    'session: loop {
+        // While some buffer waits for its full check, wait only for a pause.
+        let first = if server.st.settling() {
+            match rx.recv_timeout(PAUSE) {
+                Ok(m) => m,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    server.settle(&mut session, None);
+                    continue;
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        } else {
+            match rx.recv() {
+                Ok(m) => m,
+                Err(_) => break,
+            }
+        };
         // Handle what came, then everything already queued behind it, and
         // only then re-check: queued edits cost one check.
         let mut next = Some(first);
@@ -231,6 +247,10 @@ struct Server<'a, W: Write> {
 
 /// An error response's code and message.
 type Refusal = (ErrorCode, String);
+
+/// How long the input stays quiet before the buffers checked quickly at
+/// each edit get their plans and data checks ([`state::State::settle`]).
+pub const PAUSE: std::time::Duration = std::time::Duration::from_millis(300);
 
 fn params<P: serde::de::DeserializeOwned>(req: &Request) -> Result<P, Refusal> {
     serde_json::from_value(req.params.clone()).map_err(|e| {
@@ -415,12 +435,54 @@ impl<W: Write> Server<'_, W> {
         }
     }
 
+    /// The full check of the buffers checked quickly (or of one of them),
+    /// published where it changed what a file shows.
+    fn settle(&mut self, session: &mut Session, only: Option<&std::path::Path>) {
+        if !self.st.settling() {
+            return;
+        }
+        match catch_unwind(AssertUnwindSafe(|| self.st.settle(only))) {
+            Ok(notes) => {
+                for p in notes {
+                    self.send(Message::Notification(Notification {
+                        method: PublishDiagnostics::METHOD.to_string(),
+                        params: serde_json::to_value(p).unwrap_or_default(),
+                    }));
+                }
+            }
+            Err(payload) => {
+                session.panics += 1;
+                let what = what(payload.as_ref());
+                self.log(&format!(
+                    "internal error (a bug) checking the buffers fully: {what}"
+                ));
+            }
+        }
+    }
+
     /// Handles one message; `Some` when it ends the session.
     fn handle(&mut self, msg: Message, session: &mut Session) -> Option<End> {
         match msg {
             Message::Request(req) => {
                 // Answers are about the buffers as they are now.
                 self.flush(session);
+                // Code lenses and hovers show the plan's figures: the
+                // buffer asked about gets its full check first.
+                if [
+                    lsp_types::request::CodeLensRequest::METHOD,
+                    HoverRequest::METHOD,
+                ]
+                .contains(&req.method.as_str())
+                {
+                    let key = req
+                        .params
+                        .pointer("/textDocument/uri")
+                        .and_then(|u| serde_json::from_value::<lsp_types::Uri>(u.clone()).ok())
+                        .map(|u| state::State::key_of(&u));
+                    if let Some(key) = key {
+                        self.settle(session, Some(&key));
+                    }
+                }
                 self.request(req);
             }
             Message::Notification(n) if n.method == "exit" => {

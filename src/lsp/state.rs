@@ -79,6 +79,9 @@ pub struct State {
     /// Re-check every open buffer at the next flush (a buffer opened or closed
     /// can change what any import reads).
     all_dirty: bool,
+    /// Buffers whose last analysis was quick ([`Options::quick`]): their
+    /// plans and data checks run when the user pauses ([`State::settle`]).
+    late: BTreeSet<PathBuf>,
     /// What each file was last shown.
     published: HashMap<PathBuf, (Uri, Vec<Diagnostic>)>,
     /// The workspace folders ([`super::workspace`]), canonical.
@@ -97,6 +100,7 @@ impl State {
             analyses: HashMap::new(),
             dirty: BTreeSet::new(),
             all_dirty: false,
+            late: BTreeSet::new(),
             published: HashMap::new(),
             roots: Vec::new(),
             notes: Mutex::new(Vec::new()),
@@ -213,19 +217,50 @@ impl State {
             .collect();
         self.all_dirty = false;
         for key in &roots {
-            let mut a = self.analyze(key);
-            if let Some(old) = self.analyses.get_mut(key).filter(|_| !a.parses) {
-                // Mid-edit: keep what the last parse knew.
-                a.meshes = std::mem::take(&mut old.meshes);
-                a.trains = std::mem::take(&mut old.trains);
-                a.types = std::mem::take(&mut old.types);
-            }
-            self.analyses.insert(key.clone(), a);
+            self.reanalyze(key, true);
+            self.late.insert(key.clone());
         }
         self.publish(&forced)
     }
 
-    fn analyze(&self, key: &Path) -> Analysis {
+    /// Whether some buffer waits for its full check ([`State::settle`]).
+    pub fn settling(&self) -> bool {
+        !self.late.is_empty()
+    }
+
+    /// The full check (plans, data) of the buffers the last flushes checked
+    /// quickly, or of `only` among them; returns the `publishDiagnostics` of
+    /// the files whose diagnostics changed.
+    pub fn settle(&mut self, only: Option<&Path>) -> Vec<PublishDiagnosticsParams> {
+        let keys: Vec<PathBuf> = match only {
+            Some(k) => self.late.take(k).into_iter().collect(),
+            None => std::mem::take(&mut self.late).into_iter().collect(),
+        };
+        let keys: Vec<PathBuf> = keys
+            .into_iter()
+            .filter(|k| self.docs.contains_key(k))
+            .collect();
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        for key in &keys {
+            self.reanalyze(key, false);
+        }
+        self.publish(&BTreeSet::new())
+    }
+
+    fn reanalyze(&mut self, key: &Path, quick: bool) {
+        let mut a = self.analyze(key, quick);
+        if let Some(old) = self.analyses.get_mut(key).filter(|_| !a.parses) {
+            // Mid-edit: keep what the last parse knew.
+            a.meshes = std::mem::take(&mut old.meshes);
+            a.trains = std::mem::take(&mut old.trains);
+            a.types = std::mem::take(&mut old.types);
+        }
+        self.analyses.insert(key.to_path_buf(), a);
+    }
+
+    fn analyze(&self, key: &Path, quick: bool) -> Analysis {
         let mut files = Overlay::new(&Disk);
         // An oversized buffer is not laid over the disk: an importer reads the
         // file as `shardc check` would (at most 16 MiB).
@@ -247,7 +282,10 @@ impl State {
             .unwrap_or_default();
         let old = self.analyses.get(key).map(|a| a.index.clone());
         let enc = self.enc;
-        let opts = self.opts.clone();
+        let opts = Options {
+            quick,
+            ..self.opts.clone()
+        };
         // Indexing walks the syntax trees recursively: on a stack as large as
         // the compiler's.
         let work = || analyze(&files, key, text, &opts, old, enc);
@@ -547,6 +585,11 @@ fn convert(
     loc: &dyn Fn(crate::source::Span) -> Option<(PathBuf, lsp_types::Range)>,
 ) -> Diagnostic {
     let mut message = d.message.clone();
+    // The primary label says what is at the range (N0001's bytes per call
+    // and per step); the editor shows no labels, so it joins the message.
+    if !d.primary.text.is_empty() {
+        message.push_str(&format!("\n{}", d.primary.text));
+    }
     if let Some(h) = &d.help {
         message.push_str(&format!("\nhelp: {h}"));
     }
