@@ -6,7 +6,7 @@
 //! typed result to the next, and [`world::compile`] drives them.
 //!
 //! 0. foundation: [`source`], [`diag`], [`units`], [`files`], [`access`], [`arrays`], [`heap`], [`kernels`], [`fault`]
-//! 1. syntax: [`ast`], [`parse`], [`fmt`]
+//! 1. syntax: [`ast`], [`parse`], [`reparse`], [`fmt`]
 //! 2. core: [`types`], [`mesh`], [`init`], [`embed`], [`vocab`], [`schedule`]
 //! 3. resolve: [`resolve`]
 //! 4. spec: [`spec`]
@@ -56,6 +56,7 @@ pub mod optim;
 pub mod parse;
 pub mod plan;
 pub mod prim;
+pub mod reparse;
 pub mod resolve;
 pub mod runtime;
 pub mod schedule;

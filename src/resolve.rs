@@ -4,7 +4,6 @@
 use crate::ast::{self, DimExpr, DimOp, Item};
 use crate::diag::{did_you_mean, Diagnostic, Problem};
 use crate::files::Files;
-use crate::parse;
 use crate::source::{FileId, SourceFile, SourceMap, Span};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -111,7 +110,7 @@ impl<'a> Loader<'a> {
         self.done.insert(key.clone(), id);
         self.stack.push((id, key));
         let text = self.sources.get(id).text.clone();
-        match parse::parse(id, &text) {
+        match crate::reparse::parse(id, &text) {
             Err(p) => self.diags.push(p.diagnostic()),
             Ok(file) => {
                 for item in &file.items {

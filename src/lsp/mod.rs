@@ -169,6 +169,8 @@ where
             return session;
         }
     };
+    // Items of a buffer an edit did not touch are not parsed again.
+    crate::reparse::remember();
     let mut st = state::State::new(opts);
     st.max_document = max_document;
     let mut server = Server {
