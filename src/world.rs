@@ -419,6 +419,9 @@ fn compile_here(files: &dyn Files, path: &Path, text: String, opts: &Options) ->
     }
     // Stable order: by file, then position, errors before notes at the same place.
     diagnostics.sort_by_key(|d| (d.primary.span.file, d.primary.span.start, d.severity));
+    for d in &mut diagnostics {
+        d.settle_fix(&sources);
+    }
     Compilation {
         sources,
         diagnostics,

@@ -234,6 +234,7 @@ impl<'p> Checker<'p> {
                     ty: ty.to_string(),
                     op: "the loss".into(),
                     axes: Self::axes_text(&axes),
+                    reduce: None,
                 });
             }
         }
@@ -308,16 +309,27 @@ impl<'p> Checker<'p> {
         for inst in instances(model) {
             for (name, (_, _, span)) in &inst.weights {
                 if !self.used_weights.contains(span) {
-                    found.insert(*span, (name.clone(), inst.decl.name.name.clone()));
+                    // The declaration whose name this is.
+                    let decl = inst.decl.members.iter().find_map(|m| match m {
+                        // From the name to the end of its type or `init`
+                        // (a member's own span runs on over what follows).
+                        ast::Member::Weight { name, ty, init, .. } if name.span == *span => {
+                            let end = init.as_ref().map_or(ty.span.end, |e| e.span.end);
+                            Some(Span { end, ..name.span })
+                        }
+                        _ => None,
+                    });
+                    found.insert(*span, (name.clone(), inst.decl.name.name.clone(), decl));
                 }
             }
         }
-        for (span, (weight, layer)) in found {
+        for (span, (weight, layer, decl)) in found {
             if self.unused_said.insert(span) {
                 self.report(Problem::UnusedWeight {
                     span,
                     weight,
                     layer,
+                    decl,
                 });
             }
         }

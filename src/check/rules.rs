@@ -268,6 +268,7 @@ impl<'p> Checker<'p> {
                 ty: t.to_string(),
                 op,
                 axes: Self::axes_text(&axes),
+                reduce: Some(reducing(t)),
             },
             e,
             scope,
@@ -432,4 +433,19 @@ fn one_note_per_gather(
         }
     }
     out
+}
+
+/// The call that removes every reduction `t` owes, as the text around it:
+/// `psum(…, a, b)` for sums, `pmax(…, a)` / `pmin(…, a)` for one pending
+/// maximum or minimum, else `reduce(…)` (every kind at once).
+fn reducing(t: &TType) -> (String, String) {
+    let axes: Vec<&str> = t.pending.keys().map(String::as_str).collect();
+    let ops: Vec<ReduceOp> = t.pending.values().copied().collect();
+    let one = |name: &str| (format!("{name}("), format!(", {})", axes.join(", ")));
+    match ops.as_slice() {
+        [ReduceOp::Max] => one("pmax"),
+        [ReduceOp::Min] => one("pmin"),
+        _ if ops.iter().all(|o| *o == ReduceOp::Sum) => one("psum"),
+        _ => ("reduce(".into(), ")".into()),
+    }
 }

@@ -46,6 +46,10 @@ pub struct Fix {
     /// names): the compile tries each and keeps the one whose file checks
     /// with the fewest errors (`world::compile_text`).
     pub also: Vec<String>,
+    /// A fix that wraps what is written (`psum(x @ w, mp)`): the text put
+    /// before and after it. The compile fills in `replacement` from the
+    /// source ([`Diagnostic::wrap`]), so every reader sees a plain edit.
+    pub around: Option<(String, String)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,8 +98,28 @@ impl Diagnostic {
             span,
             replacement: replacement.into(),
             also: Vec::new(),
+            around: None,
         });
         self
+    }
+    /// A fix that wraps the text at `span` in `before` … `after`.
+    pub fn wrap(mut self, span: Span, before: impl Into<String>, after: impl Into<String>) -> Self {
+        self.fix = Some(Fix {
+            span,
+            replacement: String::new(),
+            also: Vec::new(),
+            around: Some((before.into(), after.into())),
+        });
+        self
+    }
+    /// Fills in a wrapping fix's replacement from the source text.
+    pub fn settle_fix(&mut self, sources: &crate::source::SourceMap) {
+        if let Some(fix) = self.fix.as_mut() {
+            if let Some((before, after)) = fix.around.take() {
+                let text = sources.get(fix.span.file).snippet(fix.span);
+                fix.replacement = format!("{before}{text}{after}");
+            }
+        }
     }
     /// A fix with several equally close replacements (see [`Fix::also`]).
     pub fn fix_among(mut self, span: Span, mut choices: Vec<String>) -> Self {
@@ -107,6 +131,7 @@ impl Diagnostic {
             span,
             replacement: first,
             also: choices,
+            around: None,
         });
         self
     }

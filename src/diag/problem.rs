@@ -328,6 +328,9 @@ pub enum Problem {
         ty: String,
         op: String,
         axes: String,
+        /// The call that reduces it, wrapped around the expression at `span`
+        /// (`psum(`, `, mp)`), when `span` is an expression.
+        reduce: Option<(String, String)>,
     },
     BadCollective {
         span: Span,
@@ -529,6 +532,8 @@ pub enum Problem {
         span: Span,
         weight: String,
         layer: String,
+        /// The whole declaration (the quick fix removes it).
+        decl: Option<Span>,
     },
     /// An import of the root file that brings nothing another file names (W0007).
     UnusedImport {
@@ -759,7 +764,12 @@ impl Problem {
                 if let Some(o) = other {
                     x = x.secondary(*o, format!("this is {expected}"));
                 }
-                x.help(format!("convert explicitly with `cast(x, {expected})`"))
+                let x = x.help(format!("convert explicitly with `cast(x, {expected})`"));
+                // Only a dtype's name can be cast to.
+                match crate::ast::DType::parse(expected) {
+                    Some(_) => x.wrap(*span, "cast(", format!(", {expected})")),
+                    None => x,
+                }
             }
             Rank { span, expected, found, ty, decl } => {
                 let mut x = d(Code::E0211, format!("expected a tensor of rank {expected}, found rank {found}"), *span, format!("this is {ty}"));
@@ -779,9 +789,14 @@ impl Problem {
                 .secondary(lhs.0, lhs.1.clone())
                 .secondary(rhs.0, rhs.1.clone())
                 .help("write the layout you want on the result, each mesh axis splitting one dimension at most (`let y: f32[...] = ...` with the result's sizes and your mesh's axes), and the compiler reshards the operands to it; or reshard an operand yourself with an explicit collective"),
-            PendingUsed { span, ty, op, axes } => d(Code::E0214, format!("{op} needs a reduced value, but this value is `{ty}`"), *span, format!("still owes a reduction over {axes}"))
-                .help(format!("reduce it first: `psum(x, {})` (or `pmax` for a pending max)", axes.replace('`', "")))
-                .note("a partial value holds one addend per device; this operation needs their sum"),
+            PendingUsed { span, ty, op, axes, reduce } => {
+                let x = d(Code::E0214, format!("{op} needs a reduced value, but this value is `{ty}`"), *span, format!("still owes a reduction over {axes}"))
+                    .note("a partial value holds one addend per device; this operation needs their sum");
+                match reduce {
+                    Some((before, after)) => x.help(format!("reduce it first: `{before}x{after}`")).wrap(*span, before, after),
+                    None => x.help(format!("reduce it first: `psum(x, {})` (or `pmax` for a pending max)", axes.replace('`', ""))),
+                }
+            }
             BadCollective { span, message, help } => d(Code::E0215, message.clone(), *span, "here".into()).help(help.clone()),
             ImplicitCollective { span, what, bytes, strict, local } => {
                 let mut x = d(Code::E0216, format!("this needs an implicit {what}"), *span, format!("{bytes} per call"));
@@ -945,9 +960,15 @@ impl Problem {
                 x.note("one of the two splits would be dropped silently")
                     .help(format!("pass the size unsplit and keep this type, write the type without `@` to take the caller's split, or split over both: `@({})`", both.join(", ")))
             }
-            UnusedWeight { span, weight, layer } => d(Code::W0005, format!("the weight `{weight}` of `{layer}` is never used"), *span, "declared here, read nowhere".into())
-                .note("a weight no function of the run reads is not a parameter: it is not trained, saved, loaded or counted by `plan`")
-                .help(format!("use `{weight}` in `forward` (or a function it calls), or remove it")),
+            UnusedWeight { span, weight, layer, decl } => {
+                let x = d(Code::W0005, format!("the weight `{weight}` of `{layer}` is never used"), *span, "declared here, read nowhere".into())
+                    .note("a weight no function of the run reads is not a parameter: it is not trained, saved, loaded or counted by `plan`")
+                    .help(format!("use `{weight}` in `forward` (or a function it calls), or remove it"));
+                match decl {
+                    Some(decl) => x.fix(*decl, ""),
+                    None => x,
+                }
+            }
             UnusedImport { span, target } => d(Code::W0007, format!("the import of `{target}` is never used"), *span, "imported here, named nowhere".into())
                 .note("nothing this file or its other imports name is declared in it, or in what it imports")
                 .help("remove the `import`")
