@@ -112,10 +112,15 @@ impl<'p> Checker<'p> {
             });
             return (None, None);
         } else if m < stages {
+            let multiple = matches!(&st.schedule, crate::schedule::Source::Built { pipe, .. } if pipe.needs_multiple());
+            let enough = (stages..=b)
+                .find(|k| b % k == 0 && (!multiple || k % stages == 0))
+                .and_then(|k| usize::try_from(k).ok());
             self.report(Problem::FewMicrobatches {
                 span,
                 microbatches: m as usize,
                 stages: stages as usize,
+                enough: enough.filter(|_| st.microbatches_span.is_some()),
             });
         }
         (Some(b / m), Some((m as usize, st.schedule.clone())))
@@ -201,6 +206,7 @@ impl<'p> Checker<'p> {
                             axes: Self::axes_text(&names),
                             n,
                             mesh_span: mesh.name_span,
+                            written: t.batch_span.is_some(),
                         });
                         batch = None;
                     }

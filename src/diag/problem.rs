@@ -427,6 +427,8 @@ pub enum Problem {
         axes: String,
         n: i64,
         mesh_span: Span,
+        /// Whether `span` is the written batch (the fix replaces it).
+        written: bool,
     },
     UnknownCombiner {
         span: Span,
@@ -515,6 +517,9 @@ pub enum Problem {
         span: Span,
         microbatches: usize,
         stages: usize,
+        /// The fewest microbatches at least `stages` that the batch (and
+        /// the schedule) allow, when some do.
+        enough: Option<usize>,
     },
     /// A weight declared in a float type that the run neither computes in
     /// nor keeps as master weights (f32).
@@ -689,7 +694,8 @@ impl Problem {
             NoForward { span, layer } => d(Code::E0108, format!("`{layer}` has no `forward` function"), *span, "needs `fn forward(...)`".into())
                 .help("add `fn forward(x: f32[B, D]) -> f32[B, D] { ... }`"),
             UnknownPragma { span, name } => d(Code::E0109, format!("unknown pragma `{name}`"), *span, "not a pragma".into())
-                .help("the only pragma is `pragma strict` (every collective must be written explicitly)"),
+                .help("the only pragma is `pragma strict` (every collective must be written explicitly)")
+                .fix(*span, "strict"),
             UnknownAxis { span, axis, mesh, axes } => {
                 let mut x = d(Code::E0200, format!("unknown mesh axis `{axis}`"), *span, match mesh {
                     Some((m, _)) => format!("mesh `{m}` has no axis `{axis}`"),
@@ -869,9 +875,13 @@ impl Problem {
                     });
                 match loss_span { Some(s) => x.secondary(*s, "the loss is chosen here"), None => x }
             }
-            BatchIndivisible { span, batch, axes, n, mesh_span } => d(Code::E0303, format!("batch {batch} is not divisible by the data axes {axes} (size {n})"), *span, format!("{batch} examples over {n} devices"))
-                .secondary(*mesh_span, "mesh declared here")
-                .help(format!("use a batch that is a multiple of {n} (e.g. {})", (batch / n).max(1).saturating_mul(*n))),
+            BatchIndivisible { span, batch, axes, n, mesh_span, written } => {
+                let near = (batch / n).max(1).saturating_mul(*n);
+                let x = d(Code::E0303, format!("batch {batch} is not divisible by the data axes {axes} (size {n})"), *span, format!("{batch} examples over {n} devices"))
+                    .secondary(*mesh_span, "mesh declared here")
+                    .help(format!("use a batch that is a multiple of {n} (e.g. {near})"));
+                if *written { x.fix(*span, near.to_string()) } else { x }
+            }
             UnknownCombiner { span, name } => {
                 let mut x = d(Code::E0400, format!("unknown combiner `{name}`"), *span, "not a combiner".into())
                     .help("combiners are `sum`, `mean` and `sqrtn`")
@@ -943,11 +953,14 @@ impl Problem {
             }
             Schedule { span, problem } => schedule_problem(*span, problem),
             ScheduleFile { span, problem } | ScheduleUnsound { span, problem } => schedule_file(*span, problem),
-            FewMicrobatches { span, microbatches, stages } => {
+            FewMicrobatches { span, microbatches, stages, enough } => {
                 let bubble = (*stages as f64 - 1.0) / (*microbatches as f64 + *stages as f64 - 1.0);
-                d(Code::W0001, format!("{microbatches} microbatch(es) for {stages} pipeline stages: devices idle {:.0}% of each step", bubble * 100.0), *span, format!("{microbatches} < {stages}"))
-                    .note(format!("the bubble fraction is (stages − 1) / (microbatches + stages − 1) = {}/{}", stages - 1, microbatches + stages - 1))
-                    .help(format!("use at least {stages} microbatches, more to shrink the bubble"))
+                let x = d(Code::W0001, format!("{microbatches} microbatch(es) for {stages} pipeline stages: devices idle {:.0}% of each step", bubble * 100.0), *span, format!("{microbatches} < {stages}"))
+                    .note(format!("the bubble fraction is (stages − 1) / (microbatches + stages − 1) = {}/{}", stages - 1, microbatches + stages - 1));
+                match enough {
+                    Some(m) => x.help(format!("use at least {stages} microbatches (here {m}, which divides the batch), more to shrink the bubble")).fix(*span, m.to_string()),
+                    None => x.help(format!("use at least {stages} microbatches, more to shrink the bubble")),
+                }
             }
             ShardingTwice { span, given, here, site } => {
                 let list = |v: &[String]| v.iter().map(|a| format!("`{a}`")).collect::<Vec<_>>().join(", ");
