@@ -13,7 +13,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+mod common;
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -85,38 +87,16 @@ fn neovim_rechecks_an_importer_when_its_import_changes_on_disk() {
     };
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = scratch();
-    let mut child = Command::new(&nvim)
-        .args(["--headless", "--clean", "-l"])
-        .arg(root.join("scripts/nvim_recheck.lua"))
-        .arg(env!("CARGO_BIN_EXE_shardc"))
-        .arg(&dir)
-        .current_dir(&dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start Neovim");
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait for Neovim") {
-            break Some(s);
-        }
-        if start.elapsed() > LIMIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    // The script prints a few lines: the pipes cannot fill.
-    let out = child.wait_with_output().map(|o| {
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )
-    });
-    let out = out.unwrap_or_default();
+    let (status, out, err) = common::within(
+        Command::new(&nvim)
+            .args(["--headless", "--clean", "-l"])
+            .arg(root.join("scripts/nvim_recheck.lua"))
+            .arg(env!("CARGO_BIN_EXE_shardc"))
+            .arg(&dir)
+            .current_dir(&dir),
+        LIMIT,
+    );
+    let out = format!("{out}{err}");
     let _ = std::fs::remove_dir_all(&dir);
     println!("{out}");
     let Some(status) = status else {

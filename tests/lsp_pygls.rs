@@ -11,7 +11,9 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+mod common;
 
 /// The whole session's time limit (each answer in it has its own, shorter one).
 const LIMIT: Duration = Duration::from_secs(300);
@@ -63,42 +65,13 @@ fn the_pygls_session_passes() {
         Err(why) => return unavailable(&why),
     };
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut child = Command::new(&python)
-        .arg(root.join("scripts/lsp_session.py"))
-        .arg(env!("CARGO_BIN_EXE_shardc"))
-        .current_dir(root)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the session");
-    // Read both pipes on threads, so that a chatty session cannot block.
-    let mut out = child.stdout.take().expect("stdout");
-    let mut err = child.stderr.take().expect("stderr");
-    let out = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = std::io::Read::read_to_string(&mut out, &mut s);
-        s
-    });
-    let err = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = std::io::Read::read_to_string(&mut err, &mut s);
-        s
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait for the session") {
-            break Some(s);
-        }
-        if start.elapsed() > LIMIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let out = out.join().unwrap_or_default();
-    let err = err.join().unwrap_or_default();
+    let (status, out, err) = common::within(
+        Command::new(&python)
+            .arg(root.join("scripts/lsp_session.py"))
+            .arg(env!("CARGO_BIN_EXE_shardc"))
+            .current_dir(root),
+        LIMIT,
+    );
     println!("{out}");
     let Some(status) = status else {
         panic!("the pygls session took more than {LIMIT:?}\n{out}\n{err}");

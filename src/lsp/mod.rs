@@ -415,35 +415,28 @@ impl<W: Write> Server<'_, W> {
 
     /// Re-checks what the handled messages changed and publishes.
     fn flush(&mut self, session: &mut Session) {
-        if !self.st.pending() {
-            return;
-        }
-        match catch_unwind(AssertUnwindSafe(|| self.st.flush())) {
-            Ok(notes) => {
-                for p in notes {
-                    self.send(Message::Notification(Notification {
-                        method: PublishDiagnostics::METHOD.to_string(),
-                        params: serde_json::to_value(p).unwrap_or_default(),
-                    }));
-                }
-            }
-            Err(payload) => {
-                session.panics += 1;
-                let what = what(payload.as_ref());
-                self.log(&format!(
-                    "internal error (a bug) checking the buffers: {what}"
-                ));
-            }
+        if self.st.pending() {
+            self.check(session, "checking the buffers", |st| st.flush());
         }
     }
 
     /// The full check of the buffers checked quickly (or of one of them),
     /// published where it changed what a file shows.
     fn settle(&mut self, session: &mut Session, only: Option<&std::path::Path>) {
-        if !self.st.settling() {
-            return;
+        if self.st.settling() {
+            self.check(session, "checking the buffers fully", |st| st.settle(only));
         }
-        match catch_unwind(AssertUnwindSafe(|| self.st.settle(only))) {
+    }
+
+    /// Runs a check of the state under `catch_unwind` and sends the
+    /// diagnostics it returns; a panic is logged as a bug in `doing`.
+    fn check(
+        &mut self,
+        session: &mut Session,
+        doing: &str,
+        run: impl FnOnce(&mut state::State) -> Vec<lsp_types::PublishDiagnosticsParams>,
+    ) {
+        match catch_unwind(AssertUnwindSafe(|| run(&mut self.st))) {
             Ok(notes) => {
                 for p in notes {
                     self.send(Message::Notification(Notification {
@@ -455,9 +448,7 @@ impl<W: Write> Server<'_, W> {
             Err(payload) => {
                 session.panics += 1;
                 let what = what(payload.as_ref());
-                self.log(&format!(
-                    "internal error (a bug) checking the buffers fully: {what}"
-                ));
+                self.log(&format!("internal error (a bug) {doing}: {what}"));
             }
         }
     }

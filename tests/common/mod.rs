@@ -101,6 +101,47 @@ pub fn measured(cmd: &mut std::process::Command) -> Ran {
     }
 }
 
+/// Runs `cmd` (stdin closed, both pipes read on threads) until it ends or
+/// `limit` passes, when it is killed: its status (`None` when killed),
+/// stdout and stderr.
+#[allow(dead_code)]
+pub fn within(
+    cmd: &mut std::process::Command,
+    limit: std::time::Duration,
+) -> (Option<std::process::ExitStatus>, String, String) {
+    use std::io::Read;
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let pipe = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = pipe(Box::new(child.stdout.take().expect("stdout")));
+    let err = pipe(Box::new(child.stderr.take().expect("stderr")));
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break Some(s);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let out = out.join().unwrap_or_default();
+    let err = err.join().unwrap_or_default();
+    (status, out, err)
+}
+
 /// `shardc` run from the repository root, with the temporary directory and
 /// the repository granted (tests write models there and name fixtures
 /// absolutely; the access policy itself is tested in tests/access.rs).
