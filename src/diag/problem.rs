@@ -771,10 +771,12 @@ impl Problem {
                     x = x.secondary(*o, format!("this is {expected}"));
                 }
                 let x = x.help(format!("convert explicitly with `cast(x, {expected})`"));
-                // Only a dtype's name can be cast to.
-                match crate::ast::DType::parse(expected) {
-                    Some(_) => x.wrap(*span, "cast(", format!(", {expected})")),
-                    None => x,
+                // Only a dtype's name (one word, `i32`) can be cast to, not a
+                // description of several (`an integer dtype (indices)`).
+                if !expected.is_empty() && expected.chars().all(|c| c.is_ascii_alphanumeric()) {
+                    x.wrap(*span, "cast(", format!(", {expected})"))
+                } else {
+                    x
                 }
             }
             Rank { span, expected, found, ty, decl } => {
