@@ -2,7 +2,9 @@
 """Latency of `shardc lsp` as an editor sees it (not a test: nothing is
 asserted about time). For models/gptj.shard and a generated model of about
 2,000 lines: edit → diagnostics (a `didChange`, then the
-`publishDiagnostics` of that version), hover and go-to-definition; median
+`publishDiagnostics` of that version), hover and go-to-definition, and on
+gptj references and rename of a parameter and a layer over the repository's
+workspace; median
 and 90th percentile over N rounds, in milliseconds.
 
     python3 scripts/lsp_bench.py [path/to/shardc] [--rounds N]
@@ -61,7 +63,7 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
-def bench(server, name, path, text, rounds, hover_at, def_at):
+def bench(server, name, path, text, rounds, hover_at, def_at, names=()):
     uri = path.as_uri()
     c = Client(server)
     c.initialize()
@@ -96,9 +98,21 @@ def bench(server, name, path, text, rounds, hover_at, def_at):
 
     hover = timed("textDocument/hover", hover_at)
     definition = timed("textDocument/definition", def_at)
+    rows = [("edit → diagnostics", edit), ("hover", hover), ("definition", definition)]
+    # References and rename of names over the workspace (the repository).
+    for label, at in names:
+        for method, extra in (("references", {"context": {"includeDeclaration": True}}),
+                              ("rename", {"newName": "renamed_"})):
+            xs = []
+            for _ in range(rounds):
+                t = time.perf_counter()
+                c.request(f"textDocument/{method}",
+                          {"textDocument": {"uri": uri}, "position": at, **extra})
+                xs.append((time.perf_counter() - t) * 1e3)
+            rows.append((f"{method} of {label}", xs))
     c.close()
     lines = text.count("\n")
-    for what, xs in (("edit → diagnostics", edit), ("hover", hover), ("definition", definition)):
+    for what, xs in rows:
         print(f"| {name} ({lines} lines) | {what} | {statistics.median(xs):.1f} | {pct(xs, 90):.1f} |")
 
 
@@ -115,7 +129,10 @@ def main():
     gptj = ROOT / "models" / "gptj.shard"
     text = gptj.read_text()
     bench(server, "models/gptj.shard", gptj, text, rounds,
-          position(text, "let attn", 4), position(text, "LayerNorm(D)"))
+          position(text, "let attn", 4), position(text, "LayerNorm(D)"),
+          names=(("a function parameter (`x`)", position(text, "fn forward(x", 11)),
+                 ("a layer parameter (`D`)", position(text, "layer GPTJBlock(D", 16)),
+                 ("a layer (`GPTJBlock`)", position(text, "layer GPTJBlock", 6))))
     big = ROOT / "target" / "lsp-bench" / "big.shard"
     big.parent.mkdir(parents=True, exist_ok=True)
     text = generated()

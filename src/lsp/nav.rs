@@ -261,6 +261,25 @@ fn needle(ix: &Index, s: &Symbol) -> String {
     }
 }
 
+/// The workspace files that may use a symbol ([`others`]); none for a name
+/// only its own declaration can see (a `let`, a function's parameter, a
+/// layer's dimension parameter: the index resolves them in the enclosing
+/// function's or layer's scope alone), so its references and rename read no
+/// other file.
+fn beyond(st: &State, ix: &Index, t: Target, s: &Symbol) -> Vec<Index> {
+    let local = match t {
+        Target::Def(d) => ix
+            .defs
+            .get(d)
+            .is_some_and(|d| matches!(d.kind, Kind::Let | Kind::FnParam | Kind::Param)),
+        Target::Op(_) | Target::Library(_) | Target::File(_) => false,
+    };
+    if local {
+        return Vec::new();
+    }
+    others(st, &needle(ix, s))
+}
+
 /// Every occurrence of a symbol in every index: (file key, start, end, is a
 /// declaration), each once.
 fn occurrences(
@@ -304,7 +323,7 @@ pub fn references(st: &State, p: ReferenceParams) -> Option<Vec<Location>> {
     let at = at_params(st, &p.text_document_position)?;
     let o = at.occ()?;
     let s = symbol(at.ix, o.target)?;
-    let extra = others(st, &needle(at.ix, &s));
+    let extra = beyond(st, at.ix, o.target, &s);
     let mut occs = occurrences(st, &s, &extra);
     if !p.context.include_declaration {
         occs.retain(|o| !o.3);
@@ -403,7 +422,7 @@ pub fn rename(st: &State, p: RenameParams) -> Result<Option<WorkspaceEdit>, Refu
     let Some(s) = symbol(at.ix, Target::Def(d)) else {
         return Ok(None);
     };
-    let extra = others(st, &needle(at.ix, &s));
+    let extra = beyond(st, at.ix, Target::Def(d), &s);
     let mut changes: HashMap<Uri, Vec<TextEdit>> = HashMap::new();
     for (k, s, e, _, text) in occurrences(st, &s, &extra) {
         let Some(uri) = st.uri(&k) else { continue };
