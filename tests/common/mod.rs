@@ -55,11 +55,14 @@ pub struct Ran {
     pub peak_mib: f64,
 }
 
-/// Runs `cmd` to its end (at most 10 minutes: a hang fails, it is not timed)
-/// and measures its peak resident memory. The child is reaped by `wait4`,
-/// which also gives its resource usage, not by `Child::wait`.
-#[allow(clippy::zombie_processes, dead_code)]
-pub fn measured(cmd: &mut std::process::Command) -> Ran {
+/// A thread reading one of a child's pipes to its end.
+#[allow(dead_code)]
+type Reader = std::thread::JoinHandle<String>;
+
+/// Starts `cmd` with stdout and stderr piped, each read to its end on a
+/// thread (so that a chatty child cannot block on a full pipe).
+#[allow(dead_code)]
+fn piped(cmd: &mut std::process::Command) -> (std::process::Child, Reader, Reader) {
     use std::io::Read;
     let mut child = cmd
         .stdout(std::process::Stdio::piped())
@@ -75,6 +78,15 @@ pub fn measured(cmd: &mut std::process::Command) -> Ran {
     };
     let out = pipe(Box::new(child.stdout.take().expect("stdout")));
     let err = pipe(Box::new(child.stderr.take().expect("stderr")));
+    (child, out, err)
+}
+
+/// Runs `cmd` to its end (at most 10 minutes: a hang fails, it is not timed)
+/// and measures its peak resident memory. The child is reaped by `wait4`,
+/// which also gives its resource usage, not by `Child::wait`.
+#[allow(clippy::zombie_processes, dead_code)]
+pub fn measured(cmd: &mut std::process::Command) -> Ran {
+    let (mut child, out, err) = piped(cmd);
     let pid = child.id() as libc::pid_t;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
     let mut status = 0;
@@ -109,22 +121,7 @@ pub fn within(
     cmd: &mut std::process::Command,
     limit: std::time::Duration,
 ) -> (Option<std::process::ExitStatus>, String, String) {
-    use std::io::Read;
-    let mut child = cmd
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let pipe = |mut r: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = r.read_to_string(&mut s);
-            s
-        })
-    };
-    let out = pipe(Box::new(child.stdout.take().expect("stdout")));
-    let err = pipe(Box::new(child.stderr.take().expect("stderr")));
+    let (mut child, out, err) = piped(cmd.stdin(std::process::Stdio::null()));
     let start = std::time::Instant::now();
     let status = loop {
         if let Some(s) = child.try_wait().expect("wait") {
