@@ -17,7 +17,7 @@
 //! 9. data: [`data`]
 //! 10. runtime: [`runtime`]
 //! 11. driver: [`world`]
-//! 12. show: [`layout`]
+//! 12. show and search: [`layout`], [`autoshard`]
 //! 13. editor: [`lsp`]
 //! 14. watch: [`watch`]
 //! 15. command line: [`cli`]
@@ -37,6 +37,7 @@
 pub mod access;
 pub mod arrays;
 pub mod ast;
+pub mod autoshard;
 pub mod check;
 pub mod cli;
 pub mod data;

@@ -30,6 +30,10 @@ pub struct Options {
     /// weight-map checks (they read files and take most of the time on a
     /// large model); the editor runs them once the user pauses.
     pub quick: bool,
+    /// One of the auto-sharder's many trial compiles (`shardc shard`): plans,
+    /// but no data or weight-map checks and no choice among fix-its (each
+    /// would read files or compile again).
+    pub trial: bool,
 }
 
 pub struct Compilation {
@@ -206,7 +210,9 @@ pub fn compile_text(files: &dyn Files, path: &Path, text: String, opts: &Options
             .and_then(|mut t| t.take())
             .unwrap_or_default();
         let mut c = compile_here(files, path, text, opts);
-        choose_fixes(files, path, opts, &mut c);
+        if !opts.trial {
+            choose_fixes(files, path, opts, &mut c);
+        }
         c
     };
     // `&work`, not `work`: the fallback below calls it again.
@@ -400,7 +406,7 @@ fn compile_here(files: &dyn Files, path: &Path, text: String, opts: &Options) ->
     calls_per_step(&mut diagnostics, &plans);
     let programs: Vec<crate::spmd::Program> =
         lowered.into_iter().filter(|p| p.folds.is_empty()).collect();
-    let data = if opts.quick {
+    let data = if opts.quick || opts.trial {
         Default::default()
     } else {
         let (diags, data, mut data_read) =
@@ -412,7 +418,7 @@ fn compile_here(files: &dyn Files, path: &Path, text: String, opts: &Options) ->
     let map = opts
         .map
         .as_deref()
-        .filter(|_| !opts.quick)
+        .filter(|_| !opts.quick && !opts.trial)
         .and_then(|m| weight_map(m, root, files, &mut sources, &programs, &mut diagnostics));
     if let Some(m) = &opts.map {
         read.push(m.clone());

@@ -66,6 +66,13 @@ fn codes(dir: &Path, blocks: &[String], map: Option<&String>, csv: &[String]) ->
         root.get_or_insert(path);
     }
     let Some(root) = root else { return vec![] };
+    if let Some(line) = blocks[0]
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("// shardc shard "))
+    {
+        return shard_codes(&files, &root, line);
+    }
     match world::compile_in(&files, &root, &opts) {
         Ok(c) => c
             .diagnostics
@@ -73,6 +80,52 @@ fn codes(dir: &Path, blocks: &[String], map: Option<&String>, csv: &[String]) ->
             .map(|d| d.code.as_str().to_string())
             .collect(),
         Err(e) => vec![format!("unreadable: {e}")],
+    }
+}
+
+/// An example whose first line is `// shardc shard --mesh a=N --device D`
+/// is laid out by the auto-sharder: the codes of its failure (none when a
+/// layout is written).
+fn shard_codes(files: &Memory, root: &Path, line: &str) -> Vec<String> {
+    use shardc::autoshard::{self, Failure, Request};
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let value = |flag: &str| {
+        words
+            .iter()
+            .position(|w| *w == flag)
+            .and_then(|i| words.get(i + 1))
+            .copied()
+    };
+    let mesh = value("--mesh")
+        .map(|m| {
+            m.split(',')
+                .filter_map(|p| p.split_once('='))
+                .map(|(a, n)| (a.to_string(), n.parse().unwrap_or(1)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let device =
+        shardc::plan::device::parse(value("--device").unwrap_or("h100-80g")).expect("a device");
+    let req = Request {
+        files,
+        path: root,
+        model: None,
+        mesh,
+        devices: None,
+        device,
+        allow_bf16: false,
+        exact: autoshard::EXACT,
+        grants: vec![],
+    };
+    match autoshard::solve(&req) {
+        Ok(_) => vec![],
+        Err(Failure::NoFit { diagnostic, .. }) => vec![diagnostic.code.as_str().to_string()],
+        Err(Failure::Input(c)) | Err(Failure::Unsound(c)) => c
+            .diagnostics
+            .iter()
+            .map(|d| d.code.as_str().to_string())
+            .collect(),
+        Err(Failure::Usage(u)) => vec![format!("usage: {u}")],
     }
 }
 

@@ -37,6 +37,42 @@ fn expected(text: &str) -> BTreeMap<(usize, String), usize> {
     m
 }
 
+/// The auto-sharder's E0700 for the file at `rel` with `--mesh` and `--device`.
+fn shard_diagnostic(rel: &Path, args: &str) -> Option<shardc::diag::Diagnostic> {
+    use shardc::autoshard::{self, Failure, Request};
+    let words: Vec<&str> = args.split_whitespace().collect();
+    let value = |flag: &str| {
+        words
+            .iter()
+            .position(|w| *w == flag)
+            .and_then(|i| words.get(i + 1))
+            .copied()
+    };
+    let mesh = value("--mesh")
+        .map(|m| {
+            m.split(',')
+                .filter_map(|p| p.split_once('='))
+                .map(|(a, n)| (a.to_string(), n.parse().unwrap_or(1)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let req = Request {
+        files: &shardc::files::Disk,
+        path: rel,
+        model: None,
+        mesh,
+        devices: None,
+        device: shardc::plan::device::parse(value("--device").unwrap_or("h100-80g")).ok()?,
+        allow_bf16: false,
+        exact: autoshard::EXACT,
+        grants: vec![],
+    };
+    match autoshard::solve(&req) {
+        Err(Failure::NoFit { diagnostic, .. }) => Some(*diagnostic),
+        _ => None,
+    }
+}
+
 fn run_one(path: &Path) -> Result<(), String> {
     let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
     // Run from the repository root so file names in the output are stable.
@@ -52,10 +88,22 @@ fn run_one(path: &Path) -> Result<(), String> {
         ..Options::default()
     };
     // A file that is not UTF-8 (E0004) is compiled from its bytes, as the CLI does.
-    let c = match String::from_utf8(bytes.clone()) {
+    let mut c = match String::from_utf8(bytes.clone()) {
         Ok(text) => world::compile_source(rel, text, &opts),
         Err(_) => world::compile(rel, &opts).map_err(|e| e.to_string())?,
     };
+    // `// shardc shard --mesh a=N --device D` on the first line: the file is
+    // also laid out by the auto-sharder, and its E0700 is expected too.
+    let first = String::from_utf8_lossy(&bytes)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_string();
+    if let Some(args) = first.strip_prefix("// shardc shard ") {
+        if let Some(d) = shard_diagnostic(rel, args) {
+            c.diagnostics.push(d);
+        }
+    }
     let text = String::from_utf8_lossy(&bytes).into_owned();
     let root = c.program.root;
     let mut actual = BTreeMap::new();

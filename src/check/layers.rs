@@ -97,10 +97,11 @@ impl<'p> Checker<'p> {
         site: Span,
     ) -> Option<Arc<Inst>> {
         let key = format!(
-            "{label}|{:?}|{:?}|{}",
+            "{label}|{:?}|{:?}|{}|{}",
             self.mesh.map(|m| &m.axes),
             self.fsdp,
-            self.freezing
+            self.freezing,
+            self.checkpoint_repeats
         );
         if let Some(i) = self.insts.get(&key) {
             return Some(i.clone());
@@ -135,6 +136,7 @@ impl<'p> Checker<'p> {
             checkpoint: None,
         };
         let outer_fsdp = self.fsdp.clone();
+        let outer_checkpoint = self.checkpoint_repeats;
         // Members named by `freeze(...)`.
         let mut freeze: HashSet<String> = HashSet::new();
         for m in &decl.members {
@@ -146,13 +148,19 @@ impl<'p> Checker<'p> {
                         }
                     }
                     "freeze" => freeze.extend(self.freeze_directive(decl, args, *span)),
-                    "checkpoint" if decl.is_model => self.report(Problem::BadDirective {
-                        span: *span,
-                        message: "a model's `forward` is the whole step: checkpointing it saves nothing".into(),
-                        help: Some(
-                            "put `checkpoint(...)` in the layers to recompute, or `checkpoint: full` on a `repeat`".into(),
-                        ),
-                    }),
+                    "checkpoint" if decl.is_model => match args.as_slice() {
+                        [Arg::Pos(Expr {
+                            kind: ExprKind::Name(n),
+                            ..
+                        })] if n == "full" => self.checkpoint_repeats = true,
+                        _ => self.report(Problem::BadDirective {
+                            span: *span,
+                            message: "a model's `checkpoint` takes `full` only: it checkpoints every `repeat` below the model (its `forward` is the whole step)".into(),
+                            help: Some(
+                                "write `checkpoint(full)`, or put `checkpoint(...)` with the values to keep in the layers to recompute".into(),
+                            ),
+                        }),
+                    },
                     "checkpoint" => {
                         inst.checkpoint = self.checkpoint_directive(decl, args, *span)
                     }
@@ -246,6 +254,7 @@ impl<'p> Checker<'p> {
             _ => label,
         };
         self.fsdp = outer_fsdp;
+        self.checkpoint_repeats = outer_checkpoint;
         let mut ws: Vec<(&String, &(TType, TType, Span))> = inst.weights.iter().collect();
         ws.sort_by_key(|(_, w)| w.2);
         let entries: Vec<(TypeEntry, TType)> = ws

@@ -200,6 +200,9 @@ pub struct Checker<'p> {
     fsdp: Option<(String, i64)>,
     /// Inside a sublayer named by an enclosing `freeze(...)`: every weight frozen.
     freezing: bool,
+    /// A model's `checkpoint(full)` in force: every `repeat` below it
+    /// checkpoints its blocks unless the repeat or its layer names a policy.
+    checkpoint_repeats: bool,
     /// Layout asked for by the annotation of the `let` whose value is being
     /// checked: (span of that value, per-dim axes, None = not annotated). An
     /// elementwise op whose operands disagree takes it instead of being ambiguous.
@@ -239,6 +242,7 @@ impl<'p> Checker<'p> {
             insts: HashMap::new(),
             fsdp: None,
             freezing: false,
+            checkpoint_repeats: false,
             hint: None,
             open: Vec::new(),
             last: None,

@@ -98,8 +98,12 @@ impl Checker<'_> {
             schedule: crate::vocab::Pipe::default(),
             file: false,
             chunks: None,
-            // The layer's own `checkpoint(...)` directive, unless the repeat says otherwise.
-            checkpoint: li.checkpoint.clone(),
+            // The layer's own `checkpoint(...)` directive, else the model's
+            // `checkpoint(full)`, unless the repeat says otherwise.
+            checkpoint: li
+                .checkpoint
+                .clone()
+                .or_else(|| self.checkpoint_repeats.then(Vec::new)),
         };
         for a in args {
             if let Arg::Named(k, v) = a {

@@ -163,6 +163,10 @@ pub enum Command {
         #[command(subcommand)]
         action: FdoAction,
     },
+    /// Choose a layout: write mesh axes, `shard_params` and checkpointing into
+    /// the file, each decision with its reason (its cost from the plan, the
+    /// runner-up and what it lost by). What the file already says is kept.
+    Shard(shard::ShardArgs),
     /// Explain a diagnostic code, e.g. `shardc explain E0203`.
     Explain { code: Option<String> },
     /// Format files in place: indentation by nesting, a space after `,` and `:`
@@ -265,6 +269,7 @@ where
             mesh.map(|m| m.0).unwrap_or_default(),
             model.as_deref(),
         ),
+        Command::Shard(args) => shard::shard(&grants, &args),
         Command::Lower { file, mesh } => {
             lower(&grants, &file, mesh.map(|m| m.0).unwrap_or_default())
         }
@@ -468,9 +473,9 @@ pub fn types_table(c: &Compilation) -> String {
 }
 
 #[derive(Clone, Debug)]
-pub struct MeshArg(Vec<(String, i64)>);
+pub struct MeshArg(pub Vec<(String, i64)>);
 
-fn parse_mesh(s: &str) -> Result<MeshArg, String> {
+pub fn parse_mesh(s: &str) -> Result<MeshArg, String> {
     let mut v = Vec::new();
     for part in s.split(',').filter(|p| !p.trim().is_empty()) {
         let (a, n) = part
@@ -558,6 +563,7 @@ fn compile_clean(
 
 mod data;
 mod run;
+mod shard;
 mod weights;
 pub use run::{run_with, Backend, Hooks, Outcome, RunArgs, StepHook};
 

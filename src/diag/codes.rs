@@ -93,6 +93,7 @@ codes! {
     E0601 => "parameter no weight-map rule names",
     E0602 => "parameter two weight-map rules name",
     E0603 => "weight-map layout does not fit its parameter",
+    E0700 => "no layout fits the device",
     N0001 => "collective inserted by the compiler",
     W0001 => "fewer microbatches than pipeline stages",
     W0002 => "a weight declared in a float type the run does not hold",

@@ -176,6 +176,23 @@ pub enum Problem {
         span: Span,
         offset: usize,
     },
+    /// `shardc shard`: no layout of the model fits the device (E0700): the
+    /// best one's peak, and what it would fit on.
+    NoLayoutFits {
+        span: Span,
+        model: String,
+        device: String,
+        memory: f64,
+        peak: f64,
+        mesh: Vec<(String, i64)>,
+        /// The smallest named device with room for that peak.
+        smallest_device: Option<String>,
+        /// The smallest mesh (one axis doubled, again and again) on which
+        /// the same layout fits.
+        smallest_mesh: Option<Vec<(String, i64)>>,
+        /// Whether the search could already use bf16.
+        bf16: bool,
+    },
     UnknownName {
         span: Span,
         name: String,
@@ -642,6 +659,7 @@ impl Problem {
             }
             NameTooLong { span, len, limit } => d(Code::E0005, format!("a name of {len} characters; names are at most {limit}"), *span, "this name".into()).help("use a shorter name"),
             TooDeep { span, what, depth, limit } => d(Code::E0003, format!("{what} nested too deeply: {depth} levels, at most {limit}"), *span, format!("{what} past the limit start here")).help("split the expression with `let` bindings, or the declarations into fewer levels"),
+            NoLayoutFits { span, model, device, memory, peak, mesh, smallest_device, smallest_mesh, bf16 } => no_layout_fits(*span, model, device, *memory, *peak, mesh, smallest_device.as_deref(), smallest_mesh.as_deref(), *bf16),
             NotUtf8 { span, offset } => d(Code::E0004, format!("the file is not UTF-8 text: byte {offset} is not valid UTF-8"), *span, "here".into()).help("save the file as UTF-8"),
             BadLiteral { span, text } => d(Code::E0002, format!("invalid number `{text}`"), *span, "does not fit in 64 bits".into())
                 .help("sizes are integers below 2^63"),
@@ -1115,4 +1133,52 @@ fn schedule_file(span: Span, problem: &ScheduleFileProblem) -> Diagnostic {
             .note("two ranks must pass their messages in the same order")
             .help(format!("swap the passes so that rank {to} takes `{sent}` first")),
     }
+}
+
+/// E0700's wording.
+#[allow(clippy::too_many_arguments)]
+fn no_layout_fits(
+    span: Span,
+    model: &str,
+    device: &str,
+    memory: f64,
+    peak: f64,
+    mesh: &[(String, i64)],
+    smallest_device: Option<&str>,
+    smallest_mesh: Option<&[(String, i64)]>,
+    bf16: bool,
+) -> Diagnostic {
+    use crate::units::human_bytes;
+    let sizes = |m: &[(String, i64)]| {
+        m.iter()
+            .map(|(a, n)| format!("{a}={n}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let devices: i64 = mesh.iter().map(|m| m.1).product();
+    let mut x = Diagnostic::new(
+        Code::E0700,
+        format!("no layout of `{model}` on {devices} devices fits the {device}'s {}: the best peaks at {} per device", human_bytes(memory), human_bytes(peak)),
+        Label::new(span, format!("laid out on --mesh {}", sizes(mesh))),
+    )
+    .note("the binding constraint is memory: every layout the checker accepts was planned, and the smallest peak is the one above");
+    let mut ways = Vec::new();
+    if let Some(m) = smallest_mesh {
+        ways.push(format!(
+            "a mesh of {} devices (`--mesh {}`)",
+            m.iter().map(|x| x.1).product::<i64>(),
+            sizes(m)
+        ));
+    }
+    if let Some(d) = smallest_device {
+        ways.push(format!("a device with more memory (`--device {d}`)"));
+    }
+    if !ways.is_empty() {
+        x = x.help(format!("the same layout fits on {}", ways.join(", or on ")));
+    }
+    if !bf16 {
+        x = x
+            .note("`--allow-bf16` lets the search also try mixed precision (a change of numerics)");
+    }
+    x
 }
