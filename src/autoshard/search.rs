@@ -239,26 +239,42 @@ pub fn moves(ev: &mut Evaluator) -> (Vec<Move>, usize) {
     (ranked.into_iter().map(|(_, m, _)| m).collect(), pruned)
 }
 
-/// Sweeps over `moves` from nothing written, keeping every improvement: once
-/// in the order given (best probe first), once with the model's input
-/// first (data parallelism) and the rest as written; the better result.
+/// Sweeps over `moves`, keeping every improvement: from nothing written in
+/// the order given (best probe first); and for each choice of the model's
+/// input dimensions (data parallelism over which axes), from that choice in
+/// the written order. The best result.
 pub fn descend(ev: &mut Evaluator, moves: &[Move]) -> Vec<usize> {
+    let n = ev.vars.len();
     let mut written = moves.to_vec();
-    written.sort_by_key(|m| {
-        let v = m.first().map_or(0, |x| x.0);
-        (!ev.vars[v].input, v, m.len())
-    });
-    let a = sweeps(ev, moves);
-    let b = sweeps(ev, &written);
-    if ev.eval(&b).beats(&ev.eval(&a)) {
-        b
-    } else {
-        a
+    written.sort_by_key(|m| m.first().map_or(0, |x| x.0));
+    let mut best = sweeps(ev, vec![0; n], moves);
+    let mut best_o = ev.eval(&best);
+    for v in (0..n).filter(|&v| ev.vars[v].input) {
+        // Nothing on it is where the first sweeps began.
+        for c in 1..ev.vars[v].choices.len() {
+            let mut start = vec![0; n];
+            start[v] = c;
+            if ev.eval(&start).planned().is_none() {
+                continue;
+            }
+            let rest: Vec<Move> = written
+                .iter()
+                .filter(|m| m.iter().all(|x| x.0 != v))
+                .cloned()
+                .collect();
+            let pick = sweeps(ev, start, &rest);
+            let o = ev.eval(&pick);
+            if o.beats(&best_o) {
+                best = pick;
+                best_o = o;
+            }
+        }
     }
+    best
 }
 
-fn sweeps(ev: &mut Evaluator, moves: &[Move]) -> Vec<usize> {
-    let mut pick = vec![0; ev.vars.len()];
+fn sweeps(ev: &mut Evaluator, start: Vec<usize>, moves: &[Move]) -> Vec<usize> {
+    let mut pick = start;
     let mut now = ev.eval(&pick);
     for _ in 0..16 {
         let mut changed = false;
