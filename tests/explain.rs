@@ -3,6 +3,8 @@
 //! section's ```toml block is a weight map, checked as `--map` is; a ```csv
 //! block whose first line is `# NAME.csv` is that file (a schedule file).
 
+mod common;
+
 use shardc::diag::Code;
 use shardc::files::Memory;
 use shardc::world::{self, Options};
@@ -88,24 +90,8 @@ fn codes(dir: &Path, blocks: &[String], map: Option<&String>, csv: &[String]) ->
 /// layout is written).
 fn shard_codes(files: &Memory, root: &Path, line: &str) -> Vec<String> {
     use shardc::autoshard::{self, Failure, Request};
-    let words: Vec<&str> = line.split_whitespace().collect();
-    let value = |flag: &str| {
-        words
-            .iter()
-            .position(|w| *w == flag)
-            .and_then(|i| words.get(i + 1))
-            .copied()
-    };
-    let mesh = value("--mesh")
-        .map(|m| {
-            m.split(',')
-                .filter_map(|p| p.split_once('='))
-                .map(|(a, n)| (a.to_string(), n.parse().unwrap_or(1)))
-                .collect()
-        })
-        .unwrap_or_default();
-    let device =
-        shardc::plan::device::parse(value("--device").unwrap_or("h100-80g")).expect("a device");
+    let (mesh, device) = common::shard_args(line);
+    let device = shardc::plan::device::parse(&device).expect("a device");
     let req = Request {
         files,
         path: root,

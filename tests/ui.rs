@@ -40,29 +40,14 @@ fn expected(text: &str) -> BTreeMap<(usize, String), usize> {
 /// The auto-sharder's E0700 for the file at `rel` with `--mesh` and `--device`.
 fn shard_diagnostic(rel: &Path, args: &str) -> Option<shardc::diag::Diagnostic> {
     use shardc::autoshard::{self, Failure, Request};
-    let words: Vec<&str> = args.split_whitespace().collect();
-    let value = |flag: &str| {
-        words
-            .iter()
-            .position(|w| *w == flag)
-            .and_then(|i| words.get(i + 1))
-            .copied()
-    };
-    let mesh = value("--mesh")
-        .map(|m| {
-            m.split(',')
-                .filter_map(|p| p.split_once('='))
-                .map(|(a, n)| (a.to_string(), n.parse().unwrap_or(1)))
-                .collect()
-        })
-        .unwrap_or_default();
+    let (mesh, device) = common::shard_args(args);
     let req = Request {
         files: &shardc::files::Disk,
         path: rel,
         model: None,
         mesh,
         devices: None,
-        device: shardc::plan::device::parse(value("--device").unwrap_or("h100-80g")).ok()?,
+        device: shardc::plan::device::parse(&device).ok()?,
         allow_bf16: false,
         exact: autoshard::EXACT,
         grants: vec![],

@@ -205,12 +205,11 @@ pub fn solve(req: &Request) -> Result<Solution, Failure> {
     });
     let vars = sites::collect(&file, &text, &model, &axes, train_decl, req.allow_bf16);
     let mut explain = Explain::default();
-    let mut best: Option<Chosen> = None;
+    let mut best: Option<(Chosen, Evaluator)> = None;
     for m in meshes {
-        let started = std::time::Instant::now();
         let mut o = opts.clone();
         o.mesh = m.clone();
-        let mut ev = Evaluator::new(
+        let ev = Evaluator::new(
             req.files,
             req.path,
             &text,
@@ -219,36 +218,16 @@ pub fn solve(req: &Request) -> Result<Solution, Failure> {
             req.device.clone(),
             model.clone(),
         );
-        let space = search::space(&vars);
-        let whole = space <= req.exact;
-        let (pick, moves, refused) = if whole {
-            (search::exhaustive(&mut ev), Vec::new(), 0)
-        } else {
-            let (moves, refused) = search::moves(&mut ev);
-            (search::descend(&mut ev, &moves), moves, refused)
-        };
-        let outcome = ev.eval(&pick);
-        explain.meshes.push(MeshSearch {
-            mesh: m.clone(),
-            decisions: vars.len(),
-            space,
-            exhaustive: whole,
-            refused,
-            moves: moves.len(),
-            compiled: ev.compiled,
-            best: outcome.planned().cloned(),
-            seconds: started.elapsed().as_secs_f64(),
-        });
-        if best.as_ref().is_none_or(|b| outcome.beats(&b.outcome)) {
-            best = Some(Chosen {
-                mesh: m,
-                pick,
-                moves,
-                outcome,
-            });
+        let (chosen, ev, searched) = search_mesh(ev, m, req.exact);
+        explain.meshes.push(searched);
+        if best
+            .as_ref()
+            .is_none_or(|b| chosen.outcome.beats(&b.0.outcome))
+        {
+            best = Some((chosen, ev));
         }
     }
-    let Some(best) = best else {
+    let Some((best, mut ev)) = best else {
         return Err(Failure::Usage(Usage::BadDevices(req.devices.unwrap_or(0))));
     };
     let Outcome::Planned(planned) = best.outcome.clone() else {
@@ -262,40 +241,7 @@ pub fn solve(req: &Request) -> Result<Solution, Failure> {
             explain,
         });
     }
-    let mut o = opts.clone();
-    o.mesh = best.mesh.clone();
-    let mut ev = Evaluator::new(
-        req.files,
-        req.path,
-        &text,
-        &vars,
-        o.clone(),
-        req.device.clone(),
-        model.clone(),
-    );
-    // Every single change and pair move from the choice is what its reasons
-    // compare with; one that is better (a choice the checker refused at
-    // the start) is taken, and the reasons are made again.
-    let (mut pick, mut planned) = (best.pick.clone(), planned);
-    let mut alts = search::alternatives(&mut ev, &pick, &best.moves);
-    for _ in 0..8 {
-        let here = Outcome::Planned(planned.clone());
-        let better = alts.iter().flatten().filter(|(_, o)| o.beats(&here)).fold(
-            None::<&(Move, Outcome)>,
-            |b, x| match b {
-                Some(y) if !x.1.beats(&y.1) => Some(y),
-                _ => Some(x),
-            },
-        );
-        let Some((m, Outcome::Planned(p))) = better.cloned() else {
-            break;
-        };
-        for (v, c) in m {
-            pick[v] = c;
-        }
-        planned = p;
-        alts = search::alternatives(&mut ev, &pick, &best.moves);
-    }
+    let (pick, planned, alts) = polish(&mut ev, best.pick.clone(), planned, &best.moves);
     // `--explain` gives the layout written, after that last pass.
     if let Some(m) = explain.meshes.iter_mut().find(|m| m.mesh == best.mesh) {
         m.best = Some(planned.clone());
@@ -336,6 +282,74 @@ struct Chosen {
     pick: Vec<usize>,
     moves: Vec<Move>,
     outcome: Outcome,
+}
+
+/// The search on one mesh: its choice, the evaluator (whose cache the
+/// polish reuses) and what `--explain` says of it.
+fn search_mesh<'a>(
+    mut ev: Evaluator<'a>,
+    mesh: Vec<(String, i64)>,
+    exact: u64,
+) -> (Chosen, Evaluator<'a>, MeshSearch) {
+    let started = std::time::Instant::now();
+    let space = search::space(ev.vars);
+    let whole = space <= exact;
+    let (pick, moves, refused) = if whole {
+        (search::exhaustive(&mut ev), Vec::new(), 0)
+    } else {
+        let (moves, refused) = search::moves(&mut ev);
+        (search::descend(&mut ev, &moves), moves, refused)
+    };
+    let outcome = ev.eval(&pick);
+    let searched = MeshSearch {
+        mesh: mesh.clone(),
+        decisions: ev.vars.len(),
+        space,
+        exhaustive: whole,
+        refused,
+        moves: moves.len(),
+        compiled: ev.compiled,
+        best: outcome.planned().cloned(),
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    let chosen = Chosen {
+        mesh,
+        pick,
+        moves,
+        outcome,
+    };
+    (chosen, ev, searched)
+}
+
+/// Every single change and pair move from the choice is what its reasons
+/// compare with; one that is better (a choice the checker refused at the
+/// start) is taken, and the alternatives are made again.
+fn polish(
+    ev: &mut Evaluator,
+    mut pick: Vec<usize>,
+    mut planned: Planned,
+    moves: &[Move],
+) -> (Vec<usize>, Planned, search::Alternatives) {
+    let mut alts = search::alternatives(ev, &pick, moves);
+    for _ in 0..8 {
+        let here = Outcome::Planned(planned.clone());
+        let better = alts.iter().flatten().filter(|(_, o)| o.beats(&here)).fold(
+            None::<&(Move, Outcome)>,
+            |b, x| match b {
+                Some(y) if !x.1.beats(&y.1) => Some(y),
+                _ => Some(x),
+            },
+        );
+        let Some((m, Outcome::Planned(p))) = better.cloned() else {
+            break;
+        };
+        for (v, c) in m {
+            pick[v] = c;
+        }
+        planned = p;
+        alts = search::alternatives(ev, &pick, moves);
+    }
+    (pick, planned, alts)
 }
 
 /// Every way to give the axes sizes whose product is `n`, the first axis

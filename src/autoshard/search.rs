@@ -144,6 +144,10 @@ impl<'a> Evaluator<'a> {
 /// A change of one or more decisions: (decision, choice) pairs.
 pub type Move = Vec<(usize, usize)>;
 
+/// For each decision, the other choices (and pair moves) tried from a
+/// layout, with their outcomes.
+pub type Alternatives = Vec<Vec<(Move, Outcome)>>;
+
 fn apply(pick: &[usize], m: &Move) -> Vec<usize> {
     let mut p = pick.to_vec();
     for &(v, c) in m {
@@ -299,11 +303,7 @@ fn sweeps(ev: &mut Evaluator, start: Vec<usize>, moves: &[Move]) -> Vec<usize> {
 
 /// For each decision, every other choice (and each pair move that changes
 /// it) with the rest as chosen: what the reasons compare with.
-pub fn alternatives(
-    ev: &mut Evaluator,
-    best: &[usize],
-    moves: &[Move],
-) -> Vec<Vec<(Move, Outcome)>> {
+pub fn alternatives(ev: &mut Evaluator, best: &[usize], moves: &[Move]) -> Alternatives {
     let mut out = Vec::new();
     for v in 0..ev.vars.len() {
         let mut alts = Vec::new();

@@ -171,3 +171,27 @@ pub fn ui_files() -> Vec<PathBuf> {
     v.sort();
     v
 }
+
+/// The `--mesh a=N,b=M` and `--device NAME` of a first line
+/// `// shardc shard --mesh .. --device ..` (after `// shardc shard `): what
+/// the UI and explanation tests hand the auto-sharder.
+#[allow(dead_code)]
+pub fn shard_args(line: &str) -> (Vec<(String, i64)>, String) {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let value = |flag: &str| {
+        words
+            .iter()
+            .position(|w| *w == flag)
+            .and_then(|i| words.get(i + 1))
+            .copied()
+    };
+    let mesh = value("--mesh")
+        .map(|m| {
+            m.split(',')
+                .filter_map(|p| p.split_once('='))
+                .map(|(a, n)| (a.to_string(), n.parse().unwrap_or(1)))
+                .collect()
+        })
+        .unwrap_or_default();
+    (mesh, value("--device").unwrap_or("h100-80g").to_string())
+}
