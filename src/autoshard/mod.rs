@@ -139,6 +139,16 @@ impl std::fmt::Display for Usage {
     }
 }
 
+/// The options of a trial compile on `mesh` (empty: the file's own).
+fn trial(req: &Request, mesh: Vec<(String, i64)>) -> Options {
+    Options {
+        mesh,
+        grants: req.grants.clone(),
+        trial: true,
+        ..Default::default()
+    }
+}
+
 /// Lines the auto-sharder wrote on an earlier run (replaced on each run).
 pub const MARK: &str = "// shard:";
 
@@ -155,12 +165,7 @@ pub fn solve(req: &Request) -> Result<Solution, Failure> {
     if req.device.f32.is_none() {
         return Err(Failure::Usage(Usage::Untimed(req.device.name.clone())));
     }
-    let opts = Options {
-        mesh: req.mesh.clone(),
-        grants: req.grants.clone(),
-        trial: true,
-        ..Default::default()
-    };
+    let opts = trial(req, req.mesh.clone());
     let c = crate::world::compile_text(req.files, req.path, text.clone(), &opts);
     if c.has_errors() {
         return Err(Failure::Input(Box::new(c)));
@@ -260,11 +265,7 @@ pub fn solve(req: &Request) -> Result<Solution, Failure> {
     );
     let written = crate::fmt::format(&written);
     // The written file, checked as the user will check it.
-    let check = Options {
-        grants: req.grants.clone(),
-        trial: true,
-        ..Default::default()
-    };
+    let check = trial(req, Vec::new());
     let again = crate::world::compile_text(req.files, req.path, written.clone(), &check);
     if again.has_errors() {
         return Err(Failure::Unsound(Box::new(again)));
@@ -423,16 +424,12 @@ fn no_fit(
     model: &str,
 ) -> Diagnostic {
     let mut smallest_mesh = None;
+    let written = sites::write(text, vars, &best.pick);
     'grow: for k in 1..=6u32 {
         for i in 0..best.mesh.len() {
             let mut m = best.mesh.clone();
             m[i].1 <<= k;
-            let o = Options {
-                mesh: m.clone(),
-                grants: req.grants.clone(),
-                trial: true,
-                ..Default::default()
-            };
+            let o = trial(req, m.clone());
             let ev = Evaluator::new(
                 req.files,
                 req.path,
@@ -442,8 +439,7 @@ fn no_fit(
                 req.device.clone(),
                 model.to_string(),
             );
-            let written = sites::write(text, vars, &best.pick);
-            if let Outcome::Planned(p) = ev.judge(written) {
+            if let Outcome::Planned(p) = ev.judge(written.clone()) {
                 if p.fits {
                     smallest_mesh = Some(m);
                     break 'grow;
