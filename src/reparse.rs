@@ -9,7 +9,8 @@
 //!
 //! Why: pest parses about 2 MB/s of this grammar, so a 2,000-line model took
 //! 27 ms to parse at every keystroke (`scripts/lsp_bench.py`); the language
-//! server turns the cache on ([`remember`]), one-shot commands do not.
+//! server and the auto-sharder (one compile per candidate layout) turn the
+//! cache on ([`remember`]); other one-shot commands do not.
 
 use crate::ast::*;
 use crate::source::{FileId, Span};
@@ -25,7 +26,7 @@ static CACHE: Mutex<Option<HashMap<String, Arc<Vec<Item>>>>> = Mutex::new(None);
 /// At most this many item texts are kept; past it the cache starts over.
 const MAX_ENTRIES: usize = 20_000;
 
-/// Turns the item cache on for this process (`shardc lsp`).
+/// Turns the item cache on for this process (`shardc lsp`, `shardc shard`).
 pub fn remember() {
     ON.store(true, Ordering::Relaxed);
 }

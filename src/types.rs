@@ -114,6 +114,23 @@ impl Poly {
     pub fn divisible_by(&self, n: i64) -> bool {
         n != 0 && self.0.values().all(|c| c.checked_rem(n) == Some(0))
     }
+    /// The number `self` stands for under `env`: `substitute` then
+    /// `as_const`, without building polynomials when every symbol is bound to
+    /// a number (the planner asks this of every dimension of every node).
+    pub fn value(&self, env: &BTreeMap<String, Poly>) -> Option<i64> {
+        let mut sum = 0i64;
+        for (k, c) in &self.0 {
+            let mut term = *c;
+            for s in k {
+                match env.get(s).map(Poly::as_const) {
+                    Some(Some(v)) => term = term.checked_mul(v)?,
+                    _ => return self.substitute(env)?.as_const(),
+                }
+            }
+            sum = sum.checked_add(term)?;
+        }
+        Some(sum)
+    }
     pub fn substitute(&self, env: &BTreeMap<String, Poly>) -> Option<Poly> {
         let mut out = Poly::default();
         for (k, c) in &self.0 {
@@ -314,5 +331,34 @@ mod tests {
         let bt = b.mul(&Poly::sym("T")).unwrap();
         assert_eq!(bt.div(&Poly::sym("T")).unwrap(), b);
         assert_eq!(b.add(&Poly::constant(1)).unwrap().to_string(), "B + 1");
+    }
+
+    #[test]
+    fn value_is_substitute_then_as_const() {
+        let (b, t) = (Poly::sym("B"), Poly::sym("T"));
+        let bt1 = b.mul(&t).unwrap().add(&Poly::constant(1)).unwrap();
+        let cancels = b.sub(&t).unwrap();
+        let mut env = BTreeMap::new();
+        env.insert("B".to_string(), Poly::constant(8));
+        let check = |p: &Poly, env: &BTreeMap<String, Poly>| {
+            assert_eq!(p.value(env), p.substitute(env).and_then(|q| q.as_const()));
+        };
+        // T unbound: no number, unless the symbols cancel.
+        check(&bt1, &env);
+        check(&cancels, &env);
+        env.insert("T".to_string(), Poly::sym("B"));
+        check(&cancels, &env);
+        // Bindings are not followed: `B - T` is `8 - B`.
+        assert_eq!(cancels.value(&env), None);
+        env.insert("T".to_string(), Poly::constant(8));
+        check(&cancels, &env);
+        assert_eq!(cancels.value(&env), Some(0));
+        env.insert("T".to_string(), Poly::constant(i64::MAX / 4));
+        check(&bt1, &env);
+        assert_eq!(bt1.value(&env), None);
+        env.insert("T".to_string(), Poly::constant(3));
+        check(&bt1, &env);
+        assert_eq!(bt1.value(&env), Some(25));
+        check(&Poly::default(), &env);
     }
 }

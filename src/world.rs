@@ -400,7 +400,11 @@ fn compile_here(files: &dyn Files, path: &Path, text: String, opts: &Options) ->
         .filter(|_| clean)
         .filter_map(|p| {
             let t = spec.train(Some(&p.model))?;
-            Some(crate::plan::of(p, t, &spec, &sources))
+            Some(if opts.trial {
+                crate::plan::bare(p, t, &spec, &sources)
+            } else {
+                crate::plan::of(p, t, &spec, &sources)
+            })
         })
         .collect();
     calls_per_step(&mut diagnostics, &plans);

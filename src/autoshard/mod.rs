@@ -165,6 +165,9 @@ pub fn solve(req: &Request) -> Result<Solution, Failure> {
     if req.device.f32.is_none() {
         return Err(Failure::Usage(Usage::Untimed(req.device.name.clone())));
     }
+    // Candidates differ only in their annotations: every other item (the
+    // standard library's layers, the train block) is parsed once.
+    crate::reparse::remember();
     let opts = trial(req, req.mesh.clone());
     let c = crate::world::compile_text(req.files, req.path, text.clone(), &opts);
     if c.has_errors() {

@@ -308,6 +308,13 @@ pub fn of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> Pl
     plan
 }
 
+/// The plan alone, without [`of`]'s proposals: what the auto-sharder's
+/// trial compiles cost (it searches checkpointing and precision itself, and
+/// each proposal is one more plan of the whole program).
+pub fn bare(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> Plan {
+    plan_of(prog, train, spec, sources)
+}
+
 fn plan_of(prog: &Program, train: &Train, spec: &Spec, sources: &SourceMap) -> Plan {
     // Every float in the run's type, whatever the model declares: f32, or
     // under mixed precision the 16-bit type for values and working weights,

@@ -63,7 +63,7 @@ impl CostCx<'_> {
         t.dims
             .iter()
             .map(|d| {
-                let n = d.size.substitute(self.bound)?.as_const()?;
+                let n = d.size.value(self.bound)?;
                 let k = self.axes_product(&d.axes).max(1);
                 Some((n / k).max(0) as usize)
             })
@@ -90,7 +90,7 @@ impl CostCx<'_> {
     }
     /// The size of a dimension, when known.
     pub fn size(&self, p: &Poly) -> Option<i64> {
-        p.substitute(self.bound).and_then(|p| p.as_const())
+        p.value(self.bound)
     }
 }
 
@@ -128,7 +128,7 @@ pub fn axis_size(mesh: &[(String, i64)], a: &str) -> i64 {
 pub fn global_numel(t: &TType, bound: &BTreeMap<String, Poly>) -> Option<f64> {
     t.dims
         .iter()
-        .map(|d| Some(d.size.substitute(bound)?.as_const()?.max(0) as f64))
+        .map(|d| Some(d.size.value(bound)?.max(0) as f64))
         .product()
 }
 
