@@ -85,3 +85,61 @@ fn every_fix_fixes_its_diagnostic() {
         failures.join("\n")
     );
 }
+
+/// Every code whose help quotes an edit (a backticked snippet) offers a quick
+/// fix in some UI test, or is in `shardc::diag::NO_FIX` with the reason it
+/// cannot; a code in that list that does offer one is a stale entry.
+#[test]
+fn every_code_whose_help_quotes_an_edit_has_a_fix() {
+    use std::collections::BTreeMap;
+    // Per code: (diagnostics with a fix, helps that quote text).
+    let mut seen: BTreeMap<&'static str, (usize, Vec<String>)> = BTreeMap::new();
+    for path in ui_files() {
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let c = world::compile_source(&path, text, &options(&path));
+        for d in &c.diagnostics {
+            let e = seen.entry(d.code.as_str()).or_default();
+            e.0 += usize::from(d.fix.is_some());
+            e.1.extend(d.help.iter().filter(|h| h.contains('`')).cloned());
+        }
+    }
+    let mut missing = Vec::new();
+    let mut stale = Vec::new();
+    for (code, (fixes, quoting)) in &seen {
+        let exempt = shardc::diag::Code::parse(code).and_then(|c| c.no_fix());
+        match (*fixes > 0, quoting.is_empty(), exempt) {
+            (false, false, None) => missing.push(format!("{code}: {}", quoting[0])),
+            (true, _, Some(_)) => stale.push(*code),
+            _ => {}
+        }
+    }
+    let with_fix: Vec<&str> = seen
+        .iter()
+        .filter(|(_, v)| v.0 > 0)
+        .map(|(c, _)| *c)
+        .collect();
+    println!(
+        "codes with a quick fix ({}): {}",
+        with_fix.len(),
+        with_fix.join(" ")
+    );
+    assert!(
+        missing.is_empty(),
+        "codes whose help quotes an edit but that offer no fix (give one, or add the code to \
+         NO_FIX in src/diag/codes.rs with why):\n{}",
+        missing.join("\n")
+    );
+    assert!(
+        stale.is_empty(),
+        "codes in NO_FIX that do offer a fix: {stale:?}"
+    );
+    for (code, why) in shardc::diag::NO_FIX {
+        assert!(
+            !why.is_empty(),
+            "{} is in NO_FIX without a reason",
+            code.as_str()
+        );
+    }
+}

@@ -516,7 +516,8 @@ impl<'p> Checker<'p> {
             .zip(&explicit)
             .map(|(d, e)| e.then(|| d.axes.clone()))
             .collect();
-        let out = self.reshard(&got, &target, &want.pending, span, scope);
+        let at = (span, super::rules::Written::Value);
+        let out = self.reshard(&got, &target, &want.pending, at, scope);
         Some(out)
     }
 

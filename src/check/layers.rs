@@ -205,11 +205,7 @@ impl<'p> Checker<'p> {
                     }
                     if let Some(t) = t.filter(|_| valid) {
                         if !t.pending.is_empty() {
-                            self.report(Problem::BadValue {
-                                span: ty.span,
-                                message: "a weight cannot have a pending reduction".into(),
-                                help: Some("remove `partial(...)` from the weight's type".into()),
-                            });
+                            self.report(Problem::WeightPending { span: ty.span });
                         }
                         inst.weights
                             .insert(name.name.clone(), (t.clone(), t, name.span));

@@ -71,7 +71,8 @@ impl Rules for RuleCx<'_, '_> {
         pending: &BTreeMap<String, ReduceOp>,
         span: Span,
     ) -> TType {
-        self.ck.reshard(t, target, pending, span, self.scope)
+        self.ck
+            .reshard(t, target, pending, (span, Written::Operand), self.scope)
     }
     fn implicit(
         &mut self,
@@ -83,7 +84,14 @@ impl Rules for RuleCx<'_, '_> {
         factor: f64,
     ) {
         let bytes = self.ck.bytes_text(t, factor);
-        self.ck.implicit(span, what, from, to, bytes, self.scope)
+        let inserted = Inserted {
+            what,
+            from,
+            to,
+            bytes,
+            explicit: None,
+        };
+        self.ck.implicit(span, inserted, self.scope)
     }
     fn check_dim(&mut self, d: &Dim, span: Span, what: &str) -> bool {
         self.ck.check_dim(d, span, what)
@@ -181,12 +189,14 @@ impl<'p> Checker<'p> {
     /// Move `got` to the layout `target` (per dim: `None` keeps the value's
     /// axes) with the pending reductions `want_pending`. Each collective this needs
     /// is a note, or an error in strict mode or inside a local block.
+    /// `span`: where to report; `Written::Value` when the value resharded is
+    /// the expression written there (E0216's fix then wraps it).
     pub(super) fn reshard(
         &mut self,
         got: &TType,
         target: &[Option<Vec<String>>],
         want_pending: &BTreeMap<String, ReduceOp>,
-        span: Span,
+        (span, written): (Span, Written),
         scope: &Scope,
     ) -> TType {
         let planned = crate::prim::reshard::plan(
@@ -211,8 +221,21 @@ impl<'p> Checker<'p> {
         };
         let to = t.to_string();
         let changed = !events.is_empty() || t != *got;
+        // Written out, the collectives wrap the value in the order they run.
+        let explicit = events
+            .iter()
+            .fold((String::new(), String::new()), |(b, a), ev| {
+                (format!("{}{b}", ev.call.0), format!("{a}{}", ev.call.1))
+            });
         for ev in one_note_per_gather(events) {
-            self.implicit(span, ev.what, ev.from, to.clone(), ev.bytes.text, scope);
+            let inserted = Inserted {
+                what: ev.what,
+                from: ev.from,
+                to: to.clone(),
+                bytes: ev.bytes.text,
+                explicit: (written == Written::Value).then(|| explicit.clone()),
+            };
+            self.implicit(span, inserted, scope);
         }
         if changed && !self.in_builtin {
             let input = self.last;
@@ -223,15 +246,14 @@ impl<'p> Checker<'p> {
 
     /// Report a collective the compiler inserts: a note, or an error in strict mode
     /// and inside local blocks.
-    pub(super) fn implicit(
-        &mut self,
-        span: Span,
-        what: String,
-        from: String,
-        to: String,
-        bytes: String,
-        scope: &Scope,
-    ) {
+    pub(super) fn implicit(&mut self, span: Span, c: Inserted, scope: &Scope) {
+        let Inserted {
+            what,
+            from,
+            to,
+            bytes,
+            explicit,
+        } = c;
         if self.strict.is_some() || scope.local.is_some() {
             let strict = self.strict.filter(|s| *s != Span::default());
             self.report(Problem::ImplicitCollective {
@@ -240,6 +262,7 @@ impl<'p> Checker<'p> {
                 bytes,
                 strict,
                 local: scope.local,
+                explicit,
             });
         } else {
             self.report(Problem::Reshard {
@@ -408,6 +431,27 @@ impl<'p> Checker<'p> {
 /// (one dim split over several axes, gathered whole; the kernel gathers one
 /// axis after the other) are one note over all their axes, from the first's
 /// type, with their bytes together.
+/// What a reshard's span holds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Written {
+    /// The value resharded (an annotated `let`'s value, an argument, a
+    /// result): the collectives can be written around it.
+    Value,
+    /// An op that needs one of its operands in another layout.
+    Operand,
+}
+
+/// A collective the checker inserts, as its diagnostic tells it.
+pub(super) struct Inserted {
+    pub what: String,
+    pub from: String,
+    pub to: String,
+    pub bytes: String,
+    /// The calls that write it explicitly around the value (E0216's fix),
+    /// where they are known.
+    pub explicit: Option<(String, String)>,
+}
+
 fn one_note_per_gather(
     events: Vec<crate::prim::reshard::Event>,
 ) -> Vec<crate::prim::reshard::Event> {

@@ -104,7 +104,47 @@ codes! {
     W0007 => "an import is never used",
 }
 
+/// The codes whose help quotes text (a backticked snippet) but names no one
+/// edit a tool could make, with why: a template the user completes, a choice
+/// between alternatives, or an edit outside the `.shard` file. Every other
+/// code whose help quotes text offers a quick fix; `tests/fixes.rs` holds
+/// the two lists to each other.
+pub const NO_FIX: &[(Code, &str)] = &[
+    (Code::E0003, "the nesting is split where the user chooses, into `let`s or declarations"),
+    (Code::E0102, "the file meant is not known: the help shows how imports are written"),
+    (Code::E0107, "what was meant to be called is not known: the help points to the built-ins"),
+    (Code::E0108, "a template: the `forward` the user writes"),
+    (Code::E0202, "a choice among mesh kinds or values (`sparsecores: 4` is an example)"),
+    (Code::E0213, "a template: the layout the user wants on the result"),
+    (Code::E0215, "a choice: gather the pieces, or reduce over the dimension first"),
+    (Code::E0217, "an example of the einsum notation, not the user's specification"),
+    (Code::E0220, "a choice: split the stage's tensors over another axis, or stage over another axis"),
+    (Code::E0221, "a template: the size of the input, which only the user knows"),
+    (Code::E0222, "a choice: take fewer elements, or work along another dimension"),
+    (Code::E0224, "a recipe: which reduction the added loss or observed value wants is the user's"),
+    (Code::E0225, "an explanation of what a computed `init` may read; the value is the user's"),
+    (Code::E0226, "a template: the loss function's signature or its reduction"),
+    (Code::E0229, "a choice among three ways to split the dimension"),
+    (Code::E0230, "a choice of the value `step_total` sums, or where it is called"),
+    (Code::E0232, "the edit is in the schedule file, or a choice between renumbering and `microbatches:`"),
+    (Code::E0233, "the edit is in the schedule file, where the user places the pass"),
+    (Code::E0304, "an explanation of how paths resolve; the file meant is not known"),
+    (Code::E0305, "the edit is in the data file, or a choice between the data and the model"),
+    (Code::E0306, "the edit is in the data, or a choice of the ids that must not count"),
+    (Code::E0307, "a choice: a directory inside the run directory, or `--allow-path` on the command line"),
+    (Code::E0308, "a choice: another loss, or drop the metric"),
+    (Code::E0403, "a choice: remove the table's optimizer, or unfreeze the table"),
+    (Code::E0600, "the edit is in the weight map: the help lists what a map may hold"),
+    (Code::E0601, "the edit is in the weight map: a new rule, whose source tensor only the user knows"),
+    (Code::W0002, "declaring the weight `f32` changes the type of every use: the casts around them are the user's"),
+    (Code::W0004, "the edit is in the weight map, and the parameter meant is not known"),
+];
+
 impl Code {
+    /// Why this code's help names no quick fix, when it is one of [`NO_FIX`].
+    pub fn no_fix(self) -> Option<&'static str> {
+        NO_FIX.iter().find(|(c, _)| *c == self).map(|(_, why)| *why)
+    }
     pub fn severity(self) -> Severity {
         match self.as_str().as_bytes()[0] {
             b'W' => Severity::Warning,

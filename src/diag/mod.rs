@@ -5,7 +5,7 @@ mod codes;
 mod problem;
 pub mod render;
 
-pub use codes::Code;
+pub use codes::{Code, NO_FIX};
 pub use problem::{
     ComputedInitProblem, LossFnProblem, Problem, ScheduleFileProblem, ScheduleProblem, TotalProblem,
 };
@@ -46,10 +46,57 @@ pub struct Fix {
     /// names): the compile tries each and keeps the one whose file checks
     /// with the fewest errors (`world::compile_text`).
     pub also: Vec<String>,
-    /// A fix that wraps what is written (`psum(x @ w, mp)`): the text put
-    /// before and after it. The compile fills in `replacement` from the
-    /// source ([`Diagnostic::wrap`]), so every reader sees a plain edit.
-    pub around: Option<(String, String)>,
+    /// A fix made from what is written: the compile fills in `replacement`
+    /// from the source ([`Diagnostic::settle_fix`]), so every reader sees a
+    /// plain edit.
+    pub settle: Option<Settle>,
+}
+
+/// How a fix's replacement is made from the text at its span.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Settle {
+    /// Wrap it (`psum(x @ w, mp)`): the text put before and after.
+    Wrap(String, String),
+    /// A written dimension (`D@mp`, `4 * D@(dp, mp)`) without this axis.
+    DropAxis(String),
+    /// A written type without its pending reductions: the text through `]`.
+    DropPending,
+}
+
+impl Settle {
+    /// The replacement for `text`; `None` when `text` is not what the
+    /// settling expects (the fix is then withdrawn, not guessed).
+    fn apply(&self, text: &str) -> Option<String> {
+        match self {
+            Settle::Wrap(before, after) => Some(format!("{before}{text}{after}")),
+            Settle::DropAxis(axis) => {
+                let at = text.rfind('@')?;
+                let size = text[..at].trim_end();
+                let group = text[at + 1..].trim();
+                let group = group
+                    .strip_prefix('(')
+                    .and_then(|g| g.strip_suffix(')'))
+                    .unwrap_or(group);
+                let all: Vec<&str> = group.split(',').map(str::trim).collect();
+                if !all.contains(&axis.as_str()) || size.is_empty() {
+                    return None;
+                }
+                let rest: Vec<&str> = all.into_iter().filter(|a| *a != axis).collect();
+                Some(match rest.as_slice() {
+                    [] => size.to_string(),
+                    [one] => format!("{size}@{one}"),
+                    more => format!("{size}@({})", more.join(", ")),
+                })
+            }
+            Settle::DropPending => {
+                let end = text.rfind(']')?;
+                text[end + 1..]
+                    .trim_start()
+                    .starts_with("partial")
+                    .then(|| text[..=end].to_string())
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,27 +145,32 @@ impl Diagnostic {
             span,
             replacement: replacement.into(),
             also: Vec::new(),
-            around: None,
+            settle: None,
         });
         self
     }
-    /// A fix that wraps the text at `span` in `before` … `after`.
-    pub fn wrap(mut self, span: Span, before: impl Into<String>, after: impl Into<String>) -> Self {
+    /// A fix made from the text at `span` once the source is at hand.
+    pub fn settled(mut self, span: Span, how: Settle) -> Self {
         self.fix = Some(Fix {
             span,
             replacement: String::new(),
             also: Vec::new(),
-            around: Some((before.into(), after.into())),
+            settle: Some(how),
         });
         self
     }
-    /// Fills in a wrapping fix's replacement from the source text.
+    /// A fix that wraps the text at `span` in `before` … `after`.
+    pub fn wrap(self, span: Span, before: impl Into<String>, after: impl Into<String>) -> Self {
+        self.settled(span, Settle::Wrap(before.into(), after.into()))
+    }
+    /// Fills in a settled fix's replacement from the source text, or
+    /// withdraws the fix when the text is not what it expects.
     pub fn settle_fix(&mut self, sources: &crate::source::SourceMap) {
-        if let Some(fix) = self.fix.as_mut() {
-            if let Some((before, after)) = fix.around.take() {
-                let text = sources.get(fix.span.file).snippet(fix.span);
-                fix.replacement = format!("{before}{text}{after}");
-            }
+        let Some(fix) = self.fix.as_mut() else { return };
+        let Some(how) = fix.settle.take() else { return };
+        match how.apply(sources.get(fix.span.file).snippet(fix.span)) {
+            Some(r) => fix.replacement = r,
+            None => self.fix = None,
         }
     }
     /// A fix with several equally close replacements (see [`Fix::also`]).
@@ -131,7 +183,7 @@ impl Diagnostic {
             span,
             replacement: first,
             also: choices,
-            around: None,
+            settle: None,
         });
         self
     }

@@ -360,6 +360,8 @@ pub enum Problem {
         bytes: String,
         strict: Option<Span>,
         local: Option<Span>,
+        /// The calls that write the collectives (`psum(` … `, mp)`).
+        explicit: Option<(String, String)>,
     },
     Einsum {
         span: Span,
@@ -414,6 +416,15 @@ pub enum Problem {
         kind: &'static str,
         name: String,
         known: Vec<&'static str>,
+    },
+    /// A table's `shard:` that is not `rows(axis)`; `axis` as written in it.
+    ShardNotRows {
+        span: Span,
+        axis: Option<String>,
+    },
+    /// A weight's type with `partial(...)`: `span` is the whole type.
+    WeightPending {
+        span: Span,
     },
     BadValue {
         span: Span,
@@ -668,6 +679,7 @@ impl Problem {
                 let article = if dtype.starts_with('f') { "an" } else { "a" };
                 d(Code::E0002, format!("the number {value:e} is past the largest {dtype} ({max:.4e}): it would be {sign}inf at run time"), *span, format!("used with {article} {dtype} tensor"))
                     .help(format!("write `{sign}inf` if infinity is meant (0 × inf is NaN: mask with `where`, not by multiplying), or a value within ±{max:.4e}"))
+                    .fix(*span, format!("{sign}inf"))
             }
             UnknownName { span, name, what, suggestion } => {
                 let mut x = d(Code::E0100, format!("unknown {what} `{}`", short(name)), *span, "not found in this scope".into());
@@ -737,7 +749,8 @@ impl Problem {
             AxisTwice { span, axis, first, ty } => d(Code::E0201, format!("mesh axis `{axis}` is used twice in `{ty}`"), *span, "used again here".into())
                 .secondary(*first, "first used here")
                 .note("a mesh axis can split at most one dimension of a tensor")
-                .help(format!("remove one `@{axis}`, or split the other dimension over a different axis")),
+                .help(format!("remove one `@{axis}`, or split the other dimension over a different axis"))
+                .settled(*span, super::Settle::DropAxis(axis.clone())),
             BadMesh { span, message, help } => {
                 let x = d(Code::E0202, message.clone(), *span, "invalid".into());
                 match help {
@@ -824,7 +837,7 @@ impl Problem {
                 }
             }
             BadCollective { span, message, help } => d(Code::E0215, message.clone(), *span, "here".into()).help(help.clone()),
-            ImplicitCollective { span, what, bytes, strict, local } => {
+            ImplicitCollective { span, what, bytes, strict, local, explicit } => {
                 let mut x = d(Code::E0216, format!("this needs an implicit {what}"), *span, format!("{bytes} per call"));
                 if let Some(s) = strict {
                     x = x.secondary(*s, "strict mode: every collective must be written");
@@ -832,7 +845,10 @@ impl Problem {
                 if let Some(s) = local {
                     x = x.secondary(*s, "inside a local block, collectives are explicit");
                 }
-                x.help(format!("write the {what} explicitly"))
+                match explicit {
+                    Some((before, after)) => x.help(format!("write the {what} explicitly: `{before}…{after}`")).wrap(*span, before, after),
+                    None => x.help(format!("write the {what} explicitly")),
+                }
             }
             Einsum { span, message } => d(Code::E0217, format!("invalid einsum: {message}"), *span, "here".into())
                 .help("write `\"ab,bc->ac\"`: one letter per dimension, inputs separated by commas, output after `->`"),
@@ -877,6 +893,16 @@ impl Problem {
                 }
                 x
             }
+            ShardNotRows { span, axis } => {
+                let x = d(Code::E0401, "`shard` must be `rows(axis)`".into(), *span, "here".into());
+                match axis {
+                    Some(a) => x.help(format!("tables are MOD-sharded by rows over a mesh axis and the SparseCores of each device: `rows({a})`")).fix(*span, format!("rows({a})")),
+                    None => x.help("tables are MOD-sharded by rows over a mesh axis and the SparseCores of each device: `shard: rows(device)`"),
+                }
+            }
+            WeightPending { span } => d(Code::E0302, "a weight cannot have a pending reduction".into(), *span, "invalid value".into())
+                .help("remove `partial(...)` from the weight's type")
+                .settled(*span, super::Settle::DropPending),
             BadValue { span, message, help } => {
                 let x = d(Code::E0302, message.clone(), *span, "invalid value".into());
                 match help { Some(h) => x.help(h.clone()), None => x }
@@ -1037,9 +1063,10 @@ impl Problem {
             UnmatchedGroup { span, pattern, option, model, near } => {
                 let d0 = d(Code::W0003, format!("`{pattern}` in `{option}` names no parameter of `{model}`"), *span, "no parameter's path contains it".into())
                     .note(format!("`{option}` applies to the parameters whose dotted path (as `shardc lower` lists them) contains one of its names"));
-                match near.as_slice() {
-                    [] => d0,
-                    names => d0.help(format!("the paths of `{model}`'s parameters are made of {}, … (`shardc lower` lists them)", names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", "))),
+                match (near.as_slice(), super::did_you_mean(pattern, near.iter().map(|s| s.as_str()))) {
+                    ([], _) => d0,
+                    (_, Some(s)) => d0.help(format!("did you mean `{s}`?")).fix(*span, s),
+                    (names, None) => d0.help(format!("the paths of `{model}`'s parameters are made of {}, … (`shardc lower` lists them)", names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", "))),
                 }
             }
             // Calls per step are the plan's (`world::calls_per_step`).

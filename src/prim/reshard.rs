@@ -39,6 +39,9 @@ pub struct Event {
     pub axes: Vec<String>,
     pub from: String,
     pub bytes: Bytes,
+    /// The call that writes it explicitly, as the text before and after the
+    /// value (`psum(` … `, mp)`): E0216's quick fix.
+    pub call: (String, String),
 }
 
 /// Why a layout change is impossible.
@@ -81,6 +84,7 @@ pub fn plan(
                 events.push(Event {
                     what: format!("reduce-scatter (psum_scatter over `{axis}`)"),
                     kind: "reduce-scatter",
+                    call: ("psum_scatter(".into(), format!(", {axis}, dim: {i})")),
                     axes: vec![axis],
                     from,
                     bytes: before,
@@ -94,6 +98,10 @@ pub fn plan(
                         super::rules::reduce_name(op)
                     ),
                     kind: "all-reduce",
+                    call: (
+                        format!("{}(", super::rules::reduce_name(op)),
+                        format!(", {axis})"),
+                    ),
                     axes: vec![axis],
                     from,
                     bytes: b,
@@ -142,6 +150,7 @@ pub fn plan(
                     events.push(Event {
                         what: format!("all-to-all over `{a}`"),
                         kind: "all-to-all",
+                        call: ("all_to_all(".into(), format!(", {a}, from: {i}, to: {j})")),
                         axes: vec![a],
                         from,
                         bytes: b,
@@ -152,6 +161,7 @@ pub fn plan(
                     events.push(Event {
                         what: format!("all-gather over `{a}`"),
                         kind: "all-gather",
+                        call: ("all_gather(".into(), format!(", {a})")),
                         axes: vec![a],
                         from,
                         bytes: b,

@@ -171,7 +171,10 @@ impl Builder<'_> {
             }
         }
         if !ok {
-            self.report(Problem::TableField { span: v.span(), message: "`shard` must be `rows(axis)`".into(), help: Some("tables are MOD-sharded by rows over a mesh axis and the SparseCores of each device: `shard: rows(device)`".into()) });
+            self.report(Problem::ShardNotRows {
+                span: v.span(),
+                axis: axis.clone(),
+            });
             return None;
         }
         axis
