@@ -427,10 +427,6 @@ impl<'p> Checker<'p> {
     }
 }
 
-/// A reshard's collectives as its notes say them: consecutive all-gathers
-/// (one dim split over several axes, gathered whole; the kernel gathers one
-/// axis after the other) are one note over all their axes, from the first's
-/// type, with their bytes together.
 /// What a reshard's span holds.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Written {
@@ -452,6 +448,10 @@ pub(super) struct Inserted {
     pub explicit: Option<(String, String)>,
 }
 
+/// A reshard's collectives as its notes say them: consecutive all-gathers
+/// (one dim split over several axes, gathered whole; the kernel gathers one
+/// axis after the other) are one note over all their axes, from the first's
+/// type, with their bytes together.
 fn one_note_per_gather(
     events: Vec<crate::prim::reshard::Event>,
 ) -> Vec<crate::prim::reshard::Event> {

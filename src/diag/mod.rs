@@ -250,3 +250,29 @@ fn edit_distance(a: &str, b: &str) -> usize {
     }
     prev[b.len()]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Settle;
+
+    #[test]
+    fn settled_fixes_edit_the_written_text_or_withdraw() {
+        let drop = |axis: &str, text: &str| Settle::DropAxis(axis.into()).apply(text);
+        assert_eq!(drop("mp", "D@mp").as_deref(), Some("D"));
+        assert_eq!(drop("mp", "4 * D @ mp").as_deref(), Some("4 * D"));
+        assert_eq!(drop("mp", "D@(dp, mp)").as_deref(), Some("D@dp"));
+        assert_eq!(drop("tp", "D@(dp, tp, sp)").as_deref(), Some("D@(dp, sp)"));
+        // Not a dimension with that axis: no fix rather than a guess.
+        assert_eq!(drop("mp", "D@dp"), None);
+        assert_eq!(drop("mp", "x + y"), None);
+        assert_eq!(drop("mp", "@mp"), None);
+        let pending = |text: &str| Settle::DropPending.apply(text);
+        assert_eq!(
+            pending("f32[D, D] partial(mp)").as_deref(),
+            Some("f32[D, D]")
+        );
+        assert_eq!(pending("f32[D, D]"), None);
+        let wrap = Settle::Wrap("psum(".into(), ", mp)".into());
+        assert_eq!(wrap.apply("h @ w").as_deref(), Some("psum(h @ w, mp)"));
+    }
+}
