@@ -4,11 +4,11 @@
 mod codes;
 mod problem;
 pub mod render;
+mod schedule;
 
 pub use codes::{Code, NO_FIX};
-pub use problem::{
-    ComputedInitProblem, LossFnProblem, Problem, ScheduleFileProblem, ScheduleProblem, TotalProblem,
-};
+pub use problem::{ComputedInitProblem, LossFnProblem, Problem, TotalProblem};
+pub use schedule::{ScheduleFileProblem, ScheduleProblem};
 
 use crate::source::Span;
 use serde::Serialize;
