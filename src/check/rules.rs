@@ -221,19 +221,23 @@ impl<'p> Checker<'p> {
         };
         let to = t.to_string();
         let changed = !events.is_empty() || t != *got;
-        // Written out, the collectives wrap the value in the order they run.
-        let explicit = events
-            .iter()
-            .fold((String::new(), String::new()), |(b, a), ev| {
-                (format!("{}{b}", ev.call.0), format!("{a}{}", ev.call.1))
-            });
+        // Written out, the collectives wrap the value in the order they run
+        // (E0216's fix: only where collectives must be explicit).
+        let refused = self.strict.is_some() || scope.local.is_some();
+        let explicit = (refused && written == Written::Value).then(|| {
+            events
+                .iter()
+                .fold((String::new(), String::new()), |(b, a), ev| {
+                    (format!("{}{b}", ev.call.0), format!("{a}{}", ev.call.1))
+                })
+        });
         for ev in one_note_per_gather(events) {
             let inserted = Inserted {
                 what: ev.what,
                 from: ev.from,
                 to: to.clone(),
                 bytes: ev.bytes.text,
-                explicit: (written == Written::Value).then(|| explicit.clone()),
+                explicit: explicit.clone(),
             };
             self.implicit(span, inserted, scope);
         }
