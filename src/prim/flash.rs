@@ -4,9 +4,10 @@
 //! Why: composed from candle's kernels, attention makes the [B, H, T, S]
 //! scores and passes over them six times forward and recomputes them for the
 //! derivative; on an H200 that was 35 ms of each GPT-2-small layer's step
-//! (60% of the step, `shardc run --profile`). These kernels stream keys
-//! through shared memory with an online softmax (FlashAttention's
-//! algorithm), so the scores never exist in memory. They compute the same
+//! (60% of the step, `shardc run --profile`). These kernels stream tiles
+//! through shared memory with an online softmax (FlashAttention-2's
+//! algorithm, register-blocked on the CUDA cores), so the scores never exist
+//! in memory; dk and dv come from one pass over the queries. They compute the same
 //! function as [`super::attention`]'s composed path in f32, to rounding. The
 //! forward saves nothing (as the composed path): the derivative recomputes
 //! the rows' log-sum-exps (one dot per query-key pair, not the output's two)
@@ -72,8 +73,8 @@ mod gpu {
     use candle_core::cuda_backend::{CudaDevice, WrapErr};
     use candle_core::{DType, Result, Tensor};
 
-    /// Threads per block (`BQ` in the source): rows of one tile.
-    const ROWS: u32 = 64;
+    /// Threads per block (`THREADS` in the source).
+    const THREADS: u32 = 128;
     /// The largest head dim the kernels hold in registers.
     const MAX_HEAD: usize = 128;
 
@@ -127,14 +128,25 @@ mod gpu {
             )
         }
 
-        fn grid(&self, rows: usize) -> LaunchConfig {
+        /// Rows of a streamed tile, and of the derivative kernels' own
+        /// (`TS` in the source).
+        fn tile(&self) -> usize {
+            if self.e > 64 {
+                16
+            } else {
+                32
+            }
+        }
+
+        /// A launch over `rows` rows, `per` rows to a block.
+        fn grid(&self, rows: usize, per: usize) -> LaunchConfig {
             LaunchConfig {
                 grid_dim: (
-                    rows.div_ceil(ROWS as usize) as u32,
+                    rows.div_ceil(per) as u32,
                     (self.b * self.h) as u32,
                     1,
                 ),
-                block_dim: (ROWS, 1, 1),
+                block_dim: (THREADS, 1, 1),
                 shared_mem_bytes: 0,
             }
         }
@@ -177,7 +189,7 @@ mod gpu {
             l.arg(&causal).arg(&window).arg(&want);
             // SAFETY: the kernel reads q, k, v and writes o and lse within
             // the sizes passed, all on this stream.
-            unsafe { l.launch(self.grid(self.t)) }.w()?;
+            unsafe { l.launch(self.grid(self.t, 2 * self.tile())) }.w()?;
             Ok((want_out.then(|| self.wrap(o, self.t)), lse))
         }
 
@@ -223,19 +235,17 @@ mod gpu {
                 l.arg(&b).arg(&t).arg(&s).arg(&h).arg(&scale);
                 l.arg(&causal).arg(&window);
                 // SAFETY: reads q, k, v, o, g, lse; writes dq and dots.
-                unsafe { l.launch(self.grid(self.t)) }.w()?;
+                unsafe { l.launch(self.grid(self.t, self.tile())) }.w()?;
                 let f = self
                     .dev
                     .get_or_load_custom_func("attn_dkv", &m.name, &m.ptx)?;
-                for (want_dk, dx) in [(0i32, &dv), (1i32, &dk)] {
-                    let mut l = f.builder();
-                    l.arg(&vq).arg(&vk).arg(&vv).arg(&vg);
-                    l.arg(&lse).arg(&dots).arg(dx);
-                    l.arg(&b).arg(&t).arg(&s).arg(&h).arg(&scale);
-                    l.arg(&causal).arg(&window).arg(&want_dk);
-                    // SAFETY: reads q, k, v, g, lse, dots; writes dx.
-                    unsafe { l.launch(self.grid(self.s)) }.w()?;
-                }
+                let mut l = f.builder();
+                l.arg(&vq).arg(&vk).arg(&vv).arg(&vg);
+                l.arg(&lse).arg(&dots).arg(&dk).arg(&dv);
+                l.arg(&b).arg(&t).arg(&s).arg(&h).arg(&scale);
+                l.arg(&causal).arg(&window);
+                // SAFETY: reads q, k, v, g, lse, dots; writes dk and dv.
+                unsafe { l.launch(self.grid(self.s, self.tile())) }.w()?;
             }
             Ok((
                 self.wrap(dq, self.t),

@@ -1,8 +1,8 @@
 // A CPU stand-in for the CUDA features shardc's kernels (src/prim/*.cu) use,
 // so that tests/gpu_kernels.rs can run their logic in CI, where no GPU is:
 // every thread of a block is a std::thread, __syncthreads a barrier of the
-// block, __shfl_down_sync an exchange through a barrier of the warp, and
-// __shared__ arrays are statics (blocks run one after another). It checks
+// block, __shfl_down_sync and __shfl_xor_sync an exchange through a barrier of
+// the warp, and __shared__ arrays are statics (blocks run one after another). It checks
 // indexing, masking and reductions, not speed nor CUDA's own rounding.
 #pragma once
 #include <algorithm>
@@ -40,6 +40,15 @@ inline float __shfl_down_sync(unsigned, float v, int o) {
     emu_lanes[w][lane] = v;
     emu_warps[w]->arrive_and_wait();
     float r = lane + o < 32 ? emu_lanes[w][lane + o] : v;
+    emu_warps[w]->arrive_and_wait();
+    return r;
+}
+
+inline float __shfl_xor_sync(unsigned, float v, int o) {
+    unsigned w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    emu_lanes[w][lane] = v;
+    emu_warps[w]->arrive_and_wait();
+    float r = (lane ^ o) < 32 ? emu_lanes[w][lane ^ o] : v;
     emu_warps[w]->arrive_and_wait();
     return r;
 }
