@@ -2,6 +2,8 @@
 // launches them; its CPU kernels compute the same functions). `a` picks the
 // activation: 0 gelu (tanh approximation), 1 silu, 2 tanh, 3 sigmoid, 4 exp.
 // The derivative reads the input for gelu and silu, the output for the rest.
+// The _bf16 kernels take and give bfloat16 (as its bits) and compute in f32 in
+// between: one rounding per element, not one per composed op.
 
 #define SQRT_2_OVER_PI 0.7978845608028654f
 #define GELU_A 0.044715f
@@ -47,4 +49,29 @@ extern "C" __global__ void act_bwd(const float* v, const float* ct, float* g, lo
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x)
         g[i] = ct[i] * act_df(a, v[i]);
+}
+
+// bfloat16 bits to f32 (exact), and f32 to the nearest bfloat16 (ties to even,
+// NaN kept NaN): candle's (the `half` crate's) conversions.
+__device__ __forceinline__ float bf16_in(unsigned short h) {
+    return __int_as_float((int)((unsigned)h << 16));
+}
+__device__ __forceinline__ unsigned short bf16_out(float f) {
+    unsigned u = (unsigned)__float_as_int(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+extern "C" __global__ void act_fwd_bf16(const unsigned short* x, unsigned short* y, long long n,
+                                        int a) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        y[i] = bf16_out(act_f(a, bf16_in(x[i])));
+}
+
+extern "C" __global__ void act_bwd_bf16(const unsigned short* v, const unsigned short* ct,
+                                        unsigned short* g, long long n, int a) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        g[i] = bf16_out(bf16_in(ct[i]) * act_df(a, bf16_in(v[i])));
 }

@@ -141,11 +141,7 @@ mod gpu {
         /// A launch over `rows` rows, `per` rows to a block.
         fn grid(&self, rows: usize, per: usize) -> LaunchConfig {
             LaunchConfig {
-                grid_dim: (
-                    rows.div_ceil(per) as u32,
-                    (self.b * self.h) as u32,
-                    1,
-                ),
+                grid_dim: (rows.div_ceil(per) as u32, (self.b * self.h) as u32, 1),
                 block_dim: (THREADS, 1, 1),
                 shared_mem_bytes: 0,
             }

@@ -8,10 +8,15 @@
 //! Accuracy: `exp` within 2 ulp of the true value over the range where f32's
 //! exp is normal, `tanh` within 1e-6 absolute (the approximations XLA's CPU
 //! backend uses, tested against f64 below). Elementwise, so a sharded tensor
-//! gets the same bits as the whole one. Only contiguous f32 takes this path;
-//! f64 (`--f64`, numerics checks) and the 16-bit types keep candle's kernels.
+//! gets the same bits as the whole one. Contiguous f32 and bf16 take this
+//! path: bf16 (`precision: bf16`) is widened to f32 per element and the result
+//! rounded once (candle's composition rounded after each of its ops, and on a
+//! GPU its six-op derivative was 2 ms of each GPT-2 layer's backward); f64
+//! (`--f64`, numerics checks) and f16 keep candle's kernels.
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
+use half::bf16;
+use std::borrow::Cow;
 
 /// e^x for f32, as Cephes' `expf`: x = n·ln 2 + r with |r| ≤ ln 2 / 2, a
 /// degree-6 polynomial for e^r, and 2^n put into the exponent bits. NaN
@@ -139,19 +144,31 @@ impl Act {
     }
 }
 
-/// The contiguous f32 elements of an operand, or `None` (another dtype, or a
-/// strided view): then the caller uses candle's kernels.
-fn f32s<'a>(s: &'a CpuStorage, l: &Layout) -> Option<&'a [f32]> {
+/// The contiguous elements of an f32 or bf16 operand as f32 (bf16 widened),
+/// and whether it was bf16; `None` for another dtype or a strided view (then
+/// the caller uses candle's kernels).
+fn f32s<'a>(s: &'a CpuStorage, l: &Layout) -> Option<(Cow<'a, [f32]>, bool)> {
     let (a, b) = l.contiguous_offsets()?;
     match s {
-        CpuStorage::F32(v) => v.get(a..b),
+        CpuStorage::F32(v) => Some((Cow::Borrowed(v.get(a..b)?), false)),
+        CpuStorage::BF16(v) => Some((v.get(a..b)?.iter().map(|x| x.to_f32()).collect(), true)),
         _ => None,
+    }
+}
+
+/// `y` as the storage of the operands' dtype (bf16: rounded to nearest even).
+fn stored(y: Vec<f32>, bf: bool) -> CpuStorage {
+    if bf {
+        CpuStorage::BF16(y.into_iter().map(bf16::from_f32).collect())
+    } else {
+        CpuStorage::F32(y)
     }
 }
 
 fn fits(t: &Tensor) -> bool {
     let here = t.device().is_cpu() || (cfg!(feature = "cuda") && t.device().is_cuda());
-    crate::kernels::own() && t.dtype() == DType::F32 && t.is_contiguous() && here
+    let dtype = matches!(t.dtype(), DType::F32 | DType::BF16);
+    crate::kernels::own() && dtype && t.is_contiguous() && here
 }
 
 /// One forward: `y = f(x)`.
@@ -163,9 +180,10 @@ impl CustomOp1 for Forward {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = f32s(s, l).ok_or_else(|| {
-            candle_core::Error::Msg("fused activation: contiguous f32 expected".into())
+        let (x, bf) = f32s(s, l).ok_or_else(|| {
+            candle_core::Error::Msg("fused activation: contiguous f32 or bf16 expected".into())
         })?;
+        let x = &*x;
         // One loop per activation, so each is a straight-line body the
         // compiler vectorises (a `match` inside the loop kept it scalar).
         fn run(x: &[f32], f: impl Fn(f32) -> f32) -> Vec<f32> {
@@ -178,7 +196,7 @@ impl CustomOp1 for Forward {
             Act::Sigmoid => run(x, |v| Act::Sigmoid.f(v)),
             Act::Exp => run(x, |v| Act::Exp.f(v)),
         };
-        Ok((CpuStorage::F32(y), l.shape().clone()))
+        Ok((stored(y, bf), l.shape().clone()))
     }
 
     #[cfg(feature = "cuda")]
@@ -207,12 +225,17 @@ impl CustomOp2 for Backward {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let msg =
-            || candle_core::Error::Msg("fused activation grad: contiguous f32 expected".into());
-        let (v, ct) = (f32s(s1, l1).ok_or_else(msg)?, f32s(s2, l2).ok_or_else(msg)?);
-        if v.len() != ct.len() {
+        let msg = || {
+            candle_core::Error::Msg(
+                "fused activation grad: contiguous f32 or bf16 operands of one dtype expected"
+                    .into(),
+            )
+        };
+        let ((v, bf), (ct, bf2)) = (f32s(s1, l1).ok_or_else(msg)?, f32s(s2, l2).ok_or_else(msg)?);
+        if v.len() != ct.len() || bf != bf2 {
             return Err(msg());
         }
+        let (v, ct) = (&*v, &*ct);
         // As in the forward, one loop per activation.
         fn run(v: &[f32], ct: &[f32], d: impl Fn(f32) -> f32) -> Vec<f32> {
             v.iter().zip(ct).map(|(v, c)| c * d(*v)).collect()
@@ -224,7 +247,7 @@ impl CustomOp2 for Backward {
             Act::Sigmoid => run(v, ct, |y| Act::Sigmoid.df(0.0, y)),
             Act::Exp => run(v, ct, |y| Act::Exp.df(0.0, y)),
         };
-        Ok((CpuStorage::F32(g), l1.shape().clone()))
+        Ok((stored(g, bf), l1.shape().clone()))
     }
 
     #[cfg(feature = "cuda")]
@@ -254,32 +277,53 @@ impl Act {
 }
 
 /// The activations on a GPU (`act.cu`): the same functions as the CPU's
-/// kernels, with CUDA's `expf` and `tanhf` (equal to rounding).
+/// kernels, with CUDA's `expf` and `tanhf` (equal to rounding), for f32 and
+/// bf16 (`act_fwd_bf16`, `act_bwd_bf16`).
 #[cfg(feature = "cuda")]
 mod on_gpu {
     use super::Act;
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
-    use candle_core::cuda_backend::WrapErr;
-    use candle_core::{CudaStorage, Layout, Result, Shape};
+    use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
+    use candle_core::cuda_backend::{CudaDType, WrapErr};
+    use candle_core::{CudaStorage, DType, Layout, Result, Shape};
+    use half::bf16;
 
-    /// `name` over the contiguous f32 operand `a` (and the cotangent `b`
-    /// for the derivative), into a new buffer shaped like `a`.
+    /// `name` over the contiguous f32 or bf16 operand `a` (and the
+    /// cotangent `b`, of the same dtype, for the derivative), into a new
+    /// buffer shaped like `a`.
     pub(super) fn launch(
+        name: &str,
+        act: Act,
+        first: (&CudaStorage, &Layout),
+        second: Option<(&CudaStorage, &Layout)>,
+    ) -> Result<(CudaStorage, Shape)> {
+        match first.0.dtype() {
+            DType::F32 => typed::<f32>(name, act, first, second),
+            DType::BF16 => typed::<bf16>(&format!("{name}_bf16"), act, first, second),
+            _ => Err(msg()),
+        }
+    }
+
+    fn msg() -> candle_core::Error {
+        candle_core::Error::Msg(
+            "fused activation: contiguous f32 or bf16 operands of one dtype expected".into(),
+        )
+    }
+
+    fn typed<T: CudaDType + DeviceRepr>(
         name: &str,
         act: Act,
         (s1, l1): (&CudaStorage, &Layout),
         second: Option<(&CudaStorage, &Layout)>,
     ) -> Result<(CudaStorage, Shape)> {
-        let msg = || candle_core::Error::Msg("fused activation: contiguous f32 expected".into());
         let (a, b) = l1.contiguous_offsets().ok_or_else(msg)?;
         let n = b - a;
         let dev = s1.device().clone();
         let k = super::super::gpu::module("act", include_str!("act.cu"), "")?;
         let f = dev.get_or_load_custom_func(name, &k.name, &k.ptx)?;
         // SAFETY: the kernel writes every element.
-        let out = unsafe { dev.alloc::<f32>(n)? };
-        let x = s1.as_cuda_slice::<f32>()?.slice(a..b);
+        let out = unsafe { dev.alloc::<T>(n)? };
+        let x = s1.as_cuda_slice::<T>()?.slice(a..b);
         let (nn, code) = (n as i64, act.code());
         let cfg = super::super::gpu::elementwise(n);
         let ct;
@@ -287,10 +331,10 @@ mod on_gpu {
         l.arg(&x);
         if let Some((s2, l2)) = second {
             let (c, d) = l2.contiguous_offsets().ok_or_else(msg)?;
-            if d - c != n {
+            if d - c != n || s2.dtype() != s1.dtype() {
                 return Err(msg());
             }
-            ct = s2.as_cuda_slice::<f32>()?.slice(c..d);
+            ct = s2.as_cuda_slice::<T>()?.slice(c..d);
             l.arg(&ct);
         }
         l.arg(&out).arg(&nn).arg(&code);
@@ -300,16 +344,18 @@ mod on_gpu {
     }
 }
 
-/// `f(x)` by the fused kernel, or `None` when `x` is not contiguous f32 on the CPU.
+/// `f(x)` by the fused kernel, or `None` when `x` is not contiguous f32 or
+/// bf16 (then candle's kernels).
 pub fn forward(act: Act, x: &Tensor) -> Option<Result<Tensor>> {
     fits(x).then(|| x.apply_op1_no_bwd(&Forward(act)))
 }
 
 /// `ct · f'(x)` by the fused kernel (`y` the forward's output), or `None` when
-/// an operand is not contiguous f32 on the CPU of the same shape.
+/// an operand is not contiguous f32 or bf16, or they differ in shape or dtype.
 pub fn backward(act: Act, x: &Tensor, y: &Tensor, ct: &Tensor) -> Option<Result<Tensor>> {
     let v = if act.grad_from_output() { y } else { x };
-    (fits(v) && fits(ct) && v.shape() == ct.shape()).then(|| v.apply_op2_no_bwd(ct, &Backward(act)))
+    let same = v.shape() == ct.shape() && v.dtype() == ct.dtype();
+    (fits(v) && fits(ct) && same).then(|| v.apply_op2_no_bwd(ct, &Backward(act)))
 }
 
 #[cfg(test)]
@@ -390,7 +436,30 @@ mod tests {
                 assert_eq!(g[i].to_bits(), (0.5 * act.df(*x, act.f(*x))).to_bits());
             }
         }
-        // A strided view or another dtype takes candle's kernels.
+        // bf16: widened, the f32 function, rounded once.
+        let xb = x.to_dtype(DType::BF16)?;
+        let ctb = ct.to_dtype(DType::BF16)?;
+        for act in [Act::Gelu, Act::Silu, Act::Tanh, Act::Sigmoid, Act::Exp] {
+            let y =
+                forward(act, &xb).ok_or_else(|| candle_core::Error::Msg("no kernel".into()))??;
+            let g = backward(act, &xb, &y, &ctb)
+                .ok_or_else(|| candle_core::Error::Msg("no kernel".into()))??;
+            assert_eq!((y.dtype(), g.dtype()), (DType::BF16, DType::BF16));
+            let (xs, y, g) = (
+                xb.flatten_all()?.to_vec1::<bf16>()?,
+                y.flatten_all()?.to_vec1::<bf16>()?,
+                g.flatten_all()?.to_vec1::<bf16>()?,
+            );
+            for (i, x) in xs.iter().enumerate() {
+                let (x, yf) = (x.to_f32(), y[i].to_f32());
+                assert_eq!(y[i], bf16::from_f32(act.f(x)));
+                let at = if act.grad_from_output() { yf } else { x };
+                assert_eq!(g[i], bf16::from_f32(0.5 * act.df(at, at)));
+            }
+        }
+        // Operands of two dtypes, a strided view or another dtype take
+        // candle's kernels.
+        assert!(backward(Act::Gelu, &x, &x, &ctb).is_none());
         assert!(forward(Act::Gelu, &x.t()?).is_none());
         assert!(forward(Act::Gelu, &x.to_dtype(DType::F64)?).is_none());
         Ok(())

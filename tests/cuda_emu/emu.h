@@ -53,6 +53,12 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
     return r;
 }
 
+inline int __float_as_int(float f) {
+    int i;
+    std::memcpy(&i, &f, sizeof i);
+    return i;
+}
+
 inline float __int_as_float(int i) {
     float f;
     std::memcpy(&f, &i, sizeof f);

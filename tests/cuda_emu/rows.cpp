@@ -2,7 +2,7 @@
 // tests/gpu_kernels.rs): layer_norm and rms_norm forward and backward with
 // their weight gradients' column sums, softmax cross-entropy's two passes
 // (labels inside and outside this device's classes), the activations and
-// their derivatives (against finite differences), the sums of squares, and
+// their derivatives (against finite differences; in bf16 too), the sums of squares, and
 // AdamW's step against the textbook form (bias corrections not folded).
 #include "emu.h"
 #include "../../src/prim/norm.cu"
@@ -125,7 +125,33 @@ static void activations() {
         expect_close(what, y, y_ref, 1e-6);
         std::snprintf(what, sizeof what, "%s derivative (finite differences)", names[a]);
         expect_close(what, g, g_ref, 1e-5);
+        // bf16: the same functions, widened and rounded once (8 bits: 4e-3).
+        std::vector<unsigned short> xb(x.size()), cb(x.size()), yb(x.size()), gb(x.size());
+        for (size_t i = 0; i < x.size(); i++) xb[i] = bf16_out(x[i]), cb[i] = bf16_out(ct[i]);
+        launch({4, 1, 1}, {256, 1, 1}, [&] { act_fwd_bf16(xb.data(), yb.data(), n, a); });
+        const std::vector<unsigned short>& atb = a < 2 ? xb : yb;
+        launch({4, 1, 1}, {256, 1, 1}, [&] { act_bwd_bf16(atb.data(), cb.data(), gb.data(), n, a); });
+        std::vector<float> yw(x.size()), gw(x.size());
+        std::vector<double> yr(x.size()), gr(x.size());
+        for (size_t i = 0; i < x.size(); i++) {
+            float xi = bf16_in(xb[i]), yi = bf16_in(yb[i]);
+            yw[i] = yi, gw[i] = bf16_in(gb[i]);
+            yr[i] = act_ref(a, xi);
+            gr[i] = (double)bf16_in(cb[i]) * act_df(a, a < 2 ? xi : yi);
+        }
+        std::snprintf(what, sizeof what, "%s forward (bf16)", names[a]);
+        expect_close(what, yw, yr, 8e-3);
+        std::snprintf(what, sizeof what, "%s derivative (bf16)", names[a]);
+        expect_close(what, gw, gr, 8e-3);
     }
+    // Rounding to bfloat16: ties to even, NaN stays NaN, overflow to inf.
+    unsigned short r[] = {bf16_out(1.0f), bf16_out(__int_as_float(0x3f808000)),
+                          bf16_out(__int_as_float(0x3f818000)), bf16_out(__int_as_float(0x7f7fffff)),
+                          bf16_out(__int_as_float(0x7fc00001))};
+    bool ok = r[0] == 0x3f80 && r[1] == 0x3f80 && r[2] == 0x3f82 && r[3] == 0x7f80 &&
+              (r[4] & 0x7f80) == 0x7f80 && (r[4] & 0x7f) != 0;
+    std::printf("%s bf16 rounding: ties to even, NaN, overflow\n", ok ? "ok  " : "FAIL");
+    if (!ok) emu_failures++;
 }
 
 static void sums() {
