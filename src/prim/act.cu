@@ -1,5 +1,6 @@
-// The fused activations and their derivatives on a GPU (src/prim/unary_fast.rs
-// launches them; its CPU kernels compute the same functions). `a` picks the
+// Elementwise kernels on a GPU: the fused activations and their derivatives
+// (src/prim/unary_fast.rs launches them; its CPU kernels compute the same
+// functions), and the broadcast binary ops (src/prim/bcast_fast.rs). `a` picks the
 // activation: 0 gelu (tanh approximation), 1 silu, 2 tanh, 3 sigmoid, 4 exp.
 // The derivative reads the input for gelu and silu, the output for the rest.
 // The _bf16 kernels take and give bfloat16 (as its bits) and compute in f32 in
@@ -74,4 +75,40 @@ extern "C" __global__ void act_bwd_bf16(const unsigned short* v, const unsigned 
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x)
         g[i] = bf16_out(bf16_in(ct[i]) * act_df(a, bf16_in(v[i])));
+}
+
+// out[i] = a[i] op b[i % nb] (flip: b[i % nb] op a[i]), b a row repeated over
+// a's leading dims (a bias). op: 0 add, 1 sub, 2 mul, 3 div. One f32 op, as
+// candle's kernels (bf16: widened, the op, rounded once, as the `half` crate).
+__device__ __forceinline__ float bin(int op, float x, float y) {
+    switch (op) {
+    case 0: return x + y;
+    case 1: return x - y;
+    case 2: return x * y;
+    default: return x / y;
+    }
+}
+
+__device__ __forceinline__ long long col(long long i, long long nb) {
+    // 32-bit division where it fits (the common case), which is cheaper.
+    return (i | nb) >> 31 ? i % nb : (long long)((unsigned)i % (unsigned)nb);
+}
+
+extern "C" __global__ void bcast_f32(const float* a, const float* b, float* out, long long n,
+                                     long long nb, int op, int flip) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        float x = a[i], y = b[col(i, nb)];
+        out[i] = flip ? bin(op, y, x) : bin(op, x, y);
+    }
+}
+
+extern "C" __global__ void bcast_bf16(const unsigned short* a, const unsigned short* b,
+                                      unsigned short* out, long long n, long long nb, int op,
+                                      int flip) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        float x = bf16_in(a[i]), y = bf16_in(b[col(i, nb)]);
+        out[i] = bf16_out(flip ? bin(op, y, x) : bin(op, x, y));
+    }
 }

@@ -8,6 +8,7 @@
 //! partial (over the same axes) and partial × reduced stay partial; anything
 //! else needs the reduction first (E0214).
 
+use super::bcast_fast::Bin;
 use super::cost::{CommCost, Cost, CostCx};
 use super::kernel::{ce, Kernel};
 use super::rules::{axes_text, Rules};
@@ -293,6 +294,20 @@ pub fn gathers(c: &CostCx, t: &TType, out: &TType) -> Vec<CommCost> {
     v
 }
 
+/// `a op b`, broadcast: shardc's one-pass kernel where it applies (a GPU,
+/// [`super::bcast_fast`]), else candle's, with the same bits.
+fn elementwise(op: Bin, a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
+    if let Some(y) = super::bcast_fast::apply(op, a, b) {
+        return y;
+    }
+    match op {
+        Bin::Add => a.broadcast_add(b),
+        Bin::Sub => a.broadcast_sub(b),
+        Bin::Mul => a.broadcast_mul(b),
+        Bin::Div => a.broadcast_div(b),
+    }
+}
+
 impl Primitive for Arith {
     fn name(&self) -> &'static str {
         match self {
@@ -318,13 +333,14 @@ impl Primitive for Arith {
             Arith::Binary(op) => {
                 let a = k.align(x[0], ts[0], out, None)?;
                 let b = k.align(x[1], ts[1], out, None)?;
-                match op {
-                    BinOp::Add => a.broadcast_add(&b),
-                    BinOp::Sub => a.broadcast_sub(&b),
-                    BinOp::Mul => a.broadcast_mul(&b),
-                    _ => a.broadcast_div(&b),
-                }
-                .map_err(ce)?
+                let op = match op {
+                    BinOp::Add => Bin::Add,
+                    BinOp::Sub => Bin::Sub,
+                    BinOp::Mul => Bin::Mul,
+                    BinOp::Div => Bin::Div,
+                    BinOp::MatMul => return Err("`@` is not an elementwise op".into()),
+                };
+                elementwise(op, &a, &b).map_err(ce)?
             }
         })
     }
@@ -362,9 +378,9 @@ impl Primitive for Arith {
                     let d = match (op, i) {
                         (BinOp::Add, _) | (BinOp::Sub, 0) => ct.clone(),
                         (BinOp::Sub, _) => ct.neg().map_err(ce)?,
-                        (BinOp::Mul, 0) => ct.broadcast_mul(&y).map_err(ce)?,
-                        (BinOp::Mul, _) => ct.broadcast_mul(&x).map_err(ce)?,
-                        (_, 0) => ct.broadcast_div(&y).map_err(ce)?,
+                        (BinOp::Mul, 0) => elementwise(Bin::Mul, ct, &y).map_err(ce)?,
+                        (BinOp::Mul, _) => elementwise(Bin::Mul, ct, &x).map_err(ce)?,
+                        (_, 0) => elementwise(Bin::Div, ct, &y).map_err(ce)?,
                         _ => ct
                             .broadcast_mul(&x)
                             .and_then(|t| t.broadcast_div(&y.sqr()?))

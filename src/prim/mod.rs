@@ -31,6 +31,7 @@ pub mod arith;
 pub mod attention;
 pub mod aux;
 pub mod axis_index;
+pub mod bcast_fast;
 pub mod cast;
 pub mod collective;
 pub mod concat;

@@ -2,7 +2,8 @@
 // tests/gpu_kernels.rs): layer_norm and rms_norm forward and backward with
 // their weight gradients' column sums, softmax cross-entropy's two passes
 // (labels inside and outside this device's classes), the activations and
-// their derivatives (against finite differences; in bf16 too), the sums of squares, and
+// their derivatives (against finite differences; in bf16 too), the broadcast
+// binary ops, the sums of squares, and
 // AdamW's step against the textbook form (bias corrections not folded).
 #include "emu.h"
 #include "../../src/prim/norm.cu"
@@ -200,6 +201,39 @@ static void adam() {
     expect_close("adamw step", step, step_ref, 1e-5);
 }
 
+// The broadcast ops: a row of nb repeated over n / nb rows, each way round;
+// every value equals the one f32 op (rounded once to bf16 in bf16).
+static void broadcasts() {
+    const char* names[] = {"add", "sub", "mul", "div"};
+    const long long nb = 300, n = 37 * nb;
+    auto a = noise(n, 41), b = noise(nb, 42);
+    for (auto& y : b) y += 2.5f; // no division by zero
+    for (int op = 0; op < 4; op++)
+        for (int flip = 0; flip < 2; flip++) {
+            std::vector<float> out(n), want(n);
+            std::vector<unsigned short> ab(n), bb(nb), ob(n);
+            for (long long i = 0; i < n; i++) ab[i] = bf16_out(a[i]);
+            for (long long j = 0; j < nb; j++) bb[j] = bf16_out(b[j]);
+            launch({8, 1, 1}, {256, 1, 1}, [&] { bcast_f32(a.data(), b.data(), out.data(), n, nb, op, flip); });
+            launch({8, 1, 1}, {256, 1, 1}, [&] { bcast_bf16(ab.data(), bb.data(), ob.data(), n, nb, op, flip); });
+            bool ok = true;
+            for (long long i = 0; i < n; i++) {
+                float x = a[i], y = b[i % nb];
+                float w = flip ? bin(op, y, x) : bin(op, x, y);
+                float xb = bf16_in(ab[i]), yb = bf16_in(bb[i % nb]);
+                unsigned short wb = bf16_out(flip ? bin(op, yb, xb) : bin(op, xb, yb));
+                ok = ok && out[i] == w && ob[i] == wb;
+            }
+            // And against the plain arithmetic, so that `bin` itself is checked.
+            float x = a[nb + 7], y = b[7];
+            float plain[] = {x + y, x - y, x * y, x / y}, flipped[] = {y + x, y - x, y * x, y / x};
+            ok = ok && out[nb + 7] == (flip ? flipped : plain)[op];
+            std::printf("%s broadcast %s%s: f32 and bf16 over %lld values\n", ok ? "ok  " : "FAIL",
+                        names[op], flip ? " (row first)" : "", n);
+            if (!ok) emu_failures++;
+        }
+}
+
 int main() {
     adam();
     norms(1);
@@ -207,5 +241,6 @@ int main() {
     cross_entropy();
     activations();
     sums();
+    broadcasts();
     return emu_failures == 0 ? 0 : 1;
 }
