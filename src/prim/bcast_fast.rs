@@ -16,7 +16,6 @@
 //! and is what the tests compare with candle's `broadcast_*` bit for bit.
 
 use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
-use half::bf16;
 
 /// The binary ops the kernel computes (`op` in `act.cu`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -73,35 +72,21 @@ impl CustomOp2 for Broadcast {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let ((a0, a1), (b0, b1)) = (
-            l1.contiguous_offsets().ok_or_else(msg)?,
-            l2.contiguous_offsets().ok_or_else(msg)?,
+        // Widened as the activations' CPU bodies do, one f32 op, stored back.
+        let ((a, bf), (b, bf2)) = (
+            super::unary_fast::f32s(s1, l1).ok_or_else(msg)?,
+            super::unary_fast::f32s(s2, l2).ok_or_else(msg)?,
         );
+        if bf != bf2 || b.is_empty() {
+            return Err(msg());
+        }
         let (op, flip) = (self.op, self.flip);
         let f = move |x: f32, y: f32| if flip { op.f(y, x) } else { op.f(x, y) };
-        let out = match (s1, s2) {
-            (CpuStorage::F32(a), CpuStorage::F32(b)) => {
-                let (a, b) = (&a[a0..a1], &b[b0..b1]);
-                CpuStorage::F32(
-                    a.chunks(b.len())
-                        .flat_map(|r| r.iter().zip(b).map(|(x, y)| f(*x, *y)))
-                        .collect(),
-                )
-            }
-            (CpuStorage::BF16(a), CpuStorage::BF16(b)) => {
-                let (a, b) = (&a[a0..a1], &b[b0..b1]);
-                CpuStorage::BF16(
-                    a.chunks(b.len())
-                        .flat_map(|r| {
-                            r.iter()
-                                .zip(b)
-                                .map(|(x, y)| bf16::from_f32(f(x.to_f32(), y.to_f32())))
-                        })
-                        .collect(),
-                )
-            }
-            _ => return Err(msg()),
-        };
+        let y = a
+            .chunks(b.len())
+            .flat_map(|r| r.iter().zip(b.iter()).map(|(x, y)| f(*x, *y)))
+            .collect();
+        let out = super::unary_fast::stored(y, bf);
         Ok((out, l1.shape().clone()))
     }
 
@@ -153,8 +138,7 @@ fn row_of(row: &[usize], whole: &[usize]) -> bool {
     let lead = row.iter().take_while(|d| **d == 1).count();
     let row = &row[lead..];
     let n: usize = row.iter().product();
-    row.len() <= whole.len()
-        && whole.len() >= lead + row.len()
+    whole.len() >= lead + row.len()
         && whole.ends_with(row)
         && n > 0
         && n < whole.iter().product::<usize>()

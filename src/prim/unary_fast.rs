@@ -147,7 +147,7 @@ impl Act {
 /// The contiguous elements of an f32 or bf16 operand as f32 (bf16 widened),
 /// and whether it was bf16; `None` for another dtype or a strided view (then
 /// the caller uses candle's kernels).
-fn f32s<'a>(s: &'a CpuStorage, l: &Layout) -> Option<(Cow<'a, [f32]>, bool)> {
+pub(super) fn f32s<'a>(s: &'a CpuStorage, l: &Layout) -> Option<(Cow<'a, [f32]>, bool)> {
     let (a, b) = l.contiguous_offsets()?;
     match s {
         CpuStorage::F32(v) => Some((Cow::Borrowed(v.get(a..b)?), false)),
@@ -157,7 +157,7 @@ fn f32s<'a>(s: &'a CpuStorage, l: &Layout) -> Option<(Cow<'a, [f32]>, bool)> {
 }
 
 /// `y` as the storage of the operands' dtype (bf16: rounded to nearest even).
-fn stored(y: Vec<f32>, bf: bool) -> CpuStorage {
+pub(super) fn stored(y: Vec<f32>, bf: bool) -> CpuStorage {
     if bf {
         CpuStorage::BF16(y.into_iter().map(bf16::from_f32).collect())
     } else {
