@@ -4,6 +4,7 @@
 //! letters that only one operand has and the output lacks are summed out.
 
 use super::cost::{CommCost, Cost, CostCx};
+use super::einsum_plan;
 use super::kernel::{ce, Kernel};
 use super::rules::{arity, axes_text, split_and_pending, Call, Rules, Typed};
 use super::{Def, Forward, Grad, Kind, Primitive, R};
@@ -277,123 +278,88 @@ fn layout(ins: &[String], o: &str, ts: &[&TType], out: &TType) -> HashMap<char, 
     want
 }
 
-/// Two-operand einsum through permute + reshape + one batched matmul; every
-/// letter of one operand alone must be in the output.
+/// Two-operand einsum as one batched product, laid out by
+/// [`einsum_plan::plan`]: each operand read in place where its letters allow,
+/// else permuted into place first; every letter of one operand alone must be
+/// in the output.
 fn einsum2(sa: &str, sb: &str, o: &str, a: &Tensor, b: &Tensor) -> R<Tensor> {
     let size = |c: char| -> usize {
-        if let Some(i) = sa.find(c) {
-            a.dims()[i]
-        } else if let Some(i) = sb.find(c) {
-            b.dims()[i]
-        } else {
-            1
-        }
+        let at = |s: &str, t: &Tensor| s.chars().position(|x| x == c).map(|i| t.dims()[i]);
+        at(sa, a).or_else(|| at(sb, b)).unwrap_or(1)
     };
-    let batch: Vec<char> = o
-        .chars()
-        .filter(|c| sa.contains(*c) && sb.contains(*c))
-        .collect();
-    let contr: Vec<char> = sa
-        .chars()
-        .filter(|c| sb.contains(*c) && !o.contains(*c))
-        .collect();
-    let af: Vec<char> = sa.chars().filter(|c| !sb.contains(*c)).collect();
-    let bf: Vec<char> = sb.chars().filter(|c| !sa.contains(*c)).collect();
-    let perm = |s: &str, order: &[char]| -> Vec<usize> {
-        order.iter().filter_map(|c| s.find(*c)).collect()
+    let p = einsum_plan::plan(sa, sb, o);
+    let ((sl, l), (sr, r)) = if p.swap {
+        ((sb, b), (sa, a))
+    } else {
+        ((sa, a), (sb, b))
     };
-    let prod = |cs: &[char]| -> usize { cs.iter().map(|c| size(*c)).product() };
-    if let Some(c) = einsum2_direct(sa, sb, o, a, b, &batch, &size)? {
+    let lhs = operand(sl, l, [&p.batch, &p.rows, &p.depth], p.copy[0], &size)?;
+    let rhs = operand(sr, r, [&p.batch, &p.depth, &p.cols], p.copy[1], &size)?;
+    let c = super::matmul_split::mm(&lhs, &rhs).map_err(ce)?;
+    let order = format!("{}{}{}", p.batch, p.rows, p.cols);
+    let c = c
+        .reshape(order.chars().map(size).collect::<Vec<_>>())
+        .map_err(ce)?;
+    if !p.copy[2] {
         return Ok(c);
     }
-    let mut ao: Vec<char> = batch.clone();
-    ao.extend(&af);
-    ao.extend(&contr);
-    let mut bo: Vec<char> = batch.clone();
-    bo.extend(&contr);
-    bo.extend(&bf);
-    let a2 = a
-        .permute(perm(sa, &ao))
-        .and_then(|t| t.contiguous())
-        .and_then(|t| t.reshape((prod(&batch), prod(&af), prod(&contr))))
-        .map_err(ce)?;
-    let b2 = b
-        .permute(perm(sb, &bo))
-        .and_then(|t| t.contiguous())
-        .and_then(|t| t.reshape((prod(&batch), prod(&contr), prod(&bf))))
-        .map_err(ce)?;
-    let c = super::matmul_split::mm(&a2, &b2).map_err(ce)?;
-    let mut co: Vec<char> = batch.clone();
-    co.extend(&af);
-    co.extend(&bf);
-    let shape: Vec<usize> = co.iter().map(|c| size(*c)).collect();
-    let c = c.reshape(shape).map_err(ce)?;
-    let p: Vec<usize> = o
+    let perm: Vec<usize> = o
         .chars()
-        .filter_map(|ch| co.iter().position(|x| *x == ch))
+        .filter_map(|ch| order.chars().position(|x| x == ch))
         .collect();
-    c.permute(p).and_then(|t| t.contiguous()).map_err(ce)
+    c.permute(perm).and_then(|t| t.contiguous()).map_err(ce)
 }
 
-/// [`einsum2`] as one matmul of the operands as they lie, when no copy is
-/// needed: the batch letters lead in both operands and the output, the output
-/// goes on with one operand's free letters (the left operand) then the
-/// other's, the left operand lies as [batch, free, contracted] or as [batch,
-/// contracted, free] (read transposed: gemm packs its left operand anyway),
-/// and the right one as [batch, contracted, free], contracted in the left's
-/// order. A weight's gradient (`bthe,btd->dhe`) takes this path: permuting
-/// both operands and the product into place was 4% of GPT-J's profile at
-/// d_model 256. `None` when the letters are not so grouped.
-fn einsum2_direct(
-    sa: &str,
-    sb: &str,
-    o: &str,
-    a: &Tensor,
-    b: &Tensor,
-    batch: &[char],
+/// An operand as the product reads it: `[batch, one, two]` from its letters
+/// `groups` (a group it lacks has size 1; a batch it lacks is read with stride
+/// 0), in place when `copy` is false (each group's letters lie together in
+/// that order), else permuted into that order first.
+fn operand(
+    s: &str,
+    x: &Tensor,
+    groups: [&String; 3],
+    copy: bool,
     size: &dyn Fn(char) -> usize,
-) -> R<Option<Tensor>> {
-    // Byte slicing below: one byte a letter.
-    if !(sa.is_ascii() && sb.is_ascii() && o.is_ascii()) {
-        return Ok(None);
-    }
-    let distinct = |s: &str| s.chars().enumerate().all(|(i, c)| !s[..i].contains(c));
-    if !(distinct(sa) && distinct(sb) && distinct(o)) {
-        return Ok(None);
-    }
-    let lead: String = batch.iter().collect();
-    if !(o.starts_with(&lead) && sa.starts_with(&lead) && sb.starts_with(&lead)) {
-        return Ok(None);
-    }
-    let only = |x: &str, y: &str| -> String { x.chars().filter(|c| !y.contains(*c)).collect() };
-    let (fa, fb) = (only(sa, sb), only(sb, sa));
-    let rest = &o[lead.len()..];
-    let (l, sl, fl, r, sr, fr) = if rest == format!("{fa}{fb}") {
-        (a, sa, fa, b, sb, fb)
-    } else if rest == format!("{fb}{fa}") {
-        (b, sb, fb, a, sa, fa)
+) -> R<Tensor> {
+    let n = |g: &str| -> usize { g.chars().map(size).product() };
+    let has_batch = groups[0].chars().all(|c| s.contains(c)) && !groups[0].is_empty();
+    let own = |g: &str| -> String { g.chars().filter(|c| s.contains(*c)).collect() };
+    let want: [String; 3] = [own(groups[0]), own(groups[1]), own(groups[2])];
+    let x = if copy {
+        let order: String = want.concat();
+        let perm: Vec<usize> = order
+            .chars()
+            .filter_map(|c| s.chars().position(|x| x == c))
+            .collect();
+        let x = x.permute(perm).and_then(|t| t.contiguous()).map_err(ce)?;
+        x.reshape((n(&want[0]), n(&want[1]), n(&want[2])))
+            .map_err(ce)?
     } else {
-        return Ok(None);
+        // Merge each group's run of letters, then move the runs into place;
+        // a group the operand lacks is a dim of size 1 after the others.
+        let first = |g: &String| -> usize {
+            g.chars()
+                .next()
+                .and_then(|c| s.chars().position(|x| x == c))
+                .unwrap_or(usize::MAX)
+        };
+        let mut by_pos: Vec<usize> = (0..3).collect();
+        by_pos.sort_by_key(|i| first(&want[*i]));
+        let shape: Vec<usize> = by_pos.iter().map(|i| n(&want[*i])).collect();
+        let perm: Vec<usize> = (0..3)
+            .map(|g| by_pos.iter().position(|i| *i == g).unwrap_or(g))
+            .collect();
+        x.contiguous()
+            .and_then(|t| t.reshape(shape))
+            .and_then(|t| t.permute(perm))
+            .map_err(ce)?
     };
-    let (lrest, rrest) = (&sl[lead.len()..], &sr[lead.len()..]);
-    let lc = only(lrest, &fl);
-    if rrest != format!("{lc}{fr}") {
-        return Ok(None);
-    }
-    let prod = |s: &str| -> usize { s.chars().map(size).product() };
-    let (nb, m, k, n) = (prod(&lead), prod(&fl), prod(&lc), prod(&fr));
-    let lhs = if lrest == format!("{fl}{lc}") {
-        l.reshape((nb, m, k))
-    } else if lrest == format!("{lc}{fl}") {
-        l.reshape((nb, k, m)).and_then(|t| t.transpose(1, 2))
+    if has_batch || groups[0].is_empty() {
+        Ok(x)
     } else {
-        return Ok(None);
-    };
-    let shape: Vec<usize> = o.chars().map(size).collect();
-    lhs.and_then(|x| super::matmul_split::mm(&x, &r.reshape((nb, k, n))?))
-        .and_then(|c| c.reshape(shape))
-        .map(Some)
-        .map_err(ce)
+        x.broadcast_as((n(groups[0]), x.dims()[1], x.dims()[2]))
+            .map_err(ce)
+    }
 }
 
 /// Sum out the letters of `s` that no other operand and not the output has.
@@ -616,9 +582,9 @@ mod tests {
         out
     }
 
-    /// Every grouping the direct path takes (left operand as it lies or read
-    /// transposed, operands swapped, batch letters leading) and some it
-    /// declines give the einsum's values.
+    /// Every layout the plan takes (operands read as they lie or transposed
+    /// or copied, swapped, a batch of one operand's letters read with stride
+    /// 0, the product permuted or not) gives the einsum's values.
     #[test]
     fn two_operand_einsums_match_their_definition() {
         let dev = Device::Cpu;
@@ -627,7 +593,7 @@ mod tests {
                 .map(|c| match c {
                     'b' => 2,
                     't' | 's' => 5,
-                    'h' => 3,
+                    'h' | 'k' => 3,
                     'e' => 4,
                     _ => 6,
                 })
@@ -645,6 +611,16 @@ mod tests {
             ("bts", "bse", "bte"),
             ("bst", "bse", "bte"),
             ("td", "dh", "ht"),
+            ("btd", "dkhe", "kbthe"),
+            ("kbthe", "dkhe", "btd"),
+            ("kbthe", "btd", "dkhe"),
+            ("btd", "kbthe", "dkhe"),
+            ("bthe", "hed", "ebt"),
+            ("kbt", "kd", "dbt"),
+            ("bd", "ke", "kbed"),
+            ("ij", "jk", "ki"),
+            ("bij", "bjk", "bki"),
+            ("ibj", "jbk", "kbi"),
         ];
         for (sa, sb, o) in cases {
             let t = |s: &str, k: f64| {

@@ -40,6 +40,7 @@ pub mod cross_entropy;
 pub mod cross_entropy_fast;
 pub mod dropout;
 pub mod einsum;
+mod einsum_plan;
 pub mod elementwise;
 pub mod embed;
 mod flash;
