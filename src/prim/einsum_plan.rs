@@ -136,10 +136,11 @@ fn copy_cost(from: &str, to: &str) -> u128 {
 /// when no letter is shared by both operands and the output (a batch item
 /// then has one stride in each operand: its own, or 0).
 ///
-/// Not the left operand's: candle's CPU product folds the batch of a left
-/// operand into its rows when the right one has batch stride 0, which is
-/// wrong when the left one is read transposed (its rows then are not `k`
-/// apart). The swapped candidate takes those letters from the right instead.
+/// Not the left operand's: with a right operand of batch stride 0, a
+/// transposed left one is copied before the product (`matmul_split`: candle
+/// folds its batch into its rows, which is wrong unless its rows lie `k`
+/// apart), a copy this plan would not see. The swapped candidate takes those
+/// letters from the right instead.
 fn extras(l: &str, r: &str, o: &str) -> Vec<String> {
     let mut out = vec![String::new()];
     if o.chars().any(|c| l.contains(c) && r.contains(c)) {

@@ -45,6 +45,7 @@ pub fn mm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// candle's matmul; on a GPU, whose GEMM takes only row- or column-major
 /// operands with one batch stride, a strided view is copied first.
 fn gemm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let a = rows_apart(a, b)?;
     match a.matmul(b) {
         Err(_) if !a.device().is_cpu() => a.contiguous()?.matmul(&b.contiguous()?),
         r => r,
@@ -54,6 +55,7 @@ fn gemm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// `broadcast_matmul`, with the GPU's layout limits handled as in [`mm`]:
 /// broadcast batch dimensions (stride 0) are materialised there.
 pub fn broadcast_mm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let a = rows_apart(a, b)?;
     match a.broadcast_matmul(b) {
         Err(_) if !a.device().is_cpu() && a.rank() >= 2 && b.rank() >= 2 => {
             let (l, r) = (a.dims(), b.dims());
@@ -69,6 +71,32 @@ pub fn broadcast_mm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
             a.matmul(&b)
         }
         r => r,
+    }
+}
+
+/// `a` as candle's CPU product may read it beside `b`. When `b`'s batch is
+/// read with stride 0 (broadcast), candle 0.11 folds `a`'s batch into the
+/// rows of one product, assuming `a`'s rows lie `k` apart: for a transposed
+/// `a` that reads the wrong elements (the unit test below). Such an `a` is
+/// copied row-major first; every other operand goes as it is.
+fn rows_apart(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let (ra, rb) = (a.rank(), b.rank());
+    if ra < 3 || !a.device().is_cpu() {
+        return Ok(a.clone());
+    }
+    let (st, dims) = (a.stride(), a.dims());
+    let row_major = st[ra - 1] == 1 && st[ra - 2] == dims[ra - 1];
+    let b_batch: usize = b.dims()[..rb.saturating_sub(2)].iter().product();
+    let a_batch: usize = dims[..ra - 2].iter().product();
+    let broadcast = b_batch < a_batch
+        || b.stride()[..rb.saturating_sub(2)]
+            .iter()
+            .zip(b.dims())
+            .any(|(s, d)| *s == 0 && *d > 1);
+    if row_major || !broadcast {
+        Ok(a.clone())
+    } else {
+        a.contiguous()
     }
 }
 
@@ -295,5 +323,30 @@ mod tests {
             .and_then(|t| t.transpose(1, 2))
             .expect("bt");
         check(&a, &bt, "batched, transposed");
+    }
+
+    /// A transposed left operand beside a broadcast right one (the case
+    /// candle's product folds wrongly) gives the product of its copy.
+    #[test]
+    fn transposed_left_beside_a_broadcast_right() {
+        let dev = Device::Cpu;
+        let v = |n: usize| -> Vec<f32> { (0..n).map(|i| ((i as f32) * 0.37).sin()).collect() };
+        let at = Tensor::from_vec(v(2 * 4 * 3), (2, 4, 3), &dev)
+            .and_then(|t| t.transpose(1, 2))
+            .expect("a transposed view");
+        let a = at.contiguous().expect("its copy");
+        let b = Tensor::from_vec(v(4 * 5), (4, 5), &dev).expect("b");
+        let vals = |t: Tensor| {
+            t.flatten_all()
+                .and_then(|t| t.to_vec1::<f32>())
+                .expect("values")
+        };
+        let want = vals(broadcast_mm(&a, &b).expect("row-major"));
+        assert_eq!(vals(broadcast_mm(&at, &b).expect("transposed")), want);
+        let b3 = b
+            .unsqueeze(0)
+            .and_then(|t| t.broadcast_as((2, 4, 5)))
+            .expect("b3");
+        assert_eq!(vals(mm(&at, &b3).expect("stride-0 batch")), want);
     }
 }
