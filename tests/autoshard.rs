@@ -62,6 +62,18 @@ fn solve_text(
     dev: &str,
     exact: u64,
 ) -> Result<Solution, Failure> {
+    solve_with(file, text, model, mesh, dev, exact, false)
+}
+
+fn solve_with(
+    file: &str,
+    text: &str,
+    model: Option<&str>,
+    mesh: &[(&str, i64)],
+    dev: &str,
+    exact: u64,
+    pipeline: bool,
+) -> Result<Solution, Failure> {
     let p = path(file);
     let mut files = Overlay::new(&Disk);
     files.insert(&p, text.to_string());
@@ -73,6 +85,7 @@ fn solve_text(
         devices: None,
         device: device::parse(dev).expect("device"),
         allow_bf16: false,
+        pipeline,
         exact,
         grants: vec![],
     })
@@ -280,6 +293,33 @@ fn the_layout_trains_like_one_device() {
         }
         println!("{file}: {:.1} s", started.elapsed().as_secs_f64());
     }
+}
+
+/// GPT-3 175B with its stack not pipelined and not checkpointed fits no
+/// layout of 1024 h100-80g; `--pipeline` cuts the stack over `pp` (with its
+/// blocks recomputed) into a layout that fits and plans a step no slower
+/// than the hand file's 1F1B, the same bytes each run.
+#[test]
+fn pipeline_lets_gpt3_175b_fit_no_slower_than_the_hand_file() {
+    let file = "examples/gpt3_175b.shard";
+    let hand = std::fs::read_to_string(path(file)).expect("model");
+    let (hand_step, _, hand_fits) = planned(file, &hand, None, "h100-80g");
+    let cut = ", stages: pp, schedule: one_f_one_b, microbatches: 16, checkpoint: full";
+    assert!(hand.contains(cut) && hand_fits);
+    let bare = hand.replace(cut, "");
+    let flat = solve_with(file, &bare, None, &[], "h100-80g", autoshard::EXACT, false);
+    assert!(matches!(flat, Err(Failure::NoFit { .. })));
+    let s = match solve_with(file, &bare, None, &[], "h100-80g", autoshard::EXACT, true) {
+        Ok(s) => s,
+        Err(_) => panic!("--pipeline found no layout"),
+    };
+    assert!(s.planned.fits, "{}", s.text);
+    assert!(s.text.contains("stages: pp"), "{}", s.text);
+    let (step, _, fits) = planned(file, &s.text, None, "h100-80g");
+    assert!(
+        fits && step <= hand_step,
+        "{step} s against the hand file's {hand_step} s"
+    );
 }
 
 #[test]

@@ -100,6 +100,7 @@ fn shard_codes(files: &Memory, root: &Path, line: &str) -> Vec<String> {
         devices: None,
         device,
         allow_bf16: false,
+        pipeline: false,
         exact: autoshard::EXACT,
         grants: vec![],
     };

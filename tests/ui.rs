@@ -49,6 +49,7 @@ fn shard_diagnostic(rel: &Path, args: &str) -> Option<shardc::diag::Diagnostic> 
         devices: None,
         device: shardc::plan::device::parse(&device).ok()?,
         allow_bf16: false,
+        pipeline: false,
         exact: autoshard::EXACT,
         grants: vec![],
     };

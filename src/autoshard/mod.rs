@@ -35,6 +35,9 @@ pub struct Request<'a> {
     pub device: Device,
     /// Whether the search may set `precision: bf16`.
     pub allow_bf16: bool,
+    /// Whether the search may put a `repeat`'s blocks in pipeline stages
+    /// (`--pipeline`).
+    pub pipeline: bool,
     /// Spaces of at most this many candidates are enumerated whole ([`EXACT`]
     /// by default; `u64::MAX` for `--exhaustive`, 0 to always search).
     pub exact: u64,
@@ -211,7 +214,15 @@ pub fn solve(req: &Request) -> Result<Solution, Failure> {
         crate::ast::Item::Train(t) if t.model.name == model => Some(t),
         _ => None,
     });
-    let vars = sites::collect(&file, &text, &model, &axes, train_decl, req.allow_bf16);
+    let vars = sites::collect(
+        &file,
+        &text,
+        &model,
+        &axes,
+        train_decl,
+        req.allow_bf16,
+        req.pipeline,
+    );
     let mut explain = Explain::default();
     let mut best: Option<(Chosen, Evaluator)> = None;
     for m in meshes {

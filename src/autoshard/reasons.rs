@@ -16,7 +16,7 @@ fn named(v: &Var, c: usize) -> String {
     match v.kind {
         Kind::Dim if label.starts_with('@') => format!("{}{label}", v.key),
         Kind::Dim => format!("{} {label}", v.key),
-        Kind::Fsdp | Kind::Checkpoint | Kind::Precision => label.to_string(),
+        Kind::Fsdp | Kind::Checkpoint | Kind::Precision | Kind::Pipeline => label.to_string(),
     }
 }
 

@@ -189,7 +189,8 @@ pub fn exhaustive(ev: &mut Evaluator) -> Vec<usize> {
 }
 
 /// The moves the search tries: every single choice the checker takes alone,
-/// and pairs of one axis the checker takes only together; best probe first.
+/// pairs of one axis the checker takes only together, and each pipeline
+/// choice with its `repeat`'s checkpointing; best probe first.
 /// Also how many single choices the checker refused alone.
 pub fn moves(ev: &mut Evaluator) -> (Vec<Move>, usize) {
     let n = ev.vars.len();
@@ -204,6 +205,27 @@ pub fn moves(ev: &mut Evaluator) -> (Vec<Move>, usize) {
                 Outcome::Planned(_) => taken.push((m, o)),
                 Outcome::Refused { .. } => refused.push((v, c)),
             }
+        }
+    }
+    // A pipeline holds more microbatches in flight than no pipeline: it
+    // pays for itself with its stages' blocks recomputed, so each stage
+    // choice is also tried with its `repeat`'s checkpointing.
+    let staged: Vec<(usize, usize)> = taken
+        .iter()
+        .filter_map(|(m, _)| m.first().copied())
+        .filter(|&(v, _)| ev.vars[v].kind == Kind::Pipeline)
+        .collect();
+    for (v, c) in staged {
+        let at = ev.vars[v].sites.first().map(|s| s.at);
+        let Some(k) = (0..n).find(|&k| {
+            ev.vars[k].kind == Kind::Checkpoint && ev.vars[k].sites.first().map(|s| s.at) == at
+        }) else {
+            continue;
+        };
+        let m = vec![(v, c), (k, 1)];
+        let o = ev.eval(&apply(&start, &m));
+        if o.planned().is_some() {
+            taken.push((m, o));
         }
     }
     for (i, &(v1, c1)) in refused.iter().enumerate() {

@@ -20,6 +20,24 @@ pub enum Kind {
     Checkpoint,
     /// The run's precision (`precision: bf16`), when `--allow-bf16` lets it change.
     Precision,
+    /// A `repeat`'s blocks in pipeline stages over an axis, with a schedule
+    /// and a microbatch count (`stages: pp, schedule: zbv, microbatches: 8`),
+    /// when `--pipeline` lets the search cut the stack.
+    Pipeline,
+}
+
+/// The schedules a pipeline decision offers, as written after `schedule:`.
+pub const SCHEDULES: &[&str] = &["one_f_one_b", "interleaved, chunks: 2", "zb_h1", "zbv"];
+/// The microbatch counts it offers.
+pub const MICROBATCHES: &[u32] = &[8, 16];
+
+/// A `repeat(...)` of a layer: where its closing parenthesis is, the start
+/// of its line, and what it already says.
+struct Repeat {
+    close: usize,
+    line: usize,
+    checkpointed: bool,
+    staged: bool,
 }
 
 /// One place a decision writes text: `text` inserted at byte `at` of the root
@@ -67,6 +85,7 @@ pub fn collect(
     axes: &[String],
     train: Option<&ast::TrainDecl>,
     bf16: bool,
+    pipeline: bool,
 ) -> Vec<Var> {
     let layers: BTreeMap<&str, &ast::LayerDecl> = file
         .items
@@ -111,7 +130,7 @@ pub fn collect(
         let Some(decl) = layers.get(name) else {
             continue;
         };
-        vars.extend(in_layer(decl, text, axes, name == model, &consts));
+        vars.extend(in_layer(decl, text, axes, name == model, &consts, pipeline));
     }
     // Without a `repeat` in this file, the model's `checkpoint(full)`
     // reaches those of the files it imports.
@@ -186,6 +205,7 @@ fn in_layer(
     axes: &[String],
     is_model: bool,
     consts: &[&str],
+    pipeline: bool,
 ) -> Vec<Var> {
     let scope = decl.name.name.clone();
     let mut found = Found::default();
@@ -246,7 +266,14 @@ fn in_layer(
     }
     // In the order they are written: the reasons and the search read in that order.
     vars.sort_by_key(|v| (v.line, v.sites.first().map_or(0, |s| s.at)));
-    for (at, line) in repeats {
+    for r in repeats {
+        if pipeline && !r.staged {
+            vars.push(pipeline_var(&scope, r.close, r.line, axes));
+        }
+        if r.checkpointed {
+            continue;
+        }
+        let (at, line) = (r.close, r.line);
         vars.push(Var {
             kind: Kind::Checkpoint,
             scope: scope.clone(),
@@ -284,6 +311,36 @@ fn in_layer(
         });
     }
     vars
+}
+
+/// A `repeat`'s pipeline decision: not pipelined, or its stages over each
+/// axis with each schedule and microbatch count ([`SCHEDULES`],
+/// [`MICROBATCHES`]); the checker refuses what does not divide.
+fn pipeline_var(scope: &str, close: usize, line: usize, axes: &[String]) -> Var {
+    let mut choices = vec![none("not pipelined")];
+    for a in axes {
+        for s in SCHEDULES {
+            for m in MICROBATCHES {
+                let text = format!("stages: {a}, schedule: {s}, microbatches: {m}");
+                choices.push(Choice {
+                    text: format!(", {text}"),
+                    label: text,
+                });
+            }
+        }
+    }
+    Var {
+        kind: Kind::Pipeline,
+        scope: scope.to_string(),
+        key: "stages".into(),
+        sites: vec![Site {
+            at: close,
+            open: None,
+        }],
+        choices,
+        line,
+        input: false,
+    }
 }
 
 fn none(label: &str) -> Choice {
@@ -422,7 +479,7 @@ impl Found {
 
     /// A sublayer's instantiation: its size arguments, and each `repeat`
     /// without `checkpoint:` (where `, checkpoint: full` would go).
-    fn instantiation(&mut self, e: &Expr, text: &str, repeats: &mut Vec<(usize, usize)>) {
+    fn instantiation(&mut self, e: &Expr, text: &str, repeats: &mut Vec<Repeat>) {
         let ExprKind::Call(callee, args) = &e.kind else {
             return;
         };
@@ -455,13 +512,18 @@ impl Found {
                 Arg::Named(..) => {}
             }
         }
-        let checkpointed = args
-            .iter()
-            .any(|a| matches!(a, Arg::Named(k, _) if k.name == "checkpoint"));
-        if is_repeat && !checkpointed && e.span.end > 0 {
+        let named = |w: &str| {
+            args.iter()
+                .any(|a| matches!(a, Arg::Named(k, _) if k.name == w))
+        };
+        if is_repeat && e.span.end > 0 {
             // Before the closing parenthesis.
-            let close = e.span.end as usize - 1;
-            repeats.push((close, line_start(text, e.span.start as usize)));
+            repeats.push(Repeat {
+                close: e.span.end as usize - 1,
+                line: line_start(text, e.span.start as usize),
+                checkpointed: named("checkpoint"),
+                staged: named("stages"),
+            });
         }
     }
 }

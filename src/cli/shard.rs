@@ -35,6 +35,10 @@ pub struct ShardArgs {
     /// Let the search set `precision: bf16` (changes the numerics).
     #[arg(long)]
     pub allow_bf16: bool,
+    /// Let the search cut each `repeat` into pipeline stages over a mesh axis
+    /// (1F1B, interleaved, ZB-H1 or ZBV; 8 or 16 microbatches).
+    #[arg(long)]
+    pub pipeline: bool,
     /// Enumerate every layout, however many (slow on large models).
     #[arg(long)]
     pub exhaustive: bool,
@@ -52,6 +56,7 @@ pub fn shard(grants: &[PathBuf], a: &ShardArgs) -> ExitCode {
         devices: a.devices,
         device: a.device.clone(),
         allow_bf16: a.allow_bf16,
+        pipeline: a.pipeline,
         exact: if a.exhaustive {
             u64::MAX
         } else {
