@@ -88,6 +88,29 @@ fn filter(s: &str, keep: &dyn Fn(char) -> bool) -> String {
 /// order, then the batch of shared letters alone, then with letters of the
 /// output's, the first operand's, the second operand's leading run.
 pub(crate) fn plan(sa: &str, sb: &str, o: &str) -> Plan {
+    // A step runs the same few einsums over and over: each thread keeps the
+    // plans it made (the candidates cost tens of allocations each).
+    thread_local! {
+        static PLANS: std::cell::RefCell<std::collections::HashMap<String, Plan>> =
+            Default::default();
+    }
+    let key = format!("{sa},{sb}->{o}");
+    if let Some(p) = PLANS.with(|m| m.borrow().get(&key).cloned()) {
+        return p;
+    }
+    let p = search(sa, sb, o);
+    PLANS.with(|m| {
+        let mut m = m.borrow_mut();
+        // Bounded: a program has few distinct einsums.
+        if m.len() >= 4096 {
+            m.clear();
+        }
+        m.insert(key, p.clone());
+    });
+    p
+}
+
+fn search(sa: &str, sb: &str, o: &str) -> Plan {
     let mut best: Option<Plan> = None;
     for swap in [false, true] {
         let (l, r) = if swap { (sb, sa) } else { (sa, sb) };
