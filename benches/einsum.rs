@@ -1,7 +1,7 @@
 //! `cargo bench --bench einsum`: the forward of each einsum the standard
 //! library's attention runs, beside the two contractions its derivative
 //! runs (one per operand), and the plain product of the QKV projection's
-//! size. Median of 31 calls each on seed 004's widened test model (B 32,
+//! size. Median of 101 calls each on seed 004's widened test model (B 32,
 //! T 32, D 128, H 4), with the binary's allocator pooling as in a run. A
 //! derivative costs as many multiply-adds as its forward, so each backward
 //! column should read about the forward's time (bwd/fwd about 2); where it
@@ -19,7 +19,7 @@ static ALLOC: shardc::heap::Heap = shardc::heap::Heap;
 
 fn median_ms(f: &mut dyn FnMut()) -> f64 {
     f();
-    let mut v: Vec<f64> = (0..31)
+    let mut v: Vec<f64> = (0..101)
         .map(|_| {
             let t = Instant::now();
             f();
