@@ -25,7 +25,7 @@
 
 /// The three groups of a product's operand.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Group {
+enum Group {
     Batch,
     Free,
     Depth,
@@ -48,7 +48,7 @@ pub(crate) struct Plan {
 
 /// The operand's letters as runs of one group each, in memory order; `None`
 /// when a group's letters are not next to each other.
-pub(crate) fn runs(s: &str, group: &dyn Fn(char) -> Group) -> Option<Vec<(Group, String)>> {
+fn runs(s: &str, group: &dyn Fn(char) -> Group) -> Option<Vec<(Group, String)>> {
     let mut out: Vec<(Group, String)> = Vec::new();
     for c in s.chars() {
         let g = group(c);
@@ -84,9 +84,9 @@ fn filter(s: &str, keep: &dyn Fn(char) -> bool) -> String {
 /// the same for every size of the same einsum, so a sharded run, a
 /// microbatch and one device run the same products in the same order (gemm's
 /// sums for a small product depend on which operand is on the left). Ties
-/// go to the first candidate: operands in their
-/// order, then the batch of shared letters alone, then with letters of the
-/// output's, the first operand's, the second operand's leading run.
+/// go to the first candidate: operands in their order, then the batch of
+/// shared letters alone, then with letters of the output's, the first
+/// operand's, the second operand's leading run.
 pub(crate) fn plan(sa: &str, sb: &str, o: &str) -> Plan {
     // A step runs the same few einsums over and over: each thread keeps the
     // plans it made (the candidates cost tens of allocations each).
@@ -116,7 +116,7 @@ fn search(sa: &str, sb: &str, o: &str) -> Plan {
         let (l, r) = if swap { (sb, sa) } else { (sa, sb) };
         for extra in extras(l, r, o) {
             if let Some(p) = candidate(sa, l, r, o, swap, &extra) {
-                // Fewer copied elements, then fewer batch items.
+                // Cheaper copies, then fewer batch letters.
                 let key = |p: &Plan| (p.cost, p.batch.chars().count());
                 if best.as_ref().is_none_or(|b| key(&p) < key(b)) {
                     best = Some(p);
