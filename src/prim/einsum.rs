@@ -322,7 +322,6 @@ fn operand(
     size: &dyn Fn(char) -> usize,
 ) -> R<Tensor> {
     let n = |g: &str| -> usize { g.chars().map(size).product() };
-    let has_batch = groups[0].chars().all(|c| s.contains(c)) && !groups[0].is_empty();
     let own = |g: &str| -> String { g.chars().filter(|c| s.contains(*c)).collect() };
     let want: [String; 3] = [own(groups[0]), own(groups[1]), own(groups[2])];
     let x = if copy {
@@ -354,11 +353,12 @@ fn operand(
             .and_then(|t| t.permute(perm))
             .map_err(ce)?
     };
-    if has_batch || groups[0].is_empty() {
-        Ok(x)
-    } else {
+    // The plan gives each operand all of the batch's letters or none.
+    if want[0].is_empty() && !groups[0].is_empty() {
         x.broadcast_as((n(groups[0]), x.dims()[1], x.dims()[2]))
             .map_err(ce)
+    } else {
+        Ok(x)
     }
 }
 
