@@ -874,3 +874,43 @@ fn profile_names_the_ops_and_their_lines() {
     assert!(nodes.contains("gptj_small.shard:"), "{err}");
     assert!(!run(false).contains("profile:"));
 }
+
+/// `--profile` also writes each node's times to `profile.json` in the run
+/// directory, and `shardc plan --profile` times the pipeline's passes with
+/// them; a profile of another program (here another mesh) or a file that is
+/// not a profile is refused.
+#[test]
+fn plan_times_a_pipeline_with_a_profile() {
+    let dir = temp("profile-plan");
+    let file = "tests/models/t3d_small.shard";
+    let out = shardc()
+        .args(["run", file, "--steps", "3", "--quiet", "--profile", "--out"])
+        .arg(dir.join("run"))
+        .output()
+        .expect("spawn");
+    assert!(out.status.success(), "{out:?}");
+    let profile = dir.join("run").join("profile.json");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("profile.json"), "{err}");
+    let plan = |extra: &[&str], profile: &std::path::Path| {
+        shardc()
+            .args(["plan", file])
+            .args(extra)
+            .arg("--profile")
+            .arg(profile)
+            .output()
+            .expect("spawn")
+    };
+    let ok = plan(&[], &profile);
+    let text = String::from_utf8_lossy(&ok.stdout);
+    assert!(ok.status.success(), "{ok:?}");
+    assert!(text.contains("measured for its nodes"), "{text}");
+    let other = plan(&["--mesh", "dp=1,pp=2,tp=2"], &profile);
+    assert_eq!(other.status.code(), Some(2), "{other:?}");
+    assert!(String::from_utf8_lossy(&other.stderr).contains("times another program"));
+    let junk = dir.join("junk.json");
+    std::fs::write(&junk, "{\"losses\": [1.0]}").expect("write");
+    let bad = plan(&[], &junk);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("is not a profile"));
+}

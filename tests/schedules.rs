@@ -262,3 +262,60 @@ fn plan_device_compares_the_schedules_the_stack_can_run() {
     let names: Vec<&str> = gpt3.iter().filter_map(|c| c["schedule"].as_str()).collect();
     assert_eq!(names, ["one_f_one_b", "gpipe", "interleaved"]);
 }
+
+/// `shardc plan --profile`: measured node times replace FLOPs in the
+/// pipeline's timing, each attributed to the pass that runs it. Time spent
+/// only before the stack (the first rank's forwards) leaves the other rank
+/// idle throughout; time spent only in weight gradients keeps both ranks of
+/// ZB-H1 busy (nothing waits for a weight pass) but not of 1F1B (whose whole
+/// backwards chain across the ranks). A profile of another program is
+/// refused.
+#[test]
+fn a_profile_times_the_pipeline_passes() {
+    use shardc::plan::measured::{self, Profile, ProfileError};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(FILE);
+    let plan = |schedule: &str, nodes: &dyn Fn(usize, usize, usize) -> [f64; 3]| {
+        let text = model(schedule).replace("dp: 2, pp: 2, tp: 2", "dp: 1, pp: 2, tp: 1");
+        let c = shardc::world::compile_source(&path, text, &Default::default());
+        assert!(!c.has_errors(), "{schedule}");
+        let prog = &c.programs[0];
+        let pp = prog.pipeline.as_ref().expect("a pipeline");
+        let (start, end) = (pp.blocks[0].0 as usize, pp.blocks[7].1 as usize);
+        let profile = Profile {
+            format: measured::FORMAT.into(),
+            model: prog.model.clone(),
+            program: measured::fingerprint(prog),
+            steps: 1,
+            nodes: (0..prog.nodes.len())
+                .map(|i| nodes(i, start, end))
+                .collect(),
+        };
+        let mut p = c.plans[0].clone();
+        let file = std::path::Path::new("profile.json");
+        measured::retime(&mut p, prog, &profile, file).expect("its own program");
+        let pl = p.pipeline.expect("a pipeline");
+        assert_eq!(pl.timed_by.as_deref(), Some("profile.json"));
+        // The same profile for another mesh's program.
+        let other = shardc::world::compile_source(
+            &path,
+            model(schedule).replace("dp: 2, pp: 2, tp: 2", "dp: 1, pp: 2, tp: 2"),
+            &Default::default(),
+        );
+        let mut q = other.plans[0].clone();
+        let refused = measured::retime(&mut q, &other.programs[0], &profile, file);
+        assert!(
+            matches!(refused, Err(ProfileError::Program { .. })),
+            "{refused:?}"
+        );
+        pl.idle
+    };
+    let before_stack =
+        |i: usize, start: usize, _: usize| [f64::from(u8::from(i < start)), 0.0, 0.0];
+    assert_eq!(plan("one_f_one_b", &before_stack), vec![0.0, 1.0]);
+    let weights = |i: usize, start: usize, end: usize| {
+        [0.0, 0.0, f64::from(u8::from((start..end).contains(&i)))]
+    };
+    assert_eq!(plan("zb_h1", &weights), vec![0.0, 0.0]);
+    let chained = plan("one_f_one_b", &weights);
+    assert!(chained.iter().all(|x| *x > 0.05), "{chained:?}");
+}

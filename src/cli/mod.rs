@@ -129,6 +129,12 @@ pub enum Command {
         /// Only this model's plan, when the file has several `train` declarations.
         #[arg(long)]
         model: Option<String>,
+        /// Time the pipeline's passes with the node times a run measured
+        /// (`shardc run --profile` writes `profile.json` in its run
+        /// directory) instead of their FLOPs: each rank's idle share and
+        /// the bubble, for the file's schedule and (with --device) the others.
+        #[arg(long, value_name = "PROFILE_JSON")]
+        profile: Option<PathBuf>,
     },
     /// Print the SPMD program each `train` declaration lowers to, and verify it.
     Lower {
@@ -279,12 +285,13 @@ where
             json,
             device,
             model,
+            profile,
         } => plan(
             &grants,
             &file,
             mesh.map(|m| m.0).unwrap_or_default(),
             json,
-            device,
+            (device, profile.as_deref()),
             model.as_deref(),
         ),
     }
@@ -590,14 +597,26 @@ fn plan(
     file: &std::path::Path,
     mesh: Vec<(String, i64)>,
     json: bool,
-    device: Option<crate::plan::device::Device>,
+    (device, profile): (
+        Option<crate::plan::device::Device>,
+        Option<&std::path::Path>,
+    ),
     model: Option<&str>,
 ) -> ExitCode {
     let c = match compile_clean(file, &opts_for(grants, mesh), true) {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let plans = match plans_of(&c, file, model, device) {
+    let profile = match profile.map(|p| crate::plan::measured::load(p).map(|m| (m, p))) {
+        Some(Err(e)) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+        Some(Ok(m)) => Some(m),
+        None => None,
+    };
+    let timed = profile.as_ref().map(|(m, p)| (m, *p));
+    let plans = match plans_of(&c, file, model, device, timed) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("error: {e}");
@@ -631,6 +650,7 @@ pub fn plans_of(
     file: &std::path::Path,
     model: Option<&str>,
     device: Option<crate::plan::device::Device>,
+    profile: Option<(&crate::plan::measured::Profile, &std::path::Path)>,
 ) -> Result<Vec<crate::plan::Plan>, String> {
     if c.plans.is_empty() {
         return Err(format!(
@@ -656,16 +676,42 @@ pub fn plans_of(
             ));
         }
     }
+    if let Some((m, path)) = profile {
+        if !plans.iter().any(|p| p.model == m.model) {
+            return Err(crate::plan::measured::ProfileError::Model {
+                path: path.into(),
+                model: m.model.clone(),
+            }
+            .to_string());
+        }
+    }
+    // A profile times its own model's plans (and the other schedules').
+    let retime = |p: &mut crate::plan::Plan, prog: &crate::spmd::Program| match profile {
+        Some((m, path)) if m.model == p.model => {
+            crate::plan::measured::retime(p, prog, m, path).map_err(|e| e.to_string())
+        }
+        _ => Ok(()),
+    };
     for p in &mut plans {
+        let prog = c.programs.iter().find(|q| q.model == p.model);
+        if let Some(prog) = prog {
+            retime(p, prog)?;
+        }
         match &device {
             Some(d) => {
                 let mut v = crate::plan::device::verdict(p, d.clone());
-                let prog = c.programs.iter().find(|q| q.model == p.model);
                 let train = c.spec.train(Some(&p.model));
                 let pipeline = prog.and_then(|q| q.pipeline.as_ref());
                 if let (Some(prog), Some(train), Some(pp)) = (prog, train, pipeline) {
-                    let others =
+                    let mut others =
                         crate::plan::schedules::alternatives(prog, train, &c.spec, &c.sources);
+                    for (source, o) in others.iter_mut().filter(|_| profile.is_some()) {
+                        let mut other = prog.clone();
+                        if let Some(q) = other.pipeline.as_mut() {
+                            q.schedule = source.clone();
+                        }
+                        retime(o, &other)?;
+                    }
                     v.schedules = crate::plan::schedules::compare((&pp.schedule, &*p), &others, d);
                 }
                 p.device = Some(v);

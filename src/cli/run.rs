@@ -934,6 +934,7 @@ impl Ctx<'_> {
             if let Some(table) = crate::runtime::profile::report(&line, here) {
                 eprint!("{table}");
             }
+            self.write_profile(dir);
         }
         let first = out.losses.first().copied().unwrap_or(f64::NAN);
         let lastl = out.losses.last().copied().unwrap_or(f64::NAN);

@@ -6,6 +6,7 @@
 mod backward;
 pub mod device;
 pub mod host;
+pub mod measured;
 mod pipeline;
 pub mod schedules;
 
@@ -131,8 +132,12 @@ pub struct PipelinePlan {
     /// one unit, a backward two), what its textbook formula gives.
     pub uniform_bubble: f64,
     /// Per rank: its idle share of a chunk, each pass taking time in
-    /// proportion to its FLOPs (see `plan/pipeline.rs`).
+    /// proportion to its FLOPs (see `plan/pipeline.rs`), or as `timed_by`
+    /// measured.
     pub idle: Vec<f64>,
+    /// The profile (`shardc run --profile`) whose node times timed the
+    /// passes; `None`: their FLOPs did.
+    pub timed_by: Option<String>,
     /// Per rank: the most microbatches in flight through its pieces, and
     /// their activation bytes and gathered parameters.
     pub in_flight: Vec<usize>,
@@ -991,7 +996,11 @@ pub fn render(p: &Plan, sources: &SourceMap) -> String {
                 idle
             ));
         }
-        s.push_str(&format!("  (each rank holds its pieces' parameters; the layers before and after the stack are on every device; idle: each pass taking time in proportion to its FLOPs, the first piece also running what comes before the stack and the last what comes after; the timeline below in units of a forward, a whole backward taking two{})\n", if pp.split { ", its input- or weight-gradient half one" } else { "" }));
+        let timed = match &pp.timed_by {
+            Some(f) => format!("each pass taking the time `{f}` measured for its nodes"),
+            None => "each pass taking time in proportion to its FLOPs".into(),
+        };
+        s.push_str(&format!("  (each rank holds its pieces' parameters; the layers before and after the stack are on every device; idle: {timed}, the first piece also running what comes before the stack and the last what comes after; the timeline below in units of a forward, a whole backward taking two{})\n", if pp.split { ", its input- or weight-gradient half one" } else { "" }));
         s.push_str(&pp.timeline);
     }
     for st in &p.stacks {

@@ -4,41 +4,152 @@
 //! per-node FLOPs the step's total counts): a piece's forward, a backward
 //! twice that, each half of a split backward once; the first piece also runs
 //! what comes before the stack, the last what comes after it and, in its
-//! forward, the loss's backward — as the runtime's ranks do. The schedule's
-//! verifier times the lists with those costs ([`sch::verify::idle`]): each
-//! rank's idle share is what the runtime measures.
+//! forward, the loss's backward — as the runtime's ranks do. Or, with a
+//! profile ([`super::measured`]), each pass takes the time its nodes took in
+//! a run. The schedule's verifier times the lists with those costs
+//! ([`sch::verify::idle`]): each rank's idle share is what the runtime
+//! measures.
 
 use super::{PipelinePlan, Plan};
 use crate::schedule as sch;
 use crate::spmd::Program;
 
-/// FLOPs of one pass of one microbatch through a piece.
-struct PassCost {
-    /// A piece's forward (every piece repeats the same layers).
-    piece: f64,
-    /// Before the stack (the first piece) and after it (the last).
-    pre: f64,
-    post: f64,
-    pieces: usize,
+/// What one pass of one microbatch costs on each piece of the stack: its
+/// forward, its whole backward and the backward's two halves.
+#[derive(Debug)]
+pub(super) struct PassCost {
+    f: Vec<f64>,
+    b: Vec<f64>,
+    i: Vec<f64>,
+    w: Vec<f64>,
 }
 
 impl PassCost {
     fn of(&self, a: sch::Action) -> f64 {
-        let first = a.stage == 0;
-        let last = a.stage + 1 == self.pieces;
-        let pre = if first { self.pre } else { 0.0 };
-        match a.pass {
-            // The last piece also runs what follows the stack, forward and
-            // backward, from the loss.
-            sch::Pass::F => self.piece + pre + if last { 3.0 * self.post } else { 0.0 },
-            sch::Pass::B => 2.0 * (self.piece + pre),
-            // The input-gradient half also runs the backward of what comes
-            // before the stack.
-            sch::Pass::I => self.piece + 2.0 * pre,
-            sch::Pass::W => self.piece,
-        }
-        .max(1.0)
+        let v = match a.pass {
+            sch::Pass::F => &self.f,
+            sch::Pass::B => &self.b,
+            sch::Pass::I => &self.i,
+            sch::Pass::W => &self.w,
+        };
+        v.get(a.stage).copied().unwrap_or(0.0)
     }
+
+    /// From FLOPs: every piece's forward the first piece's (the stack's
+    /// repetitions are alike), a backward twice that, each half of a split
+    /// one once; the first piece also runs what comes before the stack
+    /// (its whole backward in the input half), the last what comes after it,
+    /// forward and backward, in its forward (from the loss).
+    fn from_flops(flops: &[f64], at: &Pieces) -> PassCost {
+        let piece = sum(flops, at.range(0));
+        let pre = sum(flops, 0..at.start);
+        let post = sum(flops, at.end..usize::MAX);
+        let n = at.pieces;
+        let pre_of = |v: usize| if v == 0 { pre } else { 0.0 };
+        let post_of = |v: usize| if v + 1 == n { post } else { 0.0 };
+        let each = |g: &dyn Fn(usize) -> f64| (0..n).map(|v| g(v).max(1.0)).collect();
+        PassCost {
+            f: each(&|v| piece + pre_of(v) + 3.0 * post_of(v)),
+            b: each(&|v| 2.0 * (piece + pre_of(v))),
+            i: each(&|v| piece + 2.0 * pre_of(v)),
+            w: each(&|_| piece),
+        }
+    }
+
+    /// From times measured per node (`shardc run --profile`: each node's
+    /// forward, and its derivatives' time toward data and toward weights),
+    /// the same attribution: each piece its own nodes, the first piece also
+    /// those before the stack (their whole backward in the input half), the
+    /// last those after it (forward and backward in its forward).
+    pub(super) fn measured(nodes: &[[f64; 3]], at: &Pieces) -> PassCost {
+        let col = |k: usize, r: std::ops::Range<usize>| -> f64 {
+            nodes
+                .get(r.start.min(nodes.len())..r.end.min(nodes.len()))
+                .map_or(0.0, |v| v.iter().map(|x| x[k]).sum())
+        };
+        let all = |r: std::ops::Range<usize>| col(0, r.clone()) + col(1, r.clone()) + col(2, r);
+        let back = |r: std::ops::Range<usize>| col(1, r.clone()) + col(2, r);
+        let n = at.pieces;
+        let (mut f, mut b, mut i, mut w) = (vec![], vec![], vec![], vec![]);
+        for v in 0..n {
+            let r = at.range(v);
+            let pre = if v == 0 { 0..at.start } else { 0..0 };
+            let (pre_f, pre_b) = (col(0, pre.clone()), back(pre));
+            let post = if v + 1 == n {
+                all(at.end..usize::MAX)
+            } else {
+                0.0
+            };
+            f.push(col(0, r.clone()) + pre_f + post);
+            b.push(back(r.clone()) + pre_b);
+            i.push(col(1, r.clone()) + pre_b);
+            w.push(col(2, r));
+        }
+        PassCost { f, b, i, w }
+    }
+}
+
+fn sum(v: &[f64], r: std::ops::Range<usize>) -> f64 {
+    v.get(r.start.min(v.len())..r.end.min(v.len()))
+        .map_or(0.0, |x| x.iter().sum())
+}
+
+/// Where a pipelined stack's pieces lie among the program's nodes.
+pub(super) struct Pieces {
+    /// Pieces of the stack (ranks × chunks) and blocks per piece.
+    pieces: usize,
+    per: usize,
+    /// The stack's first node and the first after it.
+    start: usize,
+    end: usize,
+    blocks: Vec<(usize, usize)>,
+}
+
+impl Pieces {
+    pub(super) fn of(pp: &crate::spmd::Pipeline) -> Pieces {
+        let pieces = pp.virtual_stages();
+        Pieces {
+            pieces,
+            per: pp.blocks.len() / pieces.max(1),
+            start: pp.blocks.first().map_or(0, |b| b.0 as usize),
+            end: pp.blocks.last().map_or(0, |b| b.1 as usize),
+            blocks: pp
+                .blocks
+                .iter()
+                .map(|b| (b.0 as usize, b.1 as usize))
+                .collect(),
+        }
+    }
+
+    /// Node range of piece `v`.
+    fn range(&self, v: usize) -> std::ops::Range<usize> {
+        match (
+            self.blocks.get(v * self.per),
+            self.blocks.get(((v + 1) * self.per).wrapping_sub(1)),
+        ) {
+            (Some(a), Some(b)) if self.per > 0 => a.0..b.1,
+            _ => 0..0,
+        }
+    }
+
+    /// What runs outside the stack on piece `v`.
+    fn outside(&self, v: usize) -> Vec<std::ops::Range<usize>> {
+        let mut r = Vec::new();
+        if v == 0 {
+            r.push(0..self.start);
+        }
+        if v + 1 == self.pieces {
+            r.push(self.end..usize::MAX);
+        }
+        r
+    }
+}
+
+/// Each rank's idle share of a chunk, its passes costing `cost`.
+pub(super) fn idle(pp: &crate::spmd::Pipeline, cost: &PassCost) -> Option<Vec<f64>> {
+    let ranks = pp.stages.max(1);
+    let schedule = pp.schedule.make(ranks, pp.microbatches.max(1), true).ok()?;
+    sch::verify::idle(&schedule, &|a| cost.of(a)).ok()
 }
 
 /// Each rank keeps, per microbatch in flight through each of its pieces of
@@ -55,37 +166,16 @@ pub(super) fn pipeline(
 ) {
     let ranks = pp.stages.max(1);
     let m = pp.microbatches.max(1);
-    let pieces = pp.virtual_stages();
-    let per = pp.blocks.len() / pieces;
+    let at = Pieces::of(pp);
+    let pieces = at.pieces;
     let Ok(schedule) = pp.schedule.make(ranks, m, true) else {
         return;
     };
     let Ok(verified) = sch::verify::verify(&schedule) else {
         return;
     };
-    let start = pp.blocks.first().map_or(0, |b| b.0 as usize);
-    let end = pp.blocks.last().map_or(0, |b| b.1 as usize);
-    // Node range of piece `v`, and what happens outside the stack on it.
-    let range = |v: usize| -> std::ops::Range<usize> {
-        match (pp.blocks.get(v * per), pp.blocks.get((v + 1) * per - 1)) {
-            (Some(a), Some(b)) if per > 0 => a.0 as usize..b.1 as usize,
-            _ => 0..0,
-        }
-    };
-    let outside = |v: usize| -> Vec<std::ops::Range<usize>> {
-        let mut r = Vec::new();
-        if v == 0 {
-            r.push(0..start);
-        }
-        if v + 1 == pieces {
-            r.push(end..usize::MAX);
-        }
-        r
-    };
-    let sum = |v: &[f64], r: std::ops::Range<usize>| -> f64 {
-        v.get(r.start.min(v.len())..r.end.min(v.len()))
-            .map_or(0.0, |x| x.iter().sum())
-    };
+    let range = |v: usize| at.range(v);
+    let outside = |v: usize| at.outside(v);
     let most = |r: std::ops::Range<usize>| -> f64 {
         cts.get(r.start.min(cts.len())..r.end.min(cts.len()))
             .map_or(0.0, |v| v.iter().fold(0.0, |a, b| a.max(*b)))
@@ -135,12 +225,7 @@ pub(super) fn pipeline(
                 .fold(0.0, f64::max)
         })
         .collect();
-    let cost = PassCost {
-        piece: sum(flops, range(0)),
-        pre: sum(flops, 0..start),
-        post: sum(flops, end..usize::MAX),
-        pieces,
-    };
+    let cost = PassCost::from_flops(flops, &at);
     let idle = sch::verify::idle(&schedule, &|a| cost.of(a)).unwrap_or_default();
     plan.activations = activations.first().copied().unwrap_or(plan.activations);
     plan.gathered_params = gathered.first().copied().unwrap_or(plan.gathered_params);
@@ -155,6 +240,7 @@ pub(super) fn pipeline(
         split: pp.schedule.splits_backward(),
         bubble: idle.iter().sum::<f64>() / idle.len().max(1) as f64,
         idle,
+        timed_by: None,
         uniform_bubble: verified.bubble,
         in_flight,
         activations,

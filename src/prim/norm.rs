@@ -114,7 +114,14 @@ fn whole(t: &TType) -> TType {
     w
 }
 
-fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> R<(Tensor, (Tensor, Tensor))> {
+fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> R<Tensor> {
+    let (xhat, _) = rms_stats(x, eps)?;
+    xhat.broadcast_mul(w).map_err(ce)
+}
+
+/// RMS norm's `x̂` and `1 / rms` (what its derivative needs, without the
+/// output).
+fn rms_stats(x: &Tensor, eps: f64) -> R<(Tensor, Tensor)> {
     let inv = x
         .sqr()
         .and_then(|s| s.mean_keepdim(D::Minus1))
@@ -123,11 +130,19 @@ fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> R<(Tensor, (Tensor, Tensor))> {
         .and_then(|s| s.recip())
         .map_err(ce)?;
     let xhat = x.broadcast_mul(&inv).map_err(ce)?;
-    let y = xhat.broadcast_mul(w).map_err(ce)?;
-    Ok((y, (xhat, inv)))
+    Ok((xhat, inv))
 }
 
-fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> R<(Tensor, (Tensor, Tensor))> {
+fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> R<Tensor> {
+    let (xhat, _) = layer_stats(x, eps)?;
+    xhat.broadcast_mul(w)
+        .and_then(|t| t.broadcast_add(b))
+        .map_err(ce)
+}
+
+/// Layer norm's `x̂` and `1 / σ` (what its derivative needs, without the
+/// output: each half of a split backward computes them again).
+fn layer_stats(x: &Tensor, eps: f64) -> R<(Tensor, Tensor)> {
     let mu = x.mean_keepdim(D::Minus1).map_err(ce)?;
     let xc = x.broadcast_sub(&mu).map_err(ce)?;
     let var = xc
@@ -140,11 +155,7 @@ fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> R<(Tensor, (Tenso
         .and_then(|s| s.recip())
         .map_err(ce)?;
     let xhat = xc.broadcast_mul(&inv).map_err(ce)?;
-    let y = xhat
-        .broadcast_mul(w)
-        .and_then(|t| t.broadcast_add(b))
-        .map_err(ce)?;
-    Ok((y, (xhat, inv)))
+    Ok((xhat, inv))
 }
 
 impl Norm {
@@ -184,7 +195,7 @@ impl Primitive for Norm {
                 return Forward::of(y.map_err(ce)?);
             }
         }
-        let (y, _) = match self.kind {
+        let y = match self.kind {
             NormKind::Layer => layer_norm(&v[0], &v[1], &v[2], self.eps)?,
             NormKind::Rms => rms_norm(&v[0], &v[1], self.eps)?,
         };
@@ -221,7 +232,7 @@ impl Primitive for Norm {
         } else {
             match self.kind {
                 NormKind::Rms => {
-                    let (_, (xhat, inv)) = rms_norm(&v[0], &v[1], self.eps)?;
+                    let (xhat, inv) = rms_stats(&v[0], self.eps)?;
                     let dx = if wanted(0) {
                         let dxhat = ct.broadcast_mul(&v[1]).map_err(ce)?;
                         let m = dxhat
@@ -248,7 +259,7 @@ impl Primitive for Norm {
                     vec![dx, dw]
                 }
                 NormKind::Layer => {
-                    let (_, (xhat, inv)) = layer_norm(&v[0], &v[1], &v[2], self.eps)?;
+                    let (xhat, inv) = layer_stats(&v[0], self.eps)?;
                     let dx = if wanted(0) {
                         let dxhat = ct.broadcast_mul(&v[1]).map_err(ce)?;
                         let m1 = dxhat.mean_keepdim(D::Minus1).map_err(ce)?;

@@ -14,7 +14,7 @@
 //! first layer's input cotangent.
 
 use super::precision::is_half;
-use super::profile::{self, Phase};
+use super::profile;
 use crate::mesh::Collectives;
 use crate::prim::lookup::SparseState;
 use crate::prim::{Forward, Grad, Kernel, Primitive};
@@ -356,7 +356,7 @@ impl Exec<'_> {
                 .map(|k| &self.prog.nodes[*k as usize].ty)
                 .collect();
             let prim = p.get();
-            let f = profile::time(&self.dev, Phase::Forward, prim.name(), Some(i), || {
+            let f = profile::time_node(&self.dev, prim.name(), i, None, || {
                 self.run_forward(prim, self.kernel(i, dropout_seed), &args, &types, &node.ty)
             })
             .map_err(|fault| OpError {
@@ -590,7 +590,12 @@ impl Exec<'_> {
             want: wants,
         };
         let prim = p.get();
-        let ds = profile::time(&self.dev, Phase::Backward, prim.name(), Some(i), || {
+        let share = if profile::on() {
+            self.weight_share(i, wants)
+        } else {
+            0.0
+        };
+        let ds = profile::time_node(&self.dev, prim.name(), i, Some(share), || {
             self.run_vjp(prim, self.kernel(i, None), &grad)
         })?;
         Ok(ds
@@ -601,6 +606,34 @@ impl Exec<'_> {
                 _ => None,
             })
             .collect())
+    }
+
+    /// The share of node `i`'s wanted operands that are on the weight side
+    /// ([`crate::spmd::backward::weight_side`]): how `--profile` splits the
+    /// time of a derivative between the backward's two halves.
+    fn weight_share(&self, i: usize, wants: &[bool]) -> f64 {
+        let weights = &self.backward_of().weights;
+        let args = &self.prog.nodes[i].args;
+        let (mut all, mut side) = (0usize, 0usize);
+        for (k, w) in wants.iter().enumerate() {
+            if *w {
+                all += 1;
+                side += usize::from(
+                    args.get(k)
+                        .is_some_and(|a| weights.get(*a as usize) == Some(&true)),
+                );
+            }
+        }
+        if all == 0 {
+            0.0
+        } else {
+            side as f64 / all as f64
+        }
+    }
+
+    /// 1 for a node on the weight side, else 0 (see [`Self::weight_share`]).
+    pub(super) fn side(&self, a: usize) -> f64 {
+        f64::from(u8::from(self.backward_of().weights.get(a) == Some(&true)))
     }
 
     /// The program's backward pass (see [`Backward::of`]), made once.
@@ -646,7 +679,7 @@ impl Exec<'_> {
             };
             match &b.act {
                 Act::Grad(p) => {
-                    profile::time(&self.dev, Phase::Backward, "gradient add", None, || {
+                    profile::time_node(&self.dev, "gradient add", i, Some(1.0), || {
                         add(&mut grads[*p], g)
                     })?
                 }
@@ -655,7 +688,8 @@ impl Exec<'_> {
                         if ct[a].is_none() {
                             size[a] = bytes(&d);
                         }
-                        profile::time(&self.dev, Phase::Backward, "cotangent add", None, || {
+                        let side = self.side(a);
+                        profile::time_node(&self.dev, "cotangent add", i, Some(side), || {
                             add(&mut ct[a], d)
                         })?;
                     }

@@ -45,8 +45,17 @@ struct Table {
     by_op: HashMap<(Phase, &'static str), (u64, Duration)>,
     /// Per program node (forward and backward together): time.
     by_node: HashMap<(usize, &'static str), (u64, Duration)>,
+    /// Per program node: seconds in its forward, and in its derivatives
+    /// toward data and toward weights (the pipeline's input- and
+    /// weight-gradient halves), this step; and in the steps before (the
+    /// last [`KEPT`]), for [`pass_times`].
+    passes: HashMap<usize, [f64; 3]>,
+    earlier: std::collections::VecDeque<HashMap<usize, [f64; 3]>>,
     steps: usize,
 }
+
+/// Steps whose node times [`pass_times`] takes the median of.
+const KEPT: usize = 64;
 
 /// Turn profiling on for this process (`--profile`).
 pub fn enable() {
@@ -54,6 +63,11 @@ pub fn enable() {
     if let Ok(mut t) = TABLE.lock() {
         *t = Some(Table::default());
     }
+}
+
+/// Turn profiling off again (a benchmark that profiled one run).
+pub fn disable() {
+    ON.store(false, Ordering::Relaxed);
 }
 
 /// Whether `--profile` is on.
@@ -72,6 +86,13 @@ pub fn step_started(step: usize) {
         if step == 1 {
             *t = Table::default();
         }
+        if !t.passes.is_empty() {
+            let done = std::mem::take(&mut t.passes);
+            t.earlier.push_back(done);
+            if t.earlier.len() > KEPT {
+                t.earlier.pop_front();
+            }
+        }
         t.steps += 1;
     }
 }
@@ -88,23 +109,100 @@ pub fn time<T>(
     if !on() {
         return f();
     }
+    let (r, d) = synchronised(dev, f);
+    record(phase, what, node, d, None);
+    r
+}
+
+/// [`time`] for the forward of node `node` (`weight_share`: `None`) or its
+/// derivative, `weight_share` of whose operands are the weights' (the
+/// derivative's time is split in that proportion between the two halves of
+/// the backward; a split backward times each half on its own: 0 or 1).
+pub fn time_node<T>(
+    dev: &Device,
+    what: &'static str,
+    node: usize,
+    weight_share: Option<f64>,
+    f: impl FnOnce() -> T,
+) -> T {
+    if !on() {
+        return f();
+    }
+    let phase = match weight_share {
+        None => Phase::Forward,
+        Some(_) => Phase::Backward,
+    };
+    let (r, d) = synchronised(dev, f);
+    record(phase, what, Some(node), d, Some(weight_share));
+    r
+}
+
+fn synchronised<T>(dev: &Device, f: impl FnOnce() -> T) -> (T, Duration) {
     let _ = dev.synchronize();
     let t0 = Instant::now();
     let r = f();
     let _ = dev.synchronize();
-    let d = t0.elapsed();
-    if let Ok(mut g) = TABLE.lock() {
-        let t = g.get_or_insert_with(Table::default);
-        let e = t.by_op.entry((phase, what)).or_default();
-        e.0 += 1;
-        e.1 += d;
-        if let Some(n) = node {
-            let e = t.by_node.entry((n, what)).or_default();
-            e.0 += 1;
-            e.1 += d;
+    (r, t0.elapsed())
+}
+
+/// Adds `d` to the tables; `pass`: also to the node's passes (see
+/// [`time_node`]).
+fn record(
+    phase: Phase,
+    what: &'static str,
+    node: Option<usize>,
+    d: Duration,
+    pass: Option<Option<f64>>,
+) {
+    let Ok(mut g) = TABLE.lock() else { return };
+    let t = g.get_or_insert_with(Table::default);
+    let e = t.by_op.entry((phase, what)).or_default();
+    e.0 += 1;
+    e.1 += d;
+    let Some(n) = node else { return };
+    let e = t.by_node.entry((n, what)).or_default();
+    e.0 += 1;
+    e.1 += d;
+    let secs = d.as_secs_f64();
+    let e = t.passes.entry(n).or_default();
+    match pass {
+        None => {}
+        Some(None) => e[0] += secs,
+        Some(Some(w)) => {
+            let w = w.clamp(0.0, 1.0);
+            e[1] += secs * (1.0 - w);
+            e[2] += secs * w;
         }
     }
-    r
+}
+
+/// Per program node of `nodes`, milliseconds in its forward and in the two
+/// halves of its backward (see [`time_node`]): the median over the steps
+/// timed (the last [`KEPT`]), so that a step the machine slowed does not
+/// count; and how many steps that is. `None` when not profiling.
+pub fn pass_times(nodes: usize) -> Option<(Vec<[f64; 3]>, usize)> {
+    if !on() {
+        return None;
+    }
+    let g = TABLE.lock().ok()?;
+    let t = g.as_ref()?;
+    let steps: Vec<&HashMap<usize, [f64; 3]>> = t
+        .earlier
+        .iter()
+        .chain((!t.passes.is_empty()).then_some(&t.passes))
+        .collect();
+    let mut out = vec![[0.0; 3]; nodes];
+    for (n, o) in out.iter_mut().enumerate() {
+        for (k, x) in o.iter_mut().enumerate() {
+            let mut v: Vec<f64> = steps
+                .iter()
+                .map(|s| s.get(&n).map_or(0.0, |a| a[k] * 1e3))
+                .collect();
+            v.sort_by(f64::total_cmp);
+            *x = v.get(v.len() / 2).copied().unwrap_or(0.0);
+        }
+    }
+    Some((out, steps.len()))
 }
 
 /// The table `--profile` prints at the end of a run: ops by total time, then

@@ -10,6 +10,7 @@
 //! have the same bits.
 
 use super::exec::{Exec, Tape, R};
+use super::profile;
 use crate::spmd::backward::Act;
 use candle_core::Tensor;
 
@@ -40,6 +41,20 @@ fn add(slot: &mut Option<Tensor>, g: Tensor) -> R<()> {
 }
 
 impl Exec<'_> {
+    /// A cotangent `d` from node `i`'s derivative added into `slot`, timed
+    /// for `--profile` as that node's, in the backward half `weight_share`.
+    fn timed_add(
+        &self,
+        i: usize,
+        weight_share: f64,
+        slot: &mut Option<Tensor>,
+        d: Tensor,
+    ) -> R<()> {
+        profile::time_node(&self.dev, "cotangent add", i, Some(weight_share), || {
+            add(slot, d)
+        })
+    }
+
     /// The input-gradient half of the backward over `range` from `seeds`:
     /// every node's cotangent but the weight side's (a stage's input
     /// included), and what the weight-gradient half needs.
@@ -74,7 +89,7 @@ impl Exec<'_> {
             }
             if inputs.iter().any(|w| *w) {
                 for (a, d) in self.vjp_at(tape, i, &g, &inputs)? {
-                    add(&mut ct[a], d)?;
+                    self.timed_add(i, 0.0, &mut ct[a], d)?;
                 }
             }
         }
@@ -102,7 +117,7 @@ impl Exec<'_> {
                 let Act::Vjp { wants } = &b.act else { continue };
                 let (_, side) = split_wants(wants, &self.prog.nodes[i].args, weights);
                 for (a, d) in self.vjp_at(tape, i, &g, &side)? {
-                    add(&mut ct[a], d)?;
+                    self.timed_add(i, 1.0, &mut ct[a], d)?;
                 }
                 continue;
             }
@@ -115,10 +130,14 @@ impl Exec<'_> {
                 None => continue,
             };
             match &b.act {
-                Act::Grad(p) => add(&mut grads[*p], g)?,
+                Act::Grad(p) => {
+                    profile::time_node(&self.dev, "gradient add", i, Some(1.0), || {
+                        add(&mut grads[*p], g)
+                    })?
+                }
                 Act::Vjp { wants } => {
                     for (a, d) in self.vjp_at(tape, i, &g, wants)? {
-                        add(&mut ct[a], d)?;
+                        self.timed_add(i, 1.0, &mut ct[a], d)?;
                     }
                 }
             }

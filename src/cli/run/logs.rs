@@ -1,6 +1,6 @@
 //! Where a run's records go: `--log` (the sinks), the TensorBoard log it
 //! opens before step 1, and the run's configuration that log and
-//! `metrics.jsonl` hold.
+//! `metrics.jsonl` hold; the node times `--profile` measured.
 
 use super::Ctx;
 
@@ -89,5 +89,38 @@ impl Ctx<'_> {
             "shardc": env!("CARGO_PKG_VERSION"),
             "plan": plan,
         })
+    }
+}
+
+impl Ctx<'_> {
+    /// `--profile`: each node's measured times to `profile.json` in the run
+    /// directory, for `shardc plan --profile` (see [`crate::plan::measured`]).
+    /// Only a run in one process holds every device's times.
+    pub(super) fn write_profile(&self, dir: &std::path::Path) {
+        let Some((nodes, steps)) = crate::runtime::profile::pass_times(self.prog.nodes.len())
+        else {
+            return;
+        };
+        if self.processes > 1 {
+            eprintln!("profile: not written to `profile.json`: this process timed only its own devices of {}", self.processes);
+            return;
+        }
+        let profile = crate::plan::measured::Profile {
+            format: crate::plan::measured::FORMAT.into(),
+            model: self.prog.model.clone(),
+            program: crate::plan::measured::fingerprint(self.prog),
+            steps,
+            nodes,
+        };
+        let path = dir.join("profile.json");
+        let json = serde_json::to_string(&profile).unwrap_or_default();
+        match crate::files::write_replace(&path, json.as_bytes()) {
+            Ok(()) => eprintln!(
+                "profile: node times in `{}` (`shardc plan FILE --profile {}` times the pipeline's passes with them)",
+                path.display(),
+                path.display()
+            ),
+            Err(e) => eprintln!("warning: could not write `{}`: {e}", path.display()),
+        }
     }
 }
