@@ -876,7 +876,8 @@ fn profile_names_the_ops_and_their_lines() {
 }
 
 /// `--profile` also writes each node's times to `profile.json` in the run
-/// directory, and `shardc plan --profile` times the pipeline's passes with
+/// directory (and a pipelined run prints each rank's measured idle share),
+/// and `shardc plan --profile` times the pipeline's passes with
 /// them; a profile of another program (here another mesh) or a file that is
 /// not a profile is refused.
 #[test]
@@ -892,6 +893,7 @@ fn plan_times_a_pipeline_with_a_profile() {
     let profile = dir.join("run").join("profile.json");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("profile.json"), "{err}");
+    assert!(err.contains("pipeline: each rank idle"), "{err}");
     let plan = |extra: &[&str], profile: &std::path::Path| {
         shardc()
             .args(["plan", file])

@@ -936,6 +936,9 @@ impl Ctx<'_> {
             }
             self.write_profile(dir);
         }
+        if let Some(line) = self.idle_line(out.pipeline_idle.as_deref()) {
+            eprintln!("{line}");
+        }
         let first = out.losses.first().copied().unwrap_or(f64::NAN);
         let lastl = out.losses.last().copied().unwrap_or(f64::NAN);
         let secs = start.elapsed().as_secs_f64();

@@ -123,4 +123,26 @@ impl Ctx<'_> {
             Err(e) => eprintln!("warning: could not write `{}`: {e}", path.display()),
         }
     }
+
+    /// A pipelined run's measured idle share per rank beside the plan's
+    /// (see `shardc plan --profile` for a plan from measured pass times).
+    pub(super) fn idle_line(&self, idle: Option<&[f64]>) -> Option<String> {
+        let idle = idle?;
+        let pct = |v: &[f64]| {
+            v.iter()
+                .map(|x| format!("{:.1}%", x * 100.0))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let planned = self
+            .plan()
+            .and_then(|p| p.pipeline.as_ref())
+            .map_or(String::new(), |p| {
+                format!(" (planned from FLOPs: {})", pct(&p.idle))
+            });
+        Some(format!(
+            "pipeline: each rank idle {} of the steps after the first{planned}",
+            pct(idle)
+        ))
+    }
 }
