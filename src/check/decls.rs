@@ -207,6 +207,7 @@ impl<'p> Checker<'p> {
                             n,
                             mesh_span: mesh.name_span,
                             written: t.batch_span.is_some(),
+                            pieces: t.batch.map_or(1, |w| (w as i64 / b.max(1)).max(1)),
                         });
                         batch = None;
                     }

@@ -362,6 +362,9 @@ pub enum Problem {
         mesh_span: Span,
         /// Whether `span` is the written batch (the fix replaces it).
         written: bool,
+        /// The pieces the written batch is cut into before the model sees
+        /// `batch` of it (`accumulate` × a pipeline's `microbatches`; 1).
+        pieces: i64,
     },
     UnknownCombiner {
         span: Span,
@@ -826,11 +829,21 @@ impl Problem {
                     });
                 match loss_span { Some(s) => x.secondary(*s, "the loss is chosen here"), None => x }
             }
-            BatchIndivisible { span, batch, axes, n, mesh_span, written } => {
-                let near = (batch / n).max(1).saturating_mul(*n);
-                let x = d(Code::E0303, format!("batch {batch} is not divisible by the data axes {axes} (size {n})"), *span, format!("{batch} examples over {n} devices"))
+            BatchIndivisible { span, batch, axes, n, mesh_span, written, pieces } => {
+                // What the user writes is the whole batch: a multiple of the
+                // devices times the pieces it is cut into.
+                let unit = n.saturating_mul((*pieces).max(1));
+                let whole = batch.saturating_mul((*pieces).max(1));
+                let near = (whole / unit).max(1).saturating_mul(unit);
+                let message = if *pieces > 1 {
+                    format!("a microbatch of {batch} (batch {whole} in {pieces} pieces: `accumulate` × `microbatches`) is not divisible by the data axes {axes} (size {n})")
+                } else {
+                    format!("batch {batch} is not divisible by the data axes {axes} (size {n})")
+                };
+                let examples = if *batch == 1 { "example" } else { "examples" };
+                let x = d(Code::E0303, message, *span, format!("{batch} {examples} over {n} devices"))
                     .secondary(*mesh_span, "mesh declared here")
-                    .help(format!("use a batch that is a multiple of {n} (e.g. {near})"));
+                    .help(format!("use a batch that is a multiple of {unit} (e.g. {near})"));
                 if *written { x.fix(*span, near.to_string()) } else { x }
             }
             UnknownCombiner { span, name } => {
