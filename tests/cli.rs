@@ -872,6 +872,21 @@ fn profile_names_the_ops_and_their_lines() {
     }
     let nodes = err.split("slowest nodes").nth(1).unwrap_or_default();
     assert!(nodes.contains("gptj_small.shard:"), "{err}");
+    // Its node times time nothing in a plan without a pipeline: said so.
+    let plan = shardc()
+        .args([
+            "plan",
+            "tests/models/gptj_small.shard",
+            "--mesh",
+            "dp=1,mp=1",
+        ])
+        .arg("--profile")
+        .arg(dir.join("run").join("profile.json"))
+        .output()
+        .expect("spawn");
+    assert!(plan.status.success(), "{plan:?}");
+    let said = String::from_utf8_lossy(&plan.stderr);
+    assert!(said.contains("no plan here has a pipeline"), "{said}");
     assert!(!run(false).contains("profile:"));
 }
 

@@ -623,6 +623,12 @@ fn plan(
             return ExitCode::from(2);
         }
     };
+    if let (Some((_, path)), true) = (&profile, plans.iter().all(|p| p.pipeline.is_none())) {
+        eprintln!(
+            "warning: `{}` was not used: `--profile` times a pipeline's passes, and no plan here has a pipeline",
+            path.display()
+        );
+    }
     if json {
         outln!(
             "{}",
