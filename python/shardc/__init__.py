@@ -112,12 +112,17 @@ def plan(
     device: Optional[str] = None,
     model: Optional[str] = None,
     allow_path: Sequence[PathLike] = (),
+    profile: Optional[PathLike] = None,
 ) -> Union[Plan, List[Plan]]:
     """The per-device plan of the trained model (a list when the file trains
     several and `model` is not given), compared with `device` (`h100-80g`, ...)
-    when given."""
+    when given; a pipeline's passes timed by `profile` (the `profile.json` a
+    `shardc run --profile` wrote) when given, else by their FLOPs."""
+    prof = None if profile is None else os.fspath(profile)
     try:
-        text = _native.plan(os.fspath(path), _mesh(mesh), device, model, _allow(allow_path))
+        text = _native.plan(
+            os.fspath(path), _mesh(mesh), device, model, _allow(allow_path), prof
+        )
     except _native.CompileError as e:
         raise _raise_compile(e) from None
     plans = [Plan(p) for p in json.loads(text)]

@@ -114,7 +114,7 @@ fn check(
 /// `shardc plan --json`: the plans as JSON (of `model`, else every trained
 /// model), compared with `device` when given.
 #[pyfunction]
-#[pyo3(signature = (path, mesh=vec![], device=None, model=None, allow=vec![]))]
+#[pyo3(signature = (path, mesh=vec![], device=None, model=None, allow=vec![], profile=None))]
 fn plan(
     py: Python<'_>,
     path: PathBuf,
@@ -122,13 +122,21 @@ fn plan(
     device: Option<String>,
     model: Option<String>,
     allow: Vec<PathBuf>,
+    profile: Option<PathBuf>,
 ) -> PyResult<String> {
     let device = device
         .map(|d| shardc::plan::device::parse(&d))
         .transpose()
         .map_err(PyValueError::new_err)?;
+    // `shardc plan --profile`: a run's node times time the pipeline.
+    let measured = profile
+        .as_deref()
+        .map(shardc::plan::measured::load)
+        .transpose()
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let timed = measured.as_ref().zip(profile.as_deref());
     let c = py.detach(|| compile_clean(&path, &options(mesh, allow, false, None)))?;
-    let plans = shardc::cli::plans_of(&c, &path, model.as_deref(), device)
+    let plans = shardc::cli::plans_of(&c, &path, model.as_deref(), device, timed)
         .map_err(PyValueError::new_err)?;
     // Each plan as `plan --json` gives it, with its total bytes per device.
     let plans: Vec<serde_json::Value> = plans

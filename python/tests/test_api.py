@@ -44,6 +44,15 @@ def test_plan_against_a_device_and_show():
         shardc.show("models/gptj.shard", "nope")
 
 
+def test_plan_refuses_a_file_that_is_not_a_profile(tmp_path):
+    junk = tmp_path / "profile.json"
+    junk.write_text('{"losses": [1.0]}')
+    with pytest.raises(ValueError, match="is not a profile"):
+        shardc.plan("models/gptj.shard", profile=junk)
+    with pytest.raises(ValueError, match="cannot read"):
+        shardc.plan("models/gptj.shard", profile=tmp_path / "missing.json")
+
+
 def test_check_reports_diagnostics_as_objects():
     src = (
         "import nn\nmesh m(dp: 2)\nmodel M {\n  fc = Dense(4 -> 3)\n"
