@@ -72,19 +72,16 @@ fn main() {
             assert!(!c.has_errors(), "{schedule}: errors");
             let pipeline = c.plans[0].pipeline.as_ref().expect("a pipeline");
             flops[k] = (pipeline.bubble, pipeline.idle.clone());
-            let mut timed = c.plans[0].clone();
-            measured::retime(
-                &mut timed,
-                &c.programs[0],
-                &profile,
-                Path::new("profile.json"),
-            )
-            .expect("the same program");
-            profiled[k].push(timed.pipeline.map(|p| p.idle).unwrap_or_default());
-            let mut timed = c.plans[0].clone();
-            measured::retime(&mut timed, &c.programs[0], &zb, Path::new("profile.json"))
-                .expect("the same program");
-            split[k].push(timed.pipeline.map(|p| p.idle).unwrap_or_default());
+            // Each rank's idle share as `shardc plan --profile` gives it.
+            let timed_by = |profile: &measured::Profile| {
+                let mut timed = c.plans[0].clone();
+                let file = Path::new("profile.json");
+                measured::retime(&mut timed, (&c.programs[0], None), profile, file)
+                    .expect("the same program");
+                timed.pipeline.map(|p| p.idle).unwrap_or_default()
+            };
+            profiled[k].push(timed_by(&profile));
+            split[k].push(timed_by(&zb));
             let (prog, _, mut cfg, src) = c.prepare(None).expect("runnable");
             cfg.steps = 4;
             let t = Instant::now();

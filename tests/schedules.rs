@@ -292,7 +292,7 @@ fn a_profile_times_the_pipeline_passes() {
         };
         let mut p = c.plans[0].clone();
         let file = std::path::Path::new("profile.json");
-        measured::retime(&mut p, prog, &profile, file).expect("its own program");
+        measured::retime(&mut p, (prog, None), &profile, file).expect("its own program");
         let pl = p.pipeline.expect("a pipeline");
         assert_eq!(pl.timed_by.as_deref(), Some("profile.json"));
         // The same profile for another mesh's program.
@@ -302,7 +302,7 @@ fn a_profile_times_the_pipeline_passes() {
             &Default::default(),
         );
         let mut q = other.plans[0].clone();
-        let refused = measured::retime(&mut q, &other.programs[0], &profile, file);
+        let refused = measured::retime(&mut q, (&other.programs[0], None), &profile, file);
         assert!(
             matches!(refused, Err(ProfileError::Program { .. })),
             "{refused:?}"

@@ -692,16 +692,18 @@ pub fn plans_of(
         }
     }
     // A profile times its own model's plans (and the other schedules').
-    let retime = |p: &mut crate::plan::Plan, prog: &crate::spmd::Program| match profile {
-        Some((m, path)) if m.model == p.model => {
-            crate::plan::measured::retime(p, prog, m, path).map_err(|e| e.to_string())
-        }
-        _ => Ok(()),
-    };
+    let retime =
+        |p: &mut crate::plan::Plan,
+         on: (&crate::spmd::Program, Option<&crate::schedule::Source>)| match profile {
+            Some((m, path)) if m.model == p.model => {
+                crate::plan::measured::retime(p, on, m, path).map_err(|e| e.to_string())
+            }
+            _ => Ok(()),
+        };
     for p in &mut plans {
         let prog = c.programs.iter().find(|q| q.model == p.model);
         if let Some(prog) = prog {
-            retime(p, prog)?;
+            retime(p, (prog, None))?;
         }
         match &device {
             Some(d) => {
@@ -711,12 +713,8 @@ pub fn plans_of(
                 if let (Some(prog), Some(train), Some(pp)) = (prog, train, pipeline) {
                     let mut others =
                         crate::plan::schedules::alternatives(prog, train, &c.spec, &c.sources);
-                    for (source, o) in others.iter_mut().filter(|_| profile.is_some()) {
-                        let mut other = prog.clone();
-                        if let Some(q) = other.pipeline.as_mut() {
-                            q.schedule = source.clone();
-                        }
-                        retime(o, &other)?;
+                    for (source, o) in &mut others {
+                        retime(o, (prog, Some(&*source)))?;
                     }
                     v.schedules = crate::plan::schedules::compare((&pp.schedule, &*p), &others, d);
                 }

@@ -121,12 +121,12 @@ pub fn load(path: &Path) -> Result<Profile, ProfileError> {
     Ok(p)
 }
 
-/// Times `plan`'s pipeline (of `prog`) with `profile`'s node times: each
-/// rank's idle share and the bubble. A plan without a pipeline is left
-/// as it is.
+/// Times `plan`'s pipeline (of `prog`, run with `schedule` when given, else
+/// its own) with `profile`'s node times: each rank's idle share and the
+/// bubble. A plan without a pipeline is left as it is.
 pub fn retime(
     plan: &mut Plan,
-    prog: &Program,
+    (prog, schedule): (&Program, Option<&crate::schedule::Source>),
     profile: &Profile,
     path: &Path,
 ) -> Result<(), ProfileError> {
@@ -136,11 +136,15 @@ pub fn retime(
             model: prog.model.clone(),
         });
     }
-    let (Some(pp), Some(pl)) = (&prog.pipeline, plan.pipeline.as_mut()) else {
+    let (Some(own), Some(pl)) = (&prog.pipeline, plan.pipeline.as_mut()) else {
         return Ok(());
     };
-    let cost = PassCost::measured(&profile.nodes, &Pieces::of(pp));
-    if let Some(idle) = idle(pp, &cost) {
+    let mut pp = own.clone();
+    if let Some(s) = schedule {
+        pp.schedule = s.clone();
+    }
+    let cost = PassCost::measured(&profile.nodes, &Pieces::of(&pp));
+    if let Some(idle) = idle(&pp, &cost) {
         pl.bubble = idle.iter().sum::<f64>() / idle.len().max(1) as f64;
         pl.idle = idle;
         pl.timed_by = Some(path.display().to_string());
