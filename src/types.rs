@@ -131,7 +131,15 @@ impl Poly {
         }
         Some(sum)
     }
+    /// Whether some symbol of `self` has a value in `env`.
+    pub fn names_any(&self, env: &BTreeMap<String, Poly>) -> bool {
+        self.0.keys().flatten().any(|s| env.contains_key(s))
+    }
     pub fn substitute(&self, env: &BTreeMap<String, Poly>) -> Option<Poly> {
+        // Most sizes are constants or name nothing bound: nothing to rebuild.
+        if !self.names_any(env) {
+            return Some(self.clone());
+        }
         let mut out = Poly::default();
         for (k, c) in &self.0 {
             let mut term = Poly::constant(*c);
@@ -150,25 +158,34 @@ impl fmt::Display for Poly {
         if self.0.is_empty() {
             return write!(f, "0");
         }
-        // Highest-degree terms first, constant last: `B*T + 1`.
+        // Highest-degree terms first, constant last: `B*T + 1`. (Written
+        // without building strings: the checker prints every type it sees.)
         let mut terms: Vec<(&Vec<String>, &i64)> = self.0.iter().collect();
-        terms.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(b.0)));
+        if terms.len() > 1 {
+            terms.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(b.0)));
+        }
         for (i, (k, c)) in terms.iter().enumerate() {
             let c = **c;
             let (neg, a) = (c < 0, c.unsigned_abs());
             if i == 0 {
                 if neg {
-                    write!(f, "-")?;
+                    f.write_str("-")?;
                 }
             } else {
-                write!(f, " {} ", if neg { "-" } else { "+" })?;
+                f.write_str(if neg { " - " } else { " + " })?;
             }
-            let mut parts: Vec<String> = Vec::new();
+            let mut first = true;
             if a != 1 || k.is_empty() {
-                parts.push(a.to_string());
+                write!(f, "{a}")?;
+                first = false;
             }
-            parts.extend(k.iter().cloned());
-            write!(f, "{}", parts.join("*"))?;
+            for s in k.iter() {
+                if !first {
+                    f.write_str("*")?;
+                }
+                f.write_str(s)?;
+                first = false;
+            }
         }
         Ok(())
     }
@@ -272,16 +289,18 @@ fn paren(p: &Poly) -> String {
 
 impl fmt::Display for Dim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = self.size.to_string();
-        let s = if self.axes.is_empty() || !s.contains(' ') {
-            s
+        // A sum of terms (the only sizes printed with a space) is bracketed
+        // before a sharding: `(B*T + 1)@dp`.
+        let bracket = !self.axes.is_empty() && self.size.0.len() > 1;
+        if bracket {
+            write!(f, "({})", self.size)?;
         } else {
-            format!("({s})")
-        };
+            write!(f, "{}", self.size)?;
+        }
         match self.axes.len() {
-            0 => write!(f, "{s}"),
-            1 => write!(f, "{s}@{}", self.axes[0]),
-            _ => write!(f, "{s}@({})", self.axes.join(", ")),
+            0 => Ok(()),
+            1 => write!(f, "@{}", self.axes[0]),
+            _ => write!(f, "@({})", self.axes.join(", ")),
         }
     }
 }

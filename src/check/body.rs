@@ -8,7 +8,7 @@
 //! lowering ([`crate::lower`]) inlines them into the SPMD program.
 
 use super::layers::dim_names;
-use super::{plural, Binding, Checker, Inst, Scope, TypeEntry, Val};
+use super::{plural, Binding, Checker, Inst, Scope, Val};
 use crate::ast::{self, Arg, DimExpr, DimSpec, Expr, ExprKind, Member, TypeExpr};
 use crate::diag::{did_you_mean, Label, Problem};
 use crate::init::Init;
@@ -315,20 +315,13 @@ impl<'p> Checker<'p> {
             let Some(bound) = self.unify(te, &at, inst, &mut scope, aspan) else {
                 return Val::Poison;
             };
-            let local = self.local_text(&bound);
-            let scope_name = scope.scope_name.clone();
             self.record_type(
-                TypeEntry {
-                    span: pname.span,
-                    scope: scope_name,
-                    name: pname.name.clone(),
-                    kind: "param",
-                    ty: bound.to_string(),
-                    local,
-                    used_as: None,
-                    layout: None,
-                },
+                pname.span,
+                &scope.scope_name,
+                &pname.name,
+                "param",
                 &bound,
+                None,
             );
             scope.vars.insert(
                 pname.name.clone(),
@@ -639,20 +632,7 @@ impl<'p> Checker<'p> {
         if let (Some(v), Some(b)) = (vid, self.open.last_mut()) {
             b.names.push((n.name.clone(), v));
         }
-        let local = self.local_text(&t);
-        self.record_type(
-            TypeEntry {
-                span: n.span,
-                scope: scope.scope_name.clone(),
-                name: n.name.clone(),
-                kind: "let",
-                ty: t.to_string(),
-                local,
-                used_as: None,
-                layout: None,
-            },
-            &t,
-        );
+        self.record_type(n.span, &scope.scope_name, &n.name, "let", &t, None);
         scope.vars.insert(
             n.name.clone(),
             Binding {

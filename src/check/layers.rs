@@ -253,24 +253,9 @@ impl<'p> Checker<'p> {
         self.checkpoint_repeats = outer_checkpoint;
         let mut ws: Vec<(&String, &(TType, TType, Span))> = inst.weights.iter().collect();
         ws.sort_by_key(|(_, w)| w.2);
-        let entries: Vec<(TypeEntry, TType)> = ws
-            .into_iter()
-            .map(|(n, (stored, used, span))| {
-                let e = TypeEntry {
-                    span: *span,
-                    scope: label.clone(),
-                    name: n.clone(),
-                    kind: "weight",
-                    ty: stored.to_string(),
-                    local: self.local_text(stored),
-                    used_as: (stored != used).then(|| used.to_string()),
-                    layout: None,
-                };
-                (e, stored.clone())
-            })
-            .collect();
-        for (e, t) in entries {
-            self.record_type(e, &t);
+        for (n, (stored, used, span)) in ws {
+            let used_as = (stored != used).then(|| used.to_string());
+            self.record_type(*span, &label, n, "weight", stored, used_as);
         }
         self.sites.pop();
         self.stack.pop();
@@ -939,25 +924,61 @@ impl<'p> Checker<'p> {
         true
     }
 
-    pub(super) fn local_text(&self, t: &TType) -> String {
-        format!(
-            "{}[{}]",
-            t.dtype.name(),
-            t.local_shape(&|a| self.axis_size(a)).join(", ")
-        )
-    }
-
-    pub(super) fn record_type(&mut self, mut e: TypeEntry, t: &TType) {
-        if self
-            .seen_types
-            .insert((e.span, e.ty.clone(), e.scope.clone()))
-        {
-            e.layout = self.mesh.map(|m| {
-                let axes = m.axes.iter().map(|a| (a.0.clone(), a.1)).collect();
-                (t.clone(), axes)
-            });
-            self.out.types.push(e);
+    /// Records a binding's type (once per place, type and scope).
+    pub(super) fn record_type(
+        &mut self,
+        span: Span,
+        scope: &str,
+        name: &str,
+        kind: &'static str,
+        t: &TType,
+        used_as: Option<String>,
+    ) {
+        let key = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (span, t, scope).hash(&mut h);
+            h.finish()
+        };
+        let types = &self.out.types;
+        let seen = self.seen_types.get(&key).is_some_and(|ix| {
+            ix.iter().any(|&i| {
+                types
+                    .get(i)
+                    .is_some_and(|e| e.span == span && e.t == *t && e.scope == scope)
+            })
+        });
+        if seen {
+            return;
         }
+        self.seen_types
+            .entry(key)
+            .or_default()
+            .push(self.out.types.len());
+        let mesh = self.mesh.map(|m| match &self.mesh_axes {
+            Some(axes)
+                if axes
+                    .iter()
+                    .map(|a| (&a.0, a.1))
+                    .eq(m.axes.iter().map(|a| (&a.0, a.1))) =>
+            {
+                axes.clone()
+            }
+            _ => {
+                let axes: super::MeshAxes = m.axes.iter().map(|a| (a.0.clone(), a.1)).collect();
+                self.mesh_axes = Some(axes.clone());
+                axes
+            }
+        });
+        self.out.types.push(TypeEntry {
+            span,
+            scope: scope.to_string(),
+            name: name.to_string(),
+            kind,
+            t: t.clone(),
+            mesh,
+            used_as,
+        });
     }
 
     // ── functions ────────────────────────────────────────────────────────

@@ -30,23 +30,56 @@ use crate::types::{Poly, TType};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-/// One line of `shardc check --types`.
-#[derive(Clone, Debug, serde::Serialize)]
+/// A mesh's axes and their sizes, shared by the type entries checked on it.
+pub type MeshAxes = Arc<[(String, i64)]>;
+
+/// One line of `shardc check --types`. The type is kept as a type, not as
+/// text: the checker records every binding and most are never shown, so
+/// [`TypeEntry::ty`] and [`TypeEntry::local`] print only when asked.
+#[derive(Clone, Debug)]
 pub struct TypeEntry {
-    #[serde(skip)]
     pub span: Span,
     /// `Model`, `Block(768, 12).forward`, ...
     pub scope: String,
     pub name: String,
     pub kind: &'static str,
-    pub ty: String,
-    /// Per-device shape on the mesh the model was checked on.
-    pub local: String,
+    pub t: TType,
+    /// The mesh the model was checked on: its axes and their sizes.
+    pub mesh: Option<MeshAxes>,
     /// For FSDP weights: the layout used in `forward` after gathering.
     pub used_as: Option<String>,
-    /// The type and the mesh's axes, for drawing the layout (editor hovers).
-    #[serde(skip)]
-    pub layout: Option<(TType, Vec<(String, i64)>)>,
+}
+
+impl TypeEntry {
+    /// The global type: `f32[B@dp, 768]`.
+    pub fn ty(&self) -> String {
+        self.t.to_string()
+    }
+
+    /// The per-device shape on the mesh: `f32[4, 768]`.
+    pub fn local(&self) -> String {
+        let mesh = self.mesh.as_deref().unwrap_or(&[]);
+        let size = |a: &str| mesh.iter().find(|m| m.0 == a).map_or(1, |m| m.1);
+        format!(
+            "{}[{}]",
+            self.t.dtype.name(),
+            self.t.local_shape(&size).join(", ")
+        )
+    }
+}
+
+impl serde::Serialize for TypeEntry {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("TypeEntry", 6)?;
+        st.serialize_field("scope", &self.scope)?;
+        st.serialize_field("name", &self.name)?;
+        st.serialize_field("kind", self.kind)?;
+        st.serialize_field("ty", &self.ty())?;
+        st.serialize_field("local", &self.local())?;
+        st.serialize_field("used_as", &self.used_as)?;
+        st.end()
+    }
 }
 
 /// A trained model as checked: its mesh, the batch its program runs, the body
@@ -188,7 +221,11 @@ pub struct Checker<'p> {
     strict: Option<Span>,
     run_f64: bool,
     pub out: Checked,
-    seen_types: HashSet<(Span, String, String)>,
+    /// Types recorded, by a hash of (place, type, scope): their indices in
+    /// `out.types` (each binding is listed once however often it is checked).
+    seen_types: HashMap<u64, Vec<usize>>,
+    /// The mesh being checked on, as type entries keep it (one copy per mesh).
+    mesh_axes: Option<MeshAxes>,
     stack: Vec<String>,
     /// Instantiation sites, innermost last: errors inside a stdlib layer point here too.
     sites: Vec<(Span, String)>,
@@ -235,7 +272,8 @@ impl<'p> Checker<'p> {
             strict,
             run_f64: flags.f64,
             out: Checked::default(),
-            seen_types: HashSet::new(),
+            seen_types: HashMap::new(),
+            mesh_axes: None,
             stack: vec![],
             sites: vec![],
             bound: BTreeMap::new(),
@@ -360,7 +398,7 @@ impl<'p> Checker<'p> {
         if self.bound.is_empty() {
             return t;
         }
-        for d in &mut t.dims {
+        for d in t.dims.iter_mut().filter(|d| d.size.names_any(&self.bound)) {
             if let Some(s) = d.size.substitute(&self.bound) {
                 d.size = s;
             }

@@ -447,10 +447,20 @@ pub fn types_table(c: &Compilation) -> String {
     let mut out = String::new();
     for s in scopes {
         out.push_str(&format!("── {s}\n"));
-        let rows: Vec<_> = c.checked.types.iter().filter(|t| t.scope == s).collect();
-        let nw = rows.iter().map(|t| t.name.len()).max().unwrap_or(0);
-        let tw = rows.iter().map(|t| t.ty.chars().count()).max().unwrap_or(0);
-        for t in rows {
+        let rows: Vec<_> = c
+            .checked
+            .types
+            .iter()
+            .filter(|t| t.scope == s)
+            .map(|t| (t, t.ty()))
+            .collect();
+        let nw = rows.iter().map(|(t, _)| t.name.len()).max().unwrap_or(0);
+        let tw = rows
+            .iter()
+            .map(|(_, ty)| ty.chars().count())
+            .max()
+            .unwrap_or(0);
+        for (t, ty) in rows {
             let f = c.sources.get(t.span.file);
             let (line, _) = f.line_col(t.span.start as usize);
             let at = if t.span.file == c.program.root {
@@ -459,16 +469,16 @@ pub fn types_table(c: &Compilation) -> String {
                 format!("{}:{line}", f.name)
             };
             // Padding by hand: a format width is limited to 65,535.
-            let pad = tw.saturating_sub(t.ty.chars().count());
+            let pad = tw.saturating_sub(ty.chars().count());
             let name_pad = nw.saturating_sub(t.name.len());
             out.push_str(&format!(
                 "  {:<6} {}{}  {}{}   per device {}",
                 t.kind,
                 t.name,
                 " ".repeat(name_pad),
-                t.ty,
+                ty,
                 " ".repeat(pad),
-                t.local
+                t.local()
             ));
             if let Some(u) = &t.used_as {
                 out.push_str(&format!("   (gathered for use: {u})"));

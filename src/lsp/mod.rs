@@ -476,6 +476,11 @@ impl<W: Write> Server<'_, W> {
                         self.settle(session, Some(&key));
                     }
                 }
+                // The index, types and lenses the last checks built.
+                if let Err(what) = self.st.finish() {
+                    session.panics += 1;
+                    self.log(&format!("internal error (a bug) {what}"));
+                }
                 self.request(req);
             }
             Message::Notification(n) if n.method == "exit" => {

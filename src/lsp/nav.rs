@@ -462,15 +462,17 @@ fn markdown(value: String) -> Hover {
 fn typed(t: &crate::check::TypeEntry) -> String {
     let mut value = format!(
         "```shard\n{}: {}\n```\nper device: `{}`",
-        t.name, t.ty, t.local
+        t.name,
+        t.ty(),
+        t.local()
     );
     if let Some(u) = &t.used_as {
         value.push_str(&format!("\n\ngathered for use: `{u}`"));
     }
-    if let Some((ty, mesh)) = &t.layout {
+    if let Some(mesh) = &t.mesh {
         // Where the pieces live, as `shardc show` draws it.
         let topo = crate::mesh::Topology::of(mesh);
-        let grid = crate::layout::draw(&t.name, ty, &topo, None);
+        let grid = crate::layout::draw(&t.name, &t.t, &topo, None);
         let grid: String = grid.lines().skip(1).map(|l| format!("{l}\n")).collect();
         value.push_str(&format!("\n\n```text\n{grid}```"));
     }

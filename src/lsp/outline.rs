@@ -44,18 +44,19 @@ pub fn inlay_hints(st: &State, p: InlayHintParams) -> Option<Vec<InlayHint>> {
     let lines = &at.view.lines;
     let near = |pos| at.view.shift.near(lines.offset(pos));
     let (from, to) = (near(p.range.start), near(p.range.end));
-    let mut by_span: Vec<(usize, Vec<&str>)> = Vec::new();
+    let mut by_span: Vec<(usize, Vec<String>)> = Vec::new();
     for (k, s, e, t) in &at.a.types {
         if k != key || t.kind != "let" || *e < from || *s > to {
             continue;
         }
+        let ty = t.ty();
         match by_span.iter_mut().find(|(x, _)| x == e) {
             Some((_, v)) => {
-                if !v.contains(&t.ty.as_str()) {
-                    v.push(&t.ty)
+                if !v.contains(&ty) {
+                    v.push(ty)
                 }
             }
-            None => by_span.push((*e, vec![&t.ty])),
+            None => by_span.push((*e, vec![ty])),
         }
     }
     by_span.sort();

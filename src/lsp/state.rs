@@ -50,12 +50,15 @@ pub struct Analysis {
     /// Each collective the plan counts at a place in the source (hover):
     /// (file key, start, end, what it moves per call and per step).
     pub comms: Vec<(PathBuf, usize, usize, String)>,
+    /// The keys of the files the compilation read (those of the last one
+    /// whose root parsed, while it does not).
+    pub files: Vec<PathBuf>,
 }
 
 impl Analysis {
     /// The keys of every file the compilation read.
     pub fn reads(&self, key: &Path) -> bool {
-        self.index.file_of(key).is_some()
+        self.files.iter().any(|f| f == key)
     }
 }
 
@@ -88,6 +91,9 @@ pub struct State {
     pub roots: Vec<PathBuf>,
     /// Lines for the log from handlers that only read the state.
     notes: Mutex<Vec<String>>,
+    /// Analyses whose diagnostics are out and whose index, types and
+    /// lenses are being built on a thread of their own ([`State::finish`]).
+    later: HashMap<PathBuf, Building>,
 }
 
 impl State {
@@ -104,6 +110,7 @@ impl State {
             published: HashMap::new(),
             roots: Vec::new(),
             notes: Mutex::new(Vec::new()),
+            later: HashMap::new(),
         }
     }
 
@@ -250,19 +257,51 @@ impl State {
     }
 
     fn reanalyze(&mut self, key: &Path, quick: bool) {
-        let mut a = self.analyze(key, quick);
+        let (mut a, later) = self.analyze(key, quick);
+        // The last analysis's completion: superseded when this one parsed;
+        // else what it built is what the editor keeps.
+        if let Some(building) = self.later.remove(key) {
+            if a.parses {
+                drop_later(building);
+            } else if let (Some(done), Some(old)) = (building.join(), self.analyses.get_mut(key)) {
+                done.apply(old, key);
+            }
+        }
         if let Some(old) = self.analyses.get_mut(key).filter(|_| !a.parses) {
             // Mid-edit: keep what the last parse knew.
             a.meshes = std::mem::take(&mut old.meshes);
             a.trains = std::mem::take(&mut old.trains);
             a.types = std::mem::take(&mut old.types);
+            // Navigation keeps the last index whose root parsed.
+            if old.index.file_of(key).is_some() {
+                a.index = old.index.clone();
+                a.files = std::mem::take(&mut old.files);
+            }
         }
         if let Some(old) = self.analyses.insert(key.to_path_buf(), a) {
             drop_later(old);
         }
+        if let Some(later) = later {
+            self.later.insert(key.to_path_buf(), Building::start(later));
+        }
     }
 
-    fn analyze(&self, key: &Path, quick: bool) -> Analysis {
+    /// Completes the analyses whose diagnostics were sent ([`Later`]):
+    /// before any request is answered. `Err` names a completion that
+    /// panicked (a bug): its analysis answers from what it has.
+    pub fn finish(&mut self) -> Result<(), String> {
+        let mut failed = Ok(());
+        for (key, building) in std::mem::take(&mut self.later) {
+            match (building.join(), self.analyses.get_mut(&key)) {
+                (Some(done), Some(a)) => done.apply(a, &key),
+                (None, _) => failed = Err(format!("indexing {}", key.display())),
+                _ => {}
+            }
+        }
+        failed
+    }
+
+    fn analyze(&self, key: &Path, quick: bool) -> (Analysis, Option<Later>) {
         let mut files = Overlay::new(&Disk);
         // An oversized buffer is not laid over the disk: an importer reads the
         // file as `shardc check` would (at most 16 MiB).
@@ -275,14 +314,13 @@ impl State {
         }
         let len = self.docs.get(key).map_or(0, |d| d.text.len());
         if len > self.max_document {
-            return self.oversized(&files, key, len);
+            return (self.oversized(&files, key, len), None);
         }
         let text = self
             .docs
             .get(key)
             .map(|d| d.text.clone())
             .unwrap_or_default();
-        let old = self.analyses.get(key).map(|a| a.index.clone());
         let enc = self.enc;
         let opts = Options {
             quick,
@@ -290,16 +328,17 @@ impl State {
         };
         // Indexing walks the syntax trees recursively: on a stack as large as
         // the compiler's.
-        let work = || analyze(&files, key, text, &opts, old, enc);
+        let work = || analyze(&files, key, text, &opts, enc);
         std::thread::scope(|s| {
             let worker = std::thread::Builder::new()
                 .name("analyze".into())
                 .stack_size(world::COMPILE_STACK)
                 .spawn_scoped(s, work);
-            match worker {
+            let (a, later) = match worker {
                 Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-                Err(_) => analyze(&files, key, String::new(), &self.opts, None, enc),
-            }
+                Err(_) => analyze(&files, key, String::new(), &self.opts, enc),
+            };
+            (a, Some(later))
         })
     }
 
@@ -307,7 +346,8 @@ impl State {
     /// empty analysis, so requests on it answer emptily), and one diagnostic
     /// at its start says why and how to raise the limit.
     fn oversized(&self, files: &Overlay, key: &Path, len: usize) -> Analysis {
-        let mut a = analyze(files, key, String::new(), &self.opts, None, self.enc);
+        let (mut a, later) = analyze(files, key, String::new(), &self.opts, self.enc);
+        later.build().apply(&mut a, key);
         a.parses = false;
         let diagnostic = Diagnostic {
             range: lsp_types::Range::default(),
@@ -387,28 +427,19 @@ fn analyze(
     key: &Path,
     text: String,
     opts: &Options,
-    old: Option<Arc<Index>>,
     enc: Encoding,
-) -> Analysis {
+) -> (Analysis, Later) {
     let c = world::compile_text(files, key, text, opts);
     let root = c.program.root.0 as usize;
-    let fresh = Arc::new(Index::build(&c.sources, &c.program));
-    let parses = fresh.files.get(root).is_some_and(|f| f.parsed);
+    let parses = c.program.syntax.iter().any(|(f, _)| *f == c.program.root);
     let keys: Vec<PathBuf> = c.sources.files().map(|(_, f)| text::key(&f.path)).collect();
-    let types = c
-        .checked
-        .types
+    // Placing a diagnostic of an imported file in the importer needs the
+    // index; otherwise it is built after the diagnostics are sent.
+    let fresh = c
+        .diagnostics
         .iter()
-        .filter_map(|t| {
-            let k = keys.get(t.span.file.0 as usize)?;
-            Some((
-                k.clone(),
-                t.span.start as usize,
-                t.span.end as usize,
-                t.clone(),
-            ))
-        })
-        .collect();
+        .any(|d| d.primary.span.file != c.program.root && d.severity != Severity::Note)
+        .then(|| Arc::new(Index::build(&c.sources, &c.program)));
     let meshes = c
         .program
         .meshes
@@ -424,6 +455,131 @@ fn analyze(
         .iter()
         .map(|t| (t.model.name.clone(), t.mesh.name.clone()))
         .collect();
+    let shown = shown(&c, &keys, fresh.as_deref(), enc);
+    let a = Analysis {
+        root,
+        index: fresh.clone().unwrap_or_default(),
+        types: Vec::new(),
+        meshes,
+        trains,
+        shown,
+        parses,
+        lenses: Vec::new(),
+        comms: Vec::new(),
+        files: keys.clone(),
+    };
+    let later = Later { c, keys, fresh };
+    (a, later)
+}
+
+/// What an analysis still needs once its diagnostics are out: the index
+/// (navigation, hovers), the binding types (inlay hints) and the plans'
+/// figures (code lenses). Built on a thread of its own after
+/// `publishDiagnostics` is sent ([`Building`]), so an edit's diagnostics do
+/// not wait for them, and a next edit's check runs beside it.
+pub struct Later {
+    c: world::Compilation,
+    keys: Vec<PathBuf>,
+    fresh: Option<Arc<Index>>,
+}
+
+/// What [`Later`] built.
+pub struct Done {
+    index: Arc<Index>,
+    types: Vec<(PathBuf, usize, usize, TypeEntry)>,
+    lenses: Vec<(PathBuf, usize, usize, String)>,
+    comms: Vec<(PathBuf, usize, usize, String)>,
+}
+
+impl Later {
+    fn build(self) -> Done {
+        let Later { c, keys, fresh } = self;
+        let fresh = fresh.unwrap_or_else(|| Arc::new(Index::build(&c.sources, &c.program)));
+        let types = c
+            .checked
+            .types
+            .iter()
+            .filter_map(|t| {
+                let k = keys.get(t.span.file.0 as usize)?;
+                Some((
+                    k.clone(),
+                    t.span.start as usize,
+                    t.span.end as usize,
+                    t.clone(),
+                ))
+            })
+            .collect();
+        let (lenses, comms) = costs(&c, &fresh, &keys);
+        Done {
+            index: fresh,
+            types,
+            lenses,
+            comms,
+        }
+    }
+}
+
+impl Done {
+    /// Into the analysis of root `key`. Mid-edit (the root does not parse),
+    /// the index and types of the last parse stay ([`State::reanalyze`]).
+    fn apply(self, a: &mut Analysis, key: &Path) {
+        if a.parses || a.index.file_of(key).is_none() {
+            a.index = self.index;
+        }
+        if a.parses || a.types.is_empty() {
+            a.types = self.types;
+        }
+        a.lenses = self.lenses;
+        a.comms = self.comms;
+    }
+}
+
+/// A [`Later`] being built: on a thread (indexing recurses through the
+/// syntax trees: the compiler's stack), or, when no thread can be had,
+/// already built.
+pub enum Building {
+    Thread(std::thread::JoinHandle<Option<Done>>),
+    Built(Option<Box<Done>>),
+}
+
+impl Building {
+    fn start(later: Later) -> Building {
+        let slot = Arc::new(Mutex::new(Some(later)));
+        let theirs = slot.clone();
+        let spawned = std::thread::Builder::new()
+            .name("index".into())
+            .stack_size(world::COMPILE_STACK)
+            .spawn(move || {
+                let later = theirs.lock().ok().and_then(|mut l| l.take());
+                later.map(Later::build)
+            });
+        match spawned {
+            Ok(h) => Building::Thread(h),
+            // No thread to be had (a resource limit): build it here.
+            Err(_) => match slot.lock().ok().and_then(|mut l| l.take()) {
+                Some(l) => Building::Built(Some(Box::new(l.build()))),
+                None => Building::Built(None),
+            },
+        }
+    }
+
+    /// What was built; `None` when building panicked.
+    fn join(self) -> Option<Done> {
+        match self {
+            Building::Thread(h) => h.join().ok().flatten(),
+            Building::Built(d) => d.map(|d| *d),
+        }
+    }
+}
+
+/// The diagnostics a compilation shows, by file key.
+fn shown(
+    c: &world::Compilation,
+    keys: &[PathBuf],
+    fresh: Option<&Index>,
+    enc: Encoding,
+) -> HashMap<PathBuf, Vec<Diagnostic>> {
+    let root = c.program.root.0 as usize;
     let mut shown: HashMap<PathBuf, Vec<Diagnostic>> = HashMap::new();
     let texts: Vec<Lines> = c
         .sources
@@ -446,7 +602,8 @@ fn analyze(
         // In the importer too, where the imported file comes in.
         let f = d.primary.span.file.0 as usize;
         if f != root && d.severity != Severity::Note {
-            let Some(site) = site(&fresh, root, f, d.primary.span.start as usize) else {
+            let Some(site) = fresh.and_then(|ix| site(ix, root, f, d.primary.span.start as usize))
+            else {
                 continue;
             };
             let Some(uri) = text::uri_of(&file) else {
@@ -466,23 +623,7 @@ fn analyze(
             shown.entry(keys[root].clone()).or_default().push(lsp);
         }
     }
-    let (lenses, comms) = costs(&c, &fresh, &keys);
-    let index = match old {
-        Some(old) if !parses && old.file_of(key).is_some() => old,
-        _ => fresh,
-    };
-    drop_later(c);
-    Analysis {
-        root,
-        index,
-        types,
-        meshes,
-        trains,
-        shown,
-        parses,
-        lenses,
-        comms,
-    }
+    shown
 }
 
 /// Frees `t` on a thread of its own: a compilation's types and bodies take
