@@ -63,7 +63,7 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
-def bench(server, name, path, text, rounds, hover_at, def_at, names=()):
+def bench(server, name, path, text, rounds, hover_at, def_at, names=(), layer_edit=None):
     uri = path.as_uri()
     c = Client(server)
     c.initialize()
@@ -73,18 +73,32 @@ def bench(server, name, path, text, rounds, hover_at, def_at, names=()):
     errors = [d for d in diags if d.get("severity") == 1]
     if errors:
         sys.exit(f"{name} does not check: {errors[0]['message']}")
-    edit = []
-    for v in range(2, rounds + 2):
-        # A real change each time (the step count), so every edit is checked.
-        changed = re.sub(r"steps: \d+", f"steps: {v}", text, count=1)
-        t = time.perf_counter()
-        c.notify("textDocument/didChange", {"textDocument": {"uri": uri, "version": v},
-                                            "contentChanges": [{"text": changed}]})
-        c.diagnostics(uri, v)
-        edit.append((time.perf_counter() - t) * 1e3)
-    c.notify("textDocument/didChange", {"textDocument": {"uri": uri, "version": rounds + 2},
+    version = 1
+
+    def edits(change):
+        """Edit → diagnostics of `rounds` edits, each `change(v)` of the text."""
+        nonlocal version
+        xs = []
+        for _ in range(rounds):
+            version += 1
+            t = time.perf_counter()
+            c.notify("textDocument/didChange", {"textDocument": {"uri": uri, "version": version},
+                                                "contentChanges": [{"text": change(version)}]})
+            c.diagnostics(uri, version)
+            xs.append((time.perf_counter() - t) * 1e3)
+        return xs
+
+    # A real change each time (the step count), so every edit is checked.
+    edit = edits(lambda v: re.sub(r"steps: \d+", f"steps: {v}", text, count=1))
+    rows = [("edit → diagnostics", edit)]
+    if layer_edit:
+        # An edit inside one layer (an init's scale): the checker does not
+        # reuse the other layers' checks, so this costs what any edit does.
+        rows.append(("edit → diagnostics, inside a layer", edits(lambda v: layer_edit(text, v))))
+    version += 1
+    c.notify("textDocument/didChange", {"textDocument": {"uri": uri, "version": version},
                                         "contentChanges": [{"text": text}]})
-    c.diagnostics(uri, rounds + 2)
+    c.diagnostics(uri, version)
 
     def timed(method, at):
         xs = []
@@ -98,7 +112,7 @@ def bench(server, name, path, text, rounds, hover_at, def_at, names=()):
 
     hover = timed("textDocument/hover", hover_at)
     definition = timed("textDocument/definition", def_at)
-    rows = [("edit → diagnostics", edit), ("hover", hover), ("definition", definition)]
+    rows += [("hover", hover), ("definition", definition)]
     # References and rename of names over the workspace (the repository).
     for label, at in names:
         for method, extra in (("references", {"context": {"includeDeclaration": True}}),
@@ -138,8 +152,16 @@ def main():
     text = generated()
     big.write_text(text)
     last = text.count("let u =") - 1
+    middle = f"layer Block{last // 2}(D)"
+
+    def layer_edit(text, v):
+        at = text.index(middle)
+        end = text.index("normal(0.02)", at)
+        return text[:end] + f"normal({0.02 + v * 1e-4:.4f})" + text[end + len("normal(0.02)"):]
+
     bench(server, "generated", big, text, rounds,
-          position(text, f"let x{last} =", 4), position(text, f"Block{last}(D)\n"))
+          position(text, f"let x{last} =", 4), position(text, f"Block{last}(D)\n"),
+          layer_edit=layer_edit)
 
 
 if __name__ == "__main__":
