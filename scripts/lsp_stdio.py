@@ -100,13 +100,18 @@ class Client:
 
         return self.wait_for(want)["params"]["diagnostics"]
 
-    def initialize(self, encodings=("utf-16",)):
+    def initialize(self, encodings=("utf-16",), watch=False):
+        """`watch`: say the client reports changes on disk (as VS Code does),
+        so the server keeps what it read of the workspace between searches."""
+        caps = {"general": {"positionEncodings": list(encodings)}}
+        if watch:
+            caps["workspace"] = {"didChangeWatchedFiles": {"dynamicRegistration": True}}
         r = self.request(
             "initialize",
             {
                 "processId": os.getpid(),
                 "rootUri": ROOT.as_uri(),
-                "capabilities": {"general": {"positionEncodings": list(encodings)}},
+                "capabilities": caps,
             },
         )
         self.notify("initialized", {})

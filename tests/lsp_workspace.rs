@@ -435,3 +435,41 @@ fn code_lenses_and_collective_hovers_show_the_plan() {
     );
     s.finish();
 }
+
+/// A client that reports changes on disk: what a search read of the
+/// workspace is kept until a report (a file written meanwhile is not seen,
+/// then is); one that reports nothing gets the workspace read afresh.
+#[test]
+fn the_workspace_is_kept_while_the_client_reports_disk_changes() {
+    let w = workspace("kept");
+    let watching = json!({"rootUri": uri(&w.root), "capabilities": {"workspace": {"didChangeWatchedFiles": {"dynamicRegistration": true}}}});
+    let mut s = start(&w, watching);
+    let before = files(&w.root, &references(&mut s, &w.a, pos(A, "Proj", 1), true));
+    assert_eq!(before.len(), 3, "{before:?}");
+    let user = "import \"x/lib.shard\"\n\nmodel G {\n  p = Proj(8)\n  fn forward(x: f32[B, 8]) -> f32[B, 4] {\n    p(x)\n  }\n}\n";
+    let g = write(&w.root, "g.shard", user);
+    let kept = files(&w.root, &references(&mut s, &w.a, pos(A, "Proj", 1), true));
+    assert_eq!(
+        kept, before,
+        "nothing reported yet: the kept workspace answers"
+    );
+    s.notify(
+        "workspace/didChangeWatchedFiles",
+        json!({"changes": [{"uri": uri(&g), "type": 1}]}),
+    );
+    let after = files(&w.root, &references(&mut s, &w.a, pos(A, "Proj", 1), true));
+    assert!(
+        after.contains(&("g.shard".to_string(), 1)),
+        "after the report the new file is read: {after:?}"
+    );
+    s.finish();
+
+    // A client that cannot report: every search reads the disk.
+    let w = workspace("afresh");
+    let mut s = start(&w, root_uri(&w));
+    let before = files(&w.root, &references(&mut s, &w.a, pos(A, "Proj", 1), true));
+    write(&w.root, "g.shard", user);
+    let after = files(&w.root, &references(&mut s, &w.a, pos(A, "Proj", 1), true));
+    assert_eq!(after.len(), before.len() + 1, "{before:?} then {after:?}");
+    s.finish();
+}

@@ -79,7 +79,7 @@ fn indexes(st: &State, name: &str, workspace: bool) -> Vec<std::sync::Arc<Index>
         .map(|k| st.analyses[k].index.clone())
         .collect();
     if workspace {
-        out.extend(nav::others(st, name).into_iter().map(std::sync::Arc::new));
+        out.extend(nav::others(st, name));
     }
     out
 }

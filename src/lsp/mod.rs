@@ -514,6 +514,7 @@ impl<W: Write> Server<'_, W> {
                     .and_then(|w| w.did_change_watched_files.as_ref())
                     .and_then(|d| d.dynamic_registration)
                     == Some(true);
+                self.st.watched = self.watch_by_registration;
                 self.st.roots = workspace::roots_of(&req.params);
                 if let Some(n) = req
                     .params

@@ -20,6 +20,7 @@ use lsp_types::{
 };
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// A position in a file, seen through a compilation that read the file.
 /// The compilation may have analysed an older text (the last that parsed):
@@ -152,7 +153,7 @@ fn target(ix: &Index, s: &Symbol) -> Option<Target> {
 /// compilation read and whose text holds `needle` (a file without the name
 /// cannot use it): each with its imports, resolved and indexed (not checked).
 /// Open buffers are read from the overlay, other files from disk.
-pub(super) fn others(st: &State, needle: &str) -> Vec<Index> {
+pub(super) fn others(st: &State, needle: &str) -> Vec<Arc<Index>> {
     let mut beside: Vec<PathBuf> = st
         .docs
         .keys()
@@ -161,7 +162,14 @@ pub(super) fn others(st: &State, needle: &str) -> Vec<Index> {
         .collect();
     beside.sort();
     beside.dedup();
-    let scan = super::workspace::shard_files(&st.roots, &beside);
+    // What the last search read, while the client reports changes on disk.
+    let mut guard = st.kept.lock().ok().filter(|_| st.watched);
+    let mut afresh = super::workspace::Kept::default();
+    let kept = match guard.as_deref_mut() {
+        Some(k) => k,
+        None => &mut afresh,
+    };
+    let scan = kept.listing(&st.roots, &beside);
     if let Some(note) = scan.note {
         st.note(note);
     }
@@ -186,15 +194,24 @@ pub(super) fn others(st: &State, needle: &str) -> Vec<Index> {
         let mut out = Vec::new();
         let mut failed = Vec::new();
         for p in &todo {
-            let Ok(text) = crate::files::Files::read_text(&files, p) else {
+            let Some(text) = kept.text(&files, p) else {
                 continue;
             };
             if !needle.is_empty() && !text.contains(needle) {
                 continue;
             }
-            let one = || load(&files, p, text, &grants);
+            if let Some(ix) = kept.index(p) {
+                out.push(ix);
+                continue;
+            }
+            let one = || load(&files, p, text.to_string(), &grants);
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(one)) {
-                Ok(ix) => out.extend(ix),
+                Ok(Some(ix)) => {
+                    let ix = Arc::new(ix);
+                    kept.keep_index(p, ix.clone());
+                    out.push(ix);
+                }
+                Ok(None) => {}
                 Err(_) => failed.push(p.display().to_string()),
             }
         }
@@ -266,7 +283,7 @@ fn needle(ix: &Index, s: &Symbol) -> String {
 /// layer's dimension parameter: the index resolves them in the enclosing
 /// function's or layer's scope alone), so its references and rename read no
 /// other file.
-fn beyond(st: &State, ix: &Index, t: Target, s: &Symbol) -> Vec<Index> {
+fn beyond(st: &State, ix: &Index, t: Target, s: &Symbol) -> Vec<Arc<Index>> {
     let local = match t {
         Target::Def(d) => ix
             .defs
@@ -285,14 +302,14 @@ fn beyond(st: &State, ix: &Index, t: Target, s: &Symbol) -> Vec<Index> {
 fn occurrences(
     st: &State,
     s: &Symbol,
-    extra: &[Index],
+    extra: &[Arc<Index>],
 ) -> Vec<(PathBuf, usize, usize, bool, String)> {
     let mut keys: Vec<&PathBuf> = st.analyses.keys().collect();
     keys.sort();
     let ixs = keys
         .into_iter()
         .map(|k| st.analyses[k].index.as_ref())
-        .chain(extra);
+        .chain(extra.iter().map(|ix| ix.as_ref()));
     let mut out: Vec<(PathBuf, usize, usize, bool, String)> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for ix in ixs {
@@ -636,7 +653,7 @@ pub fn workspace_symbols(st: &State, p: WorkspaceSymbolParams) -> Option<Workspa
     let ixs = keys
         .into_iter()
         .map(|k| st.analyses[k].index.as_ref())
-        .chain(&extra);
+        .chain(extra.iter().map(|ix| ix.as_ref()));
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
     for ix in ixs {

@@ -10,6 +10,7 @@
 
 use super::index::{Index, Kind, Target};
 use super::text::{self, Encoding, Lines};
+use super::workspace::Kept;
 use crate::check::TypeEntry;
 use crate::diag::{self, Severity};
 use crate::files::{Disk, Overlay};
@@ -91,6 +92,10 @@ pub struct State {
     pub roots: Vec<PathBuf>,
     /// Lines for the log from handlers that only read the state.
     notes: Mutex<Vec<String>>,
+    /// The workspace's files as the last search read them ([`Kept`]), and
+    /// whether the client reports changes on disk (only then is it kept).
+    pub kept: Mutex<Kept>,
+    pub watched: bool,
     /// Analyses whose diagnostics are out and whose index, types and
     /// lenses are being built on a thread of their own ([`State::finish`]).
     later: HashMap<PathBuf, Building>,
@@ -111,6 +116,8 @@ impl State {
             roots: Vec::new(),
             notes: Mutex::new(Vec::new()),
             later: HashMap::new(),
+            kept: Mutex::new(Kept::default()),
+            watched: false,
         }
     }
 
@@ -146,6 +153,7 @@ impl State {
 
     pub fn open(&mut self, uri: Uri, text: String, version: i32) {
         let key = Self::key_of(&uri);
+        self.forget(&key);
         self.docs.insert(key.clone(), Doc { uri, text, version });
         self.dirty.insert(key);
         self.all_dirty = true;
@@ -161,6 +169,7 @@ impl State {
     ) {
         let key = Self::key_of(uri);
         let enc = self.enc;
+        self.forget(&key);
         let Some(doc) = self.docs.get_mut(&key) else {
             return;
         };
@@ -181,6 +190,7 @@ impl State {
 
     pub fn close(&mut self, uri: &Uri) {
         let key = Self::key_of(uri);
+        self.forget(&key);
         self.docs.remove(&key);
         self.analyses.remove(&key);
         self.all_dirty = true;
@@ -189,6 +199,16 @@ impl State {
     /// Everything changed on disk (`didChangeWatchedFiles`, `didSave`).
     pub fn disk_changed(&mut self) {
         self.all_dirty = true;
+        if let Ok(mut k) = self.kept.lock() {
+            *k = Kept::default();
+        }
+    }
+
+    /// What the workspace searches read through buffer `key` is dropped.
+    fn forget(&self, key: &Path) {
+        if let Ok(mut k) = self.kept.lock() {
+            k.forget(key);
+        }
     }
 
     pub fn pending(&self) -> bool {

@@ -11,10 +11,79 @@
 //! caller, through the same [`crate::files::Files`] the checks read with
 //! (open buffers from the overlay, the rest from disk).
 
+use super::index::Index;
 use super::text;
 use serde_json::Value;
-use std::collections::{BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The workspace's files as the searches across it (references, rename,
+/// call hierarchy, workspace symbols) last read them: the listing, each
+/// file's text, and its index once a search needed it. The server keeps it
+/// only while the client reports changes on disk (`didChangeWatchedFiles`,
+/// registered at `initialized`): such a report or a save drops all of it, and
+/// an edit to an open buffer drops the indexes that read that buffer. For a
+/// client that reports nothing the workspace is read afresh at each search.
+#[derive(Default)]
+pub struct Kept {
+    /// The listing, for the folders and open buffers' directories it is of.
+    listing: Option<(Vec<PathBuf>, Vec<PathBuf>, Scan)>,
+    files: HashMap<PathBuf, KeptFile>,
+}
+
+struct KeptFile {
+    text: Arc<str>,
+    index: Option<Arc<Index>>,
+}
+
+impl Kept {
+    /// The `.shard` files under `roots` and beside the open buffers.
+    pub fn listing(&mut self, roots: &[PathBuf], beside: &[PathBuf]) -> Scan {
+        match &self.listing {
+            Some((r, b, scan)) if r == roots && b == beside => scan.clone(),
+            _ => {
+                let scan = shard_files(roots, beside);
+                self.listing = Some((roots.to_vec(), beside.to_vec(), scan.clone()));
+                scan
+            }
+        }
+    }
+
+    /// A file's text as last read, else read now.
+    pub fn text(&mut self, files: &dyn crate::files::Files, key: &Path) -> Option<Arc<str>> {
+        if let Some(f) = self.files.get(key) {
+            return Some(f.text.clone());
+        }
+        let text: Arc<str> = crate::files::Files::read_text(files, key).ok()?.into();
+        self.files.insert(
+            key.to_path_buf(),
+            KeptFile {
+                text: text.clone(),
+                index: None,
+            },
+        );
+        Some(text)
+    }
+
+    /// A file's index as last built.
+    pub fn index(&self, key: &Path) -> Option<Arc<Index>> {
+        self.files.get(key).and_then(|f| f.index.clone())
+    }
+
+    /// Keeps a file's index (built from the text [`Kept::text`] gave).
+    pub fn keep_index(&mut self, key: &Path, ix: Arc<Index>) {
+        if let Some(f) = self.files.get_mut(key) {
+            f.index = Some(ix);
+        }
+    }
+
+    /// An open buffer changed: what was read through it is dropped.
+    pub fn forget(&mut self, key: &Path) {
+        self.files
+            .retain(|k, f| k != key && f.index.as_ref().is_none_or(|ix| ix.file_of(key).is_none()));
+    }
+}
 
 /// The most `.shard` files one search reads.
 pub const MAX_FILES: usize = 5_000;
@@ -94,7 +163,7 @@ fn dedup(roots: Vec<PathBuf>) -> Vec<PathBuf> {
 
 /// The `.shard` files a search reads, and a note for the log when a limit cut
 /// it short.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Scan {
     /// File keys ([`text::key`]), in the order found: `beside` first, then
     /// each root breadth first, each directory's entries by name.
