@@ -82,7 +82,7 @@ fn cached(file: FileId, text: &str, cuts: &[usize]) -> Option<Vec<Item>> {
 /// Where each top-level item starts: at an item keyword (a whole word) at
 /// bracket depth 0, outside comments and strings. `None` when the brackets
 /// do not balance (the whole-file parser reports that).
-fn pieces(text: &str) -> Option<Vec<usize>> {
+pub(crate) fn pieces(text: &str) -> Option<Vec<usize>> {
     const ITEMS: [&[u8]; 9] = [
         b"import", b"pragma", b"const", b"mesh", b"layer", b"model", b"table", b"feature", b"train",
     ];

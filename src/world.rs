@@ -367,7 +367,9 @@ fn compile_here(files: &dyn Files, path: &Path, text: String, opts: &Options) ->
         strict: opts.strict,
         f64: opts.f64,
     };
-    let (diags, checked) = Checker::new(&program, &spec, flags).run();
+    let (diags, checked) = Checker::new(&program, &spec, flags)
+        .reusing(&sources, !opts.trial)
+        .run();
     diagnostics.extend(diags);
     // Each trained model's program, with its step's loss after the model,
     // and what its step adds to the report.

@@ -227,11 +227,18 @@ impl<'p> Checker<'p> {
             });
             return Val::Poison;
         }
+        // The function by its place among the layer's members (not its span:
+        // the key is the same wherever the text moved).
+        let which = inst
+            .decl
+            .members
+            .iter()
+            .position(|m| matches!(m, ast::Member::Fn(g) if std::ptr::eq(g, f)))
+            .map_or_else(|| format!("{:?}", f.span), |i| i.to_string());
         let key = format!(
-            "{}|{}|{:?}|{:?}|{:?}",
+            "{}|{}|{which}|{:?}|{:?}",
             inst.key,
             f.name.name,
-            f.span,
             args.iter()
                 .map(|(v, _, _)| match v {
                     Val::T(t) => t.to_string(),
@@ -240,32 +247,47 @@ impl<'p> Checker<'p> {
                 .collect::<Vec<_>>(),
             self.bound
         );
+        // Checked in this compilation, else kept from an earlier one
+        // (`reuse`), else checked now.
+        let kept = match self.memo.get(&key) {
+            Some(_) => None,
+            None => self.reuse.as_mut().and_then(|r| r.key(&key, inst)),
+        };
+        let arg_spans: Vec<Span> = args.iter().map(|a| a.1).collect();
         let (body, result) = match self.memo.get(&key) {
             Some(done) => done.clone(),
-            None => {
-                self.open_body();
-                let arg_vals: Vec<(Val, Span, Option<VId>)> = args
-                    .iter()
-                    .enumerate()
-                    .map(|(i, (v, s, _))| {
-                        let vid = match v {
-                            Val::T(t) => self.record(Op::Arg(i), t, *s),
-                            _ => None,
-                        };
-                        (v.clone(), *s, vid)
-                    })
-                    .collect();
-                let result = self.fn_body(inst, f, arg_vals, fkey);
-                let out = matches!(result, Val::T(_)).then_some(self.last).flatten();
-                let body = self.close_body(out);
-                if f.name.name == "forward" {
-                    if let Some(b) = self.out.bodies.0.get_mut(body) {
-                        b.checkpoint = inst.checkpoint.clone();
+            None => match kept.as_ref().and_then(|k| self.replay(k, &arg_spans)) {
+                Some(done) => done,
+                None => {
+                    let mark = self.mark();
+                    self.open_body();
+                    let arg_vals: Vec<(Val, Span, Option<VId>)> = args
+                        .iter()
+                        .enumerate()
+                        .map(|(i, (v, s, _))| {
+                            let vid = match v {
+                                Val::T(t) => self.record(Op::Arg(i), t, *s),
+                                _ => None,
+                            };
+                            (v.clone(), *s, vid)
+                        })
+                        .collect();
+                    let result = self.fn_body(inst, f, arg_vals, fkey);
+                    let out = matches!(result, Val::T(_)).then_some(self.last).flatten();
+                    let body = self.close_body(out);
+                    if f.name.name == "forward" {
+                        if let Some(b) = self.out.bodies.0.get_mut(body) {
+                            b.checkpoint = inst.checkpoint.clone();
+                        }
                     }
+                    self.memo.insert(key.clone(), (body, result.clone()));
+                    self.memo_of.insert(body, key);
+                    if let Some(k) = kept {
+                        self.keep(k, mark, &result);
+                    }
+                    (body, result)
                 }
-                self.memo.insert(key, (body, result.clone()));
-                (body, result)
-            }
+            },
         };
         // The call, in the caller's body.
         let ids: Option<Vec<VId>> = args.iter().map(|a| a.2).collect();
@@ -795,6 +817,7 @@ impl<'p> Checker<'p> {
             return;
         };
         self.used_weights.insert(*wspan);
+        self.weight_log.push(*wspan);
         let init = inst
             .decl
             .members

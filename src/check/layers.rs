@@ -96,12 +96,15 @@ impl<'p> Checker<'p> {
         label: String,
         site: Span,
     ) -> Option<Arc<Inst>> {
+        // The mesh by name and sizes, not by its spans: an instance's key
+        // is the same wherever the text moved (`reuse`).
+        let mesh: Option<(&str, Vec<(&str, i64)>)> = self.mesh.map(|m| {
+            let axes = m.axes.iter().map(|a| (a.0.as_str(), a.1)).collect();
+            (m.name.as_str(), axes)
+        });
         let key = format!(
-            "{label}|{:?}|{:?}|{}|{}",
-            self.mesh.map(|m| &m.axes),
-            self.fsdp,
-            self.freezing,
-            self.checkpoint_repeats
+            "{label}|{mesh:?}|{:?}|{}|{}",
+            self.fsdp, self.freezing, self.checkpoint_repeats
         );
         if let Some(i) = self.insts.get(&key) {
             return Some(i.clone());

@@ -17,10 +17,12 @@ mod decls;
 mod layers;
 mod lint;
 mod policy;
+mod reuse;
 mod rules;
 mod staging;
 
 pub use body::{Bodies, Body, BodyId, Call, Op, Repeat, VId};
+pub use reuse::{forget, remember, replayed};
 
 use crate::ast::{self, LayerDecl};
 use crate::diag::{Diagnostic, Label, Problem};
@@ -249,8 +251,14 @@ pub struct Checker<'p> {
     open: Vec<Body>,
     last: Option<VId>,
     /// Bodies already checked: (instance, function, argument types, bound) → body
-    /// and result.
+    /// and result; and each such body's key.
     memo: HashMap<String, (BodyId, Val)>,
+    memo_of: HashMap<BodyId, String>,
+    /// Calls kept from earlier compilations ([`reuse`]), when on.
+    reuse: Option<reuse::Reuse<'p>>,
+    /// Declarations of the weights read, in order, repeats included (what
+    /// a kept call replays).
+    weight_log: Vec<Span>,
     /// Declarations of the weights some checked function reads (W0005 for
     /// the others), and those already warned about.
     used_weights: HashSet<Span>,
@@ -285,11 +293,24 @@ impl<'p> Checker<'p> {
             open: Vec::new(),
             last: None,
             memo: HashMap::new(),
+            memo_of: HashMap::new(),
+            reuse: None,
+            weight_log: Vec::new(),
             used_weights: HashSet::new(),
             unused_said: HashSet::new(),
             arg_ids: Vec::new(),
             in_builtin: false,
         }
+    }
+
+    /// Replays calls kept from the last compilation of the same root file,
+    /// and keeps this one's, where [`remember`] turned that on.
+    /// A trial compilation (`commit` false: a fix-it tried) reads what was
+    /// kept but keeps nothing of its own.
+    pub fn reusing(mut self, sources: &'p crate::source::SourceMap, commit: bool) -> Self {
+        let flags = (self.strict.is_some(), self.run_f64);
+        self.reuse = reuse::Reuse::new(sources, self.prog, flags, commit);
+        self
     }
 
     pub fn run(mut self) -> (Vec<Diagnostic>, Checked) {
@@ -320,6 +341,9 @@ impl<'p> Checker<'p> {
                 self.bound.clear();
                 self.check_model(&decl, None);
             }
+        }
+        if let Some(r) = self.reuse.take() {
+            r.commit();
         }
         // Same problem found through two instantiations: report once.
         let mut seen = HashSet::new();

@@ -171,6 +171,8 @@ where
     };
     // Items of a buffer an edit did not touch are not parsed again.
     crate::reparse::remember();
+    // Layers' checked functions an edit did not touch are not checked again.
+    crate::check::remember();
     let mut st = state::State::new(opts);
     st.max_document = max_document;
     let mut server = Server {
