@@ -141,10 +141,13 @@ pub(super) struct Reuse<'p> {
     last: Calls,
     touched: Calls,
     commit: bool,
+    /// Calls replayed so far in this compilation.
+    replays: usize,
 }
 
 /// What a call did so far, to be kept if it ends clean.
 pub(super) struct Mark {
+    replays: usize,
     bodies: usize,
     types: usize,
     diags: usize,
@@ -194,6 +197,7 @@ impl<'p> Reuse<'p> {
             last,
             touched: HashMap::new(),
             commit,
+            replays: 0,
         })
     }
 
@@ -347,6 +351,7 @@ impl Checker<'_> {
     /// Where the checker stands before a call it may keep.
     pub(super) fn mark(&self) -> Mark {
         Mark {
+            replays: self.reuse.as_ref().map_or(0, |r| r.replays),
             bodies: self.out.bodies.0.len(),
             types: self.out.types.len(),
             diags: self.diags.len(),
@@ -355,8 +360,14 @@ impl Checker<'_> {
         }
     }
 
-    /// Keeps the call checked since `m` under `key`, if it was clean.
+    /// Keeps the call checked since `m` under `key`, if it was clean. A call
+    /// inside which some call was replayed is not kept: what it holds is
+    /// kept already, and its own key changes with the edit that made it miss
+    /// (typing in one layer would copy the whole model at every keystroke).
     pub(super) fn keep(&mut self, key: String, m: Mark, result: &Val) {
+        if self.reuse.as_ref().is_some_and(|r| r.replays != m.replays) {
+            return;
+        }
         let notes_only = self
             .diags
             .get(m.diags..)
@@ -547,6 +558,7 @@ impl Checker<'_> {
         REPLAYED.fetch_add(1, Ordering::Relaxed);
         if let Some(r) = self.reuse.as_mut() {
             r.touched.insert(key.to_string(), e.clone());
+            r.replays += 1;
         }
         let (_, _, _, result) = e.bodies.get(last)?;
         Some((*ids.get(last)?, result.clone()))
