@@ -253,10 +253,12 @@ impl<'p> Checker<'p> {
             Some(_) => None,
             None => self.reuse.as_mut().and_then(|r| r.key(&key, inst)),
         };
-        let arg_spans: Vec<Span> = args.iter().map(|a| a.1).collect();
         let (body, result) = match self.memo.get(&key) {
             Some(done) => done.clone(),
-            None => match kept.as_ref().and_then(|k| self.replay(k, &arg_spans)) {
+            None => match kept.as_ref().and_then(|k| {
+                let spans: Vec<Span> = args.iter().map(|a| a.1).collect();
+                self.replay(k, &spans)
+            }) {
                 Some(done) => done,
                 None => {
                     let mark = self.mark();
@@ -280,8 +282,10 @@ impl<'p> Checker<'p> {
                             b.checkpoint = inst.checkpoint.clone();
                         }
                     }
-                    self.memo.insert(key.clone(), (body, result.clone()));
-                    self.memo_of.insert(body, key);
+                    if self.reuse.is_some() {
+                        self.memo_of.insert(body, key.clone());
+                    }
+                    self.memo.insert(key, (body, result.clone()));
                     if let Some(k) = kept {
                         self.keep(k, mark, &result);
                     }
@@ -817,7 +821,9 @@ impl<'p> Checker<'p> {
             return;
         };
         self.used_weights.insert(*wspan);
-        self.weight_log.push(*wspan);
+        if self.reuse.is_some() {
+            self.weight_log.push(*wspan);
+        }
         let init = inst
             .decl
             .members
