@@ -182,10 +182,18 @@ impl<'p> Reuse<'p> {
             .map(|(id, f)| (f.path.clone(), id))
             .collect();
         let root = sources.get(prog.root).path.clone();
+        // Taken, not copied, when this compilation's calls will replace them.
         let last = CACHE
             .lock()
             .ok()
-            .and_then(|c| c.as_ref().and_then(|m| m.get(&root).cloned()))
+            .and_then(|mut c| {
+                let m = c.as_mut()?;
+                if commit {
+                    m.remove(&root)
+                } else {
+                    m.get(&root).cloned()
+                }
+            })
             .unwrap_or_default();
         Some(Reuse {
             sources,
