@@ -1,32 +1,14 @@
 //! `shardc fmt`: the formatter changes whitespace only, keeps what a program
 //! means, settles in one pass, and refuses files that do not parse.
 
+mod common;
+
 use shardc::world::{self, Options};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn shard_files() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut out = Vec::new();
-    let mut dirs = vec![
-        root.join("models"),
-        root.join("stdlib"),
-        root.join("examples"),
-        root.join("tests"),
-        root.join("benches"),
-    ];
-    while let Some(d) = dirs.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                dirs.push(p);
-            } else if p.extension().is_some_and(|x| x == "shard") {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
+    common::shard_files(&["models", "stdlib", "examples", "tests", "benches"])
 }
 
 /// What a compilation says, without positions (formatting moves columns and

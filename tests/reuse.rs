@@ -6,34 +6,11 @@
 //! everything (every item moves), and a blank line inside the first layer
 //! (that layer's text changes; the items after it move).
 
+mod common;
+
 use shardc::files::Disk;
 use shardc::world::{compile_text, Compilation, Options};
-use std::path::{Path, PathBuf};
-
-fn shard_files() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut files = Vec::new();
-    let mut todo = vec![
-        root.join("models"),
-        root.join("examples"),
-        root.join("tests"),
-    ];
-    while let Some(d) = todo.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                todo.push(p);
-            } else if p.extension().is_some_and(|x| x == "shard") {
-                files.push(p);
-            }
-        }
-    }
-    files.sort();
-    files
-}
+use std::path::Path;
 
 fn compile(path: &Path, text: &str) -> Compilation {
     let opts = Options {
@@ -69,7 +46,7 @@ fn edits(text: &str) -> Vec<(&'static str, String)> {
 fn kept_calls_give_what_a_fresh_check_gives() {
     shardc::reparse::remember();
     shardc::check::remember();
-    let files = shard_files();
+    let files = common::shard_files(&["models", "examples", "tests"]);
     assert!(files.len() > 100, "{} files", files.len());
     let mut compared = 0;
     // Files whose first edit replayed some call, of those that check clean.

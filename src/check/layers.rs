@@ -89,6 +89,20 @@ impl<'p> Checker<'p> {
         Some((inst, out, first_dim, body))
     }
 
+    /// An instance's identity: its label and what it is checked under (the
+    /// mesh by name and sizes, not by its spans, so that the key is the same
+    /// wherever the text moved: `reuse`).
+    fn instance_key(&self, label: &str) -> String {
+        let mesh: Option<(&str, Vec<(&str, i64)>)> = self.mesh.map(|m| {
+            let axes = m.axes.iter().map(|a| (a.0.as_str(), a.1)).collect();
+            (m.name.as_str(), axes)
+        });
+        format!(
+            "{label}|{mesh:?}|{:?}|{}|{}",
+            self.fsdp, self.freezing, self.checkpoint_repeats
+        )
+    }
+
     pub(super) fn instantiate(
         &mut self,
         decl: &Arc<LayerDecl>,
@@ -96,16 +110,7 @@ impl<'p> Checker<'p> {
         label: String,
         site: Span,
     ) -> Option<Arc<Inst>> {
-        // The mesh by name and sizes, not by its spans: an instance's key
-        // is the same wherever the text moved (`reuse`).
-        let mesh: Option<(&str, Vec<(&str, i64)>)> = self.mesh.map(|m| {
-            let axes = m.axes.iter().map(|a| (a.0.as_str(), a.1)).collect();
-            (m.name.as_str(), axes)
-        });
-        let key = format!(
-            "{label}|{mesh:?}|{:?}|{}|{}",
-            self.fsdp, self.freezing, self.checkpoint_repeats
-        );
+        let key = self.instance_key(&label);
         if let Some(i) = self.insts.get(&key) {
             return Some(i.clone());
         }

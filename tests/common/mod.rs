@@ -11,6 +11,26 @@ pub fn temp(suite: &str, name: &str) -> PathBuf {
     d
 }
 
+/// Every `.shard` file under these directories of the repository, sorted.
+#[allow(dead_code)]
+pub fn shard_files(dirs: &[&str]) -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut out = Vec::new();
+    let mut todo: Vec<PathBuf> = dirs.iter().map(|d| root.join(d)).collect();
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if p.extension().is_some_and(|x| x == "shard") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
 /// The losses a run wrote with `--dump-losses`.
 #[allow(dead_code)]
 pub fn losses(path: &Path) -> Vec<f64> {
