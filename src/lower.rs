@@ -12,7 +12,7 @@ use crate::check::{Bodies, Model, Op as BOp, VId};
 use crate::source::Span;
 use crate::spmd::{Fold, Nid, Op, Param, Pipeline, Program};
 use crate::types::TType;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 /// The most repetitions of a layer that lowering unrolls.
 pub const MAX_UNROLL: i64 = 4096;
@@ -29,7 +29,7 @@ pub fn lower(model: &Model, bodies: &Bodies) -> Program {
             batch: model.batch,
             ..Program::default()
         },
-        params: HashMap::new(),
+        params: HashMap::default(),
         path: Vec::new(),
         pipeline: model.pipeline.clone(),
         in_checkpoint: false,
@@ -115,7 +115,7 @@ impl Lowering<'_> {
                 batch: self.prog.batch,
                 ..Program::default()
             },
-            params: HashMap::new(),
+            params: HashMap::default(),
             path: Vec::new(),
             in_checkpoint: false,
             pipeline: None,

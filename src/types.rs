@@ -7,10 +7,15 @@
 use crate::ast::{DType, ReduceOp};
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 /// Sum of `coeff * product(symbols)`; the empty product is the constant term.
+///
+/// Shared, not copied: a type is cloned wherever a value is recorded (binding
+/// types, bodies replayed by the editor's checker), and a polynomial never
+/// changes once built, so a clone is a reference count, not a tree of strings.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct Poly(BTreeMap<Vec<String>, i64>);
+pub struct Poly(Arc<BTreeMap<Vec<String>, i64>>);
 
 impl Poly {
     pub fn constant(c: i64) -> Poly {
@@ -18,12 +23,12 @@ impl Poly {
         if c != 0 {
             m.insert(vec![], c);
         }
-        Poly(m)
+        Poly(Arc::new(m))
     }
     pub fn sym(name: &str) -> Poly {
         let mut m = BTreeMap::new();
         m.insert(vec![name.to_string()], 1);
-        Poly(m)
+        Poly(Arc::new(m))
     }
     pub fn as_const(&self) -> Option<i64> {
         match self.0.len() {
@@ -42,36 +47,36 @@ impl Poly {
         v
     }
     pub fn add(&self, o: &Poly) -> Option<Poly> {
-        let mut m = self.0.clone();
-        for (k, c) in &o.0 {
+        let mut m = (*self.0).clone();
+        for (k, c) in o.0.iter() {
             let e = m.entry(k.clone()).or_insert(0);
             *e = e.checked_add(*c)?;
             if *e == 0 {
                 m.remove(k);
             }
         }
-        Some(Poly(m))
+        Some(Poly(Arc::new(m)))
     }
     pub fn neg(&self) -> Option<Poly> {
         let mut m = BTreeMap::new();
-        for (k, c) in &self.0 {
+        for (k, c) in self.0.iter() {
             m.insert(k.clone(), c.checked_neg()?);
         }
-        Some(Poly(m))
+        Some(Poly(Arc::new(m)))
     }
     pub fn sub(&self, o: &Poly) -> Option<Poly> {
         self.add(&o.neg()?)
     }
     pub fn mul(&self, o: &Poly) -> Option<Poly> {
         let mut out = Poly::default();
-        for (ka, ca) in &self.0 {
-            for (kb, cb) in &o.0 {
+        for (ka, ca) in self.0.iter() {
+            for (kb, cb) in o.0.iter() {
                 let mut k = ka.clone();
                 k.extend(kb.iter().cloned());
                 k.sort();
                 let mut m = BTreeMap::new();
                 m.insert(k, ca.checked_mul(*cb)?);
-                out = out.add(&Poly(m))?;
+                out = out.add(&Poly(Arc::new(m)))?;
             }
         }
         Some(out)
@@ -83,13 +88,13 @@ impl Poly {
                 return None;
             }
             let mut m = BTreeMap::new();
-            for (k, c) in &self.0 {
+            for (k, c) in self.0.iter() {
                 if c.checked_rem(d)? != 0 {
                     return None;
                 }
                 m.insert(k.clone(), c.checked_div(d)?);
             }
-            return Some(Poly(m));
+            return Some(Poly(Arc::new(m)));
         }
         // Division by a single monomial: every term must contain it.
         if o.0.len() != 1 {
@@ -97,7 +102,7 @@ impl Poly {
         }
         let (dk, dc) = o.0.iter().next()?;
         let mut m = BTreeMap::new();
-        for (k, c) in &self.0 {
+        for (k, c) in self.0.iter() {
             if c.checked_rem(*dc)? != 0 {
                 return None;
             }
@@ -108,7 +113,7 @@ impl Poly {
             }
             m.insert(rest, c.checked_div(*dc)?);
         }
-        Some(Poly(m))
+        Some(Poly(Arc::new(m)))
     }
     /// Divisible by `n` for every value of the symbols (all coefficients divisible).
     pub fn divisible_by(&self, n: i64) -> bool {
@@ -119,7 +124,7 @@ impl Poly {
     /// a number (the planner asks this of every dimension of every node).
     pub fn value(&self, env: &BTreeMap<String, Poly>) -> Option<i64> {
         let mut sum = 0i64;
-        for (k, c) in &self.0 {
+        for (k, c) in self.0.iter() {
             let mut term = *c;
             for s in k {
                 match env.get(s).map(Poly::as_const) {
@@ -141,7 +146,7 @@ impl Poly {
             return Some(self.clone());
         }
         let mut out = Poly::default();
-        for (k, c) in &self.0 {
+        for (k, c) in self.0.iter() {
             let mut term = Poly::constant(*c);
             for s in k {
                 let v = env.get(s).cloned().unwrap_or_else(|| Poly::sym(s));

@@ -17,7 +17,7 @@ use crate::prim::matmul::MatMul;
 use crate::prim::Prim;
 use crate::source::Span;
 use crate::types::TType;
-use std::collections::HashSet;
+use rustc_hash::FxHashSet as HashSet;
 use std::sync::Arc;
 
 /// A value of a body, by index.
@@ -113,7 +113,7 @@ impl Bodies {
     /// reads, itself or through the bodies it calls: what it is, and where.
     pub fn reads_state(&self, id: BodyId) -> Option<(String, Span)> {
         let mut todo = vec![id];
-        let mut seen = HashSet::new();
+        let mut seen = HashSet::default();
         while let Some(b) = todo.pop() {
             if !seen.insert(b) {
                 continue;
@@ -674,7 +674,7 @@ impl<'p> Checker<'p> {
     pub(super) fn trace(&self, e: &Expr, scope: &Scope) -> Vec<Label> {
         let mut out: Vec<Label> = Vec::new();
         let mut todo = expr_names(e);
-        let mut seen = HashSet::new();
+        let mut seen = HashSet::default();
         while let Some(n) = todo.pop() {
             if !seen.insert(n.clone()) || out.len() >= 8 {
                 continue;

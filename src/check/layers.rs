@@ -8,7 +8,7 @@ use crate::diag::{did_you_mean, ComputedInitProblem, Problem};
 use crate::prim::rules::expr_to_dim;
 use crate::source::Span;
 use crate::types::{Dim, Poly, TType};
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::Arc;
 
 /// Whether a weight's `init` is an expression computed from sizes and ops
@@ -43,8 +43,12 @@ impl<'p> Checker<'p> {
         decl: &Arc<LayerDecl>,
         batch: Option<i64>,
     ) -> Option<(Arc<Inst>, Val, Vec<Dim>, super::BodyId)> {
-        let inst =
-            self.instantiate(decl, HashMap::new(), decl.name.name.clone(), decl.name.span)?;
+        let inst = self.instantiate(
+            decl,
+            HashMap::default(),
+            decl.name.name.clone(),
+            decl.name.span,
+        )?;
         let Some(fwd) = find_fn(decl, "forward") else {
             self.report(Problem::NoForward {
                 span: decl.name.span,
@@ -136,17 +140,17 @@ impl<'p> Checker<'p> {
             label: label.clone(),
             key: key.clone(),
             env,
-            weights: HashMap::new(),
-            subs: HashMap::new(),
-            poisoned: HashSet::new(),
-            frozen: HashSet::new(),
-            computed: HashMap::new(),
+            weights: HashMap::default(),
+            subs: HashMap::default(),
+            poisoned: HashSet::default(),
+            frozen: HashSet::default(),
+            computed: HashMap::default(),
             checkpoint: None,
         };
         let outer_fsdp = self.fsdp.clone();
         let outer_checkpoint = self.checkpoint_repeats;
         // Members named by `freeze(...)`.
-        let mut freeze: HashSet<String> = HashSet::new();
+        let mut freeze: HashSet<String> = HashSet::default();
         for m in &decl.members {
             if let Member::Directive { name, args, span } = m {
                 match name.name.as_str() {
@@ -183,7 +187,7 @@ impl<'p> Checker<'p> {
             }
         }
         let outer_freezing = self.freezing;
-        let mut member_names: HashMap<String, Span> = HashMap::new();
+        let mut member_names: HashMap<String, Span> = HashMap::default();
         for m in &decl.members {
             let name = match m {
                 Member::Weight { name, .. } | Member::Sub { name, .. } => Some(name),
@@ -348,7 +352,7 @@ impl<'p> Checker<'p> {
     /// value whole (it is computed on each device, before the mesh runs).
     fn computed_init_ok(&mut self, body: super::BodyId, weight: &str, at: Span) -> bool {
         let mut todo = vec![body];
-        let mut seen = HashSet::new();
+        let mut seen = HashSet::default();
         while let Some(b) = todo.pop() {
             if !seen.insert(b) {
                 continue;
@@ -862,7 +866,7 @@ impl<'p> Checker<'p> {
     pub(super) fn validate_type(&mut self, t: &TType, te: &TypeExpr, owner: &str) -> bool {
         let spans: Vec<Span> = te.dims.iter().map(|d| d.span()).collect();
         let span_of = |i: usize| spans.get(i).copied().unwrap_or(te.span);
-        let mut seen: HashMap<&str, usize> = HashMap::new();
+        let mut seen: HashMap<&str, usize> = HashMap::default();
         for (i, d) in t.dims.iter().enumerate() {
             for a in &d.axes {
                 if let Some(&j) = seen.get(a.as_str()) {
@@ -944,7 +948,7 @@ impl<'p> Checker<'p> {
     ) {
         let key = {
             use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
+            let mut h = rustc_hash::FxHasher::default();
             (span, t, scope).hash(&mut h);
             h.finish()
         };

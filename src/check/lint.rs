@@ -8,12 +8,12 @@ use crate::ast::{self, Arg, DimExpr, DimSpec, Expr, ExprKind};
 use crate::diag::Problem;
 use crate::prim::Prim;
 use crate::source::Span;
-use std::collections::HashSet;
+use rustc_hash::FxHashSet as HashSet;
 
 impl Bodies {
     /// The callees of body `id`, transitively, `id` not included.
     fn callees(&self, id: BodyId) -> Vec<BodyId> {
-        let mut seen: HashSet<BodyId> = HashSet::new();
+        let mut seen: HashSet<BodyId> = HashSet::default();
         let mut todo: Vec<BodyId> = self.callees_of(id);
         let mut out = Vec::new();
         while let Some(b) = todo.pop() {
@@ -227,7 +227,7 @@ fn mentions(e: &Expr) -> HashSet<String> {
             }
         }
     }
-    let mut out = HashSet::new();
+    let mut out = HashSet::default();
     go(e, &mut out);
     out
 }

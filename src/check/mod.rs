@@ -29,7 +29,8 @@ use crate::diag::{Diagnostic, Label, Problem};
 use crate::resolve::{Mesh, Program};
 use crate::source::Span;
 use crate::types::{Poly, TType};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// A mesh's axes and their sizes, shared by the type entries checked on it.
@@ -280,24 +281,24 @@ impl<'p> Checker<'p> {
             strict,
             run_f64: flags.f64,
             out: Checked::default(),
-            seen_types: HashMap::new(),
+            seen_types: HashMap::default(),
             mesh_axes: None,
             stack: vec![],
             sites: vec![],
             bound: BTreeMap::new(),
-            insts: HashMap::new(),
+            insts: HashMap::default(),
             fsdp: None,
             freezing: false,
             checkpoint_repeats: false,
             hint: None,
             open: Vec::new(),
             last: None,
-            memo: HashMap::new(),
-            memo_of: HashMap::new(),
+            memo: HashMap::default(),
+            memo_of: HashMap::default(),
             reuse: None,
             weight_log: Vec::new(),
-            used_weights: HashSet::new(),
-            unused_said: HashSet::new(),
+            used_weights: HashSet::default(),
+            unused_said: HashSet::default(),
             arg_ids: Vec::new(),
             in_builtin: false,
         }
@@ -346,7 +347,7 @@ impl<'p> Checker<'p> {
             r.commit();
         }
         // Same problem found through two instantiations: report once.
-        let mut seen = HashSet::new();
+        let mut seen = HashSet::default();
         self.diags
             .retain(|d| seen.insert((d.code, d.primary.span, d.message.clone())));
         (self.diags, self.out)

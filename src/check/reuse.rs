@@ -25,6 +25,7 @@ use super::{Body, BodyId, Checker, Inst, Op, Val};
 use crate::diag::{Diagnostic, Severity};
 use crate::source::{FileId, SourceMap, Span};
 use crate::types::TType;
+use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
@@ -122,16 +123,16 @@ struct Pieces {
     ends: Vec<usize>,
     hashes: Vec<u64>,
     /// Item start by hash; `None` when two items have the same text.
-    at: HashMap<u64, Option<usize>>,
+    at: FxHashMap<u64, Option<usize>>,
 }
 
 /// What a compilation knows to keep and replay: the sources, each file's
 /// items, and each instance's dependency hash.
 pub(super) struct Reuse<'p> {
     sources: &'p SourceMap,
-    pieces: HashMap<FileId, Option<Pieces>>,
-    by_path: HashMap<PathBuf, FileId>,
-    deps: HashMap<String, Option<u64>>,
+    pieces: FxHashMap<FileId, Option<Pieces>>,
+    by_path: FxHashMap<PathBuf, FileId>,
+    deps: FxHashMap<String, Option<u64>>,
     /// Constants, layer names and flags: one hash for the compilation.
     globals: u64,
     /// The root file, the calls its last compilation kept, and those this
@@ -197,9 +198,9 @@ impl<'p> Reuse<'p> {
             .unwrap_or_default();
         Some(Reuse {
             sources,
-            pieces: HashMap::new(),
+            pieces: FxHashMap::default(),
             by_path,
-            deps: HashMap::new(),
+            deps: FxHashMap::default(),
             globals: hash_of(&(consts, layers, flags)),
             root,
             last,
@@ -242,7 +243,7 @@ impl<'p> Reuse<'p> {
                     .zip(&ends)
                     .map(|(s, e)| hash_of(text.get(*s..*e).unwrap_or_default()))
                     .collect();
-                let mut at: HashMap<u64, Option<usize>> = HashMap::new();
+                let mut at: FxHashMap<u64, Option<usize>> = FxHashMap::default();
                 for (h, s) in hashes.iter().zip(&starts) {
                     at.entry(*h).and_modify(|x| *x = None).or_insert(Some(*s));
                 }
@@ -300,17 +301,10 @@ impl<'p> Reuse<'p> {
         Some(format!("{memo}|{deps:x}|{:x}", self.globals))
     }
 
-    fn place(&mut self, span: Span, files: &mut Vec<PathBuf>) -> Option<Place> {
+    fn place(&mut self, span: Span, files: &mut Vec<FileId>) -> Option<Place> {
         if span == Span::default() {
             return Some(Place::Default);
         }
-        let path = self
-            .sources
-            .files()
-            .nth(span.file.0 as usize)?
-            .1
-            .path
-            .clone();
         let p = self.pieces(span.file)?;
         let i = p.starts.partition_point(|s| *s <= span.start as usize);
         let i = i.checked_sub(1)?;
@@ -319,10 +313,10 @@ impl<'p> Reuse<'p> {
             return None;
         }
         let piece = p.hashes[i];
-        let file = match files.iter().position(|f| *f == path) {
+        let file = match files.iter().position(|f| *f == span.file) {
             Some(k) => k,
             None => {
-                files.push(path);
+                files.push(span.file);
                 files.len() - 1
             }
         };
@@ -334,7 +328,12 @@ impl<'p> Reuse<'p> {
         })
     }
 
-    fn span(&mut self, place: Place, files: &[PathBuf]) -> Option<Span> {
+    /// The files of an entry as this compilation numbers them.
+    fn ids(&self, files: &[PathBuf]) -> Vec<Option<FileId>> {
+        files.iter().map(|f| self.by_path.get(f).copied()).collect()
+    }
+
+    fn span(&mut self, place: Place, ids: &[Option<FileId>]) -> Option<Span> {
         let Place::At {
             file,
             piece,
@@ -344,7 +343,7 @@ impl<'p> Reuse<'p> {
         else {
             return Some(Span::default());
         };
-        let id = *self.by_path.get(files.get(file as usize)?)?;
+        let id = (*ids.get(file as usize)?)?;
         let start = (*self.pieces(id)?.at.get(&piece)?)?;
         let start = u32::try_from(start).ok()? + off;
         Some(Span {
@@ -457,6 +456,10 @@ impl Checker<'_> {
             }
             notes.push((d, places));
         }
+        let files = files
+            .iter()
+            .map(|id| Some(reuse.sources.files().nth(id.0 as usize)?.1.path.clone()))
+            .collect::<Option<_>>()?;
         Some(Entry {
             files,
             bodies,
@@ -473,28 +476,29 @@ impl Checker<'_> {
     pub(super) fn replay(&mut self, key: &str, args: &[Span]) -> Option<(BodyId, Val)> {
         let reuse = self.reuse.as_mut()?;
         let e = reuse.last.get(key)?.clone();
+        let files = reuse.ids(&e.files);
         // Everything is placed before anything changes.
         let mut bodies: Vec<Vec<Span>> = Vec::with_capacity(e.bodies.len());
         for (_, _, places, _) in &e.bodies {
             let mut spans = Vec::with_capacity(places.len());
             for p in places {
-                spans.push(reuse.span(*p, &e.files)?);
+                spans.push(reuse.span(*p, &files)?);
             }
             bodies.push(spans);
         }
         let mut types = Vec::with_capacity(e.types.len());
         for t in &e.types {
-            types.push(reuse.span(t.span, &e.files)?);
+            types.push(reuse.span(t.span, &files)?);
         }
         let mut weights = Vec::with_capacity(e.weights.len());
         for w in &e.weights {
-            weights.push(reuse.span(*w, &e.files)?);
+            weights.push(reuse.span(*w, &files)?);
         }
         let mut notes = Vec::with_capacity(e.notes.len());
         for (d, places) in &e.notes {
             let mut d = d.clone();
             for (s, p) in spans_of(&mut d).into_iter().zip(places) {
-                *s = reuse.span(*p, &e.files)?;
+                *s = reuse.span(*p, &files)?;
             }
             notes.push(d);
         }
