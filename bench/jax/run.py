@@ -42,6 +42,8 @@ class Config:
     shardc_rss: list = field(default_factory=list)  # peak RSS of each shardc run, bytes
     tiny_times: list = field(default_factory=list)  # the shrunk program's step times
     tiny_rss: list = field(default_factory=list)    # and its peak RSS
+    shardc_busy: list = field(default_factory=list)  # steady steps beside a busy process (--contended)
+    jax_busy: list = field(default_factory=list)
 
 
 CONFIGS = [
@@ -202,6 +204,24 @@ class Worker:
 # The run
 # --------------------------------------------------------------------------
 
+class Competitor:
+    """A busy process pinned to core 0 (`--contended`): what another user's job
+    does to a shared machine. Started for a run and stopped after it."""
+
+    SPIN = "import os\nos.sched_setaffinity(0, {0})\nwhile True:\n    pass\n"
+
+    def __enter__(self):
+        self.proc = subprocess.Popen([sys.executable, "-c", self.SPIN])
+        time.sleep(0.2)  # pinned and spinning before the run starts
+        if self.proc.poll() is not None:
+            die("the competing busy process exited at once (can it pin itself to core 0?)")
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.kill()
+        self.proc.wait()
+
+
 def check_environment(shardc: str):
     if not (os.path.isfile(shardc) and os.access(shardc, os.X_OK)):
         die(f"no shardc binary at {shardc}: build it with `cargo build --release` "
@@ -239,6 +259,9 @@ def main():
                     help="run only this configuration (repeatable; names: "
                          + ", ".join(c.name for c in CONFIGS) + ")")
     ap.add_argument("--save", help="also write every step time to this JSON file")
+    ap.add_argument("--contended", action="store_true",
+                    help="also run every configuration on both sides with a busy process pinned to core 0, "
+                         "and print how much each side's step time grows")
     a = ap.parse_args()
     shardc = os.path.abspath(a.shardc)
     configs = CONFIGS
@@ -267,15 +290,26 @@ def main():
                     # Alternate which side goes first, so neither always runs
                     # right after the other's heavier configuration.
                     sides = ["shardc", "jax"] if (r + i) % 2 == 0 else ["jax", "shardc"]
-                    for side in sides:
+                    def one(side):
+                        nonlocal seq
                         if side == "shardc":
                             seq += 1
                             times, losses, rss = run_shardc(
                                 shardc, os.path.join(HERE, c.shard), c.mesh, total, tmp, seq)
+                            return times, losses, rss
+                        reply = workers[c.devices].ask(cmd="run", config=c.jax, steps=total)
+                        return reply["times_ms"], reply["losses"], None
+
+                    for side in sides:
+                        if a.contended:
+                            with Competitor():
+                                busy = one(side)[0][a.warmup:]
+                            (c.shardc_busy if side == "shardc" else c.jax_busy).extend(busy)
+                            say(f"round {r + 1}/{a.rounds}  {c.name:<14} {side:<6} median {fmt_ms(statistics.median(busy)):>10}"
+                                f"  beside a busy process")
+                        times, losses, rss = one(side)
+                        if rss is not None:
                             c.shardc_rss.append(rss)
-                        else:
-                            reply = workers[c.devices].ask(cmd="run", config=c.jax, steps=total)
-                            times, losses = reply["times_ms"], reply["losses"]
                         steady = times[a.warmup:]
                         if side == "shardc":
                             c.shardc_times += steady
@@ -324,6 +358,16 @@ def main():
         print(f"  {c.name:<14} " + " ".join(f"{x:.2f}" for x in c.shardc_rounds)
               + "  |  " + " ".join(f"{x:.2f}" for x in c.jax_rounds))
     print("FLOP / step: `shardc plan`'s compute per device per step × devices (the same figure for both sides).")
+    if a.contended:
+        print()
+        print("| configuration | shardc quiet | shardc beside a busy process | growth | JAX quiet | JAX beside a busy process | growth |")
+        print("|---|---|---|---|---|---|---|")
+        for c in configs:
+            sq, sb = statistics.median(c.shardc_times), statistics.median(c.shardc_busy)
+            jq, jb = statistics.median(c.jax_times), statistics.median(c.jax_busy)
+            print(f"| {c.name} | {fmt_ms(sq)} | {fmt_ms(sb)} | {sb / sq:.2f}× | {fmt_ms(jq)} | {fmt_ms(jb)} | {jb / jq:.2f}× |")
+        print("Busy process: a Python loop pinned to core 0, started before each contended run and killed after it; "
+              "each side's contended run comes right before its quiet one in every round.")
     print()
     print("| configuration | shardc peak RSS | the same program shrunk | plan for the devices | plan for the process | RSS / plan for the process | (RSS − shrunk) / plan for the devices |")
     print("|---|---|---|---|---|---|---|")
@@ -346,7 +390,8 @@ def main():
                 {"name": c.name, "flop": c.flop, "shardc_ms": c.shardc_times, "jax_ms": c.jax_times,
                  "shrunk_ms": c.tiny_times, "shardc_rss": c.shardc_rss, "shrunk_rss": c.tiny_rss,
                  "plan_bytes": c.plan_bytes, "devices_bytes": c.devices_bytes,
-                 "shardc_first_loss": c.shardc_first_loss, "jax_first_loss": c.jax_first_loss}
+                 "shardc_first_loss": c.shardc_first_loss, "jax_first_loss": c.jax_first_loss,
+                 "shardc_busy_ms": c.shardc_busy, "jax_busy_ms": c.jax_busy}
                 for c in configs]}, f, indent=1)
 
 
