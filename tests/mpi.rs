@@ -448,3 +448,72 @@ fn each_process_reads_only_its_share_of_a_token_stream() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// `--profile` under MPI: each process timed only its own stage's nodes;
+/// the processes add their times up before the first writes `profile.json`,
+/// so every node the virtual mesh timed is timed (a profile of process 0
+/// alone would have no time for stage 1's blocks), and `shardc plan
+/// --profile` takes it.
+#[test]
+fn an_mpi_run_writes_the_whole_runs_profile() {
+    let _one = serial();
+    let Some(bin) = mpi_shardc() else { return };
+    let dir = temp("profile");
+    let file = "tests/models/t3d_small.shard";
+    let mesh = "dp=1,pp=2,tp=1";
+    let args = |out: &str| -> Vec<String> {
+        [
+            file,
+            "--mesh",
+            mesh,
+            "--steps",
+            "3",
+            "--quiet",
+            "--profile",
+            "--out",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([dir.join(out).display().to_string()])
+        .collect()
+    };
+    let va = args("v");
+    ok(
+        "virtual",
+        &virtual_run(&va.iter().map(String::as_str).collect::<Vec<_>>()),
+    );
+    let ma = args("m");
+    ok(
+        "mpirun -np 2",
+        &mpirun(
+            &bin,
+            2,
+            false,
+            &ma.iter().map(String::as_str).collect::<Vec<_>>(),
+        ),
+    );
+    let timed = |run: &str| -> Vec<bool> {
+        let path = dir.join(run).join("profile.json");
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let v: serde_json::Value = serde_json::from_str(&text).expect("profile JSON");
+        v["nodes"]
+            .as_array()
+            .expect("nodes")
+            .iter()
+            .map(|n| n[0].as_f64().unwrap_or(0.0) > 0.0)
+            .collect()
+    };
+    let (v, m) = (timed("v"), timed("m"));
+    assert!(v.iter().filter(|t| **t).count() > 10, "{v:?}");
+    assert_eq!(v, m, "nodes with a forward time: virtual vs MPI");
+    let plan = Command::new(env!("CARGO_BIN_EXE_shardc"))
+        .current_dir(root())
+        .args(["plan", file, "--mesh", mesh, "--profile"])
+        .arg(dir.join("m").join("profile.json"))
+        .output()
+        .expect("spawn shardc plan");
+    ok("plan --profile", &plan);
+    assert!(String::from_utf8_lossy(&plan.stdout).contains("measured for its nodes"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -857,6 +857,8 @@ impl Ctx<'_> {
         ),
         (slot, stopped_at): Want,
     ) -> ExitCode {
+        // Every process of a run that ended well takes part (a collective).
+        let profile = res.as_ref().ok().and_then(|_| self.profile());
         if !self.lead {
             // The first process reports; the others only say why they stopped.
             return match res {
@@ -934,7 +936,7 @@ impl Ctx<'_> {
             if let Some(table) = crate::runtime::profile::report(&line, here) {
                 eprint!("{table}");
             }
-            self.write_profile(dir);
+            self.write_profile(dir, profile);
         }
         if let Some(line) = self.idle_line(out.pipeline_idle.as_deref()) {
             eprintln!("{line}");

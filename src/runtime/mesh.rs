@@ -116,6 +116,13 @@ pub trait Cluster {
     fn host_barrier(&self) -> std::result::Result<(), String> {
         Ok(())
     }
+    /// Every process's `v` (all of one length), added element by element in
+    /// process order, into `v` on each: host-side figures of the whole run
+    /// (a profile's node times). One process: `v` as it is.
+    fn host_sum(&self, v: &mut [f64]) -> std::result::Result<(), String> {
+        let _ = v;
+        Ok(())
+    }
 }
 
 /// Every device of the mesh on a thread of this process (the default).

@@ -93,6 +93,18 @@ impl Cluster for Mpi {
         self.world.barrier();
         Ok(())
     }
+
+    fn host_sum(&self, v: &mut [f64]) -> std::result::Result<(), String> {
+        let mut all = vec![0.0f64; v.len() * self.size()];
+        self.world.all_gather_into(&v[..], &mut all[..]);
+        v.fill(0.0);
+        for part in all.chunks(v.len().max(1)) {
+            for (x, y) in v.iter_mut().zip(part) {
+                *x += y;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The collectives over MPI. Every group a collective can name (the devices

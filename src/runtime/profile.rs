@@ -176,33 +176,51 @@ fn record(
     }
 }
 
-/// Per program node of `nodes`, milliseconds in its forward and in the two
-/// halves of its backward (see [`time_node`]): the median over the steps
-/// timed (the last [`KEPT`]), so that a step the machine slowed does not
-/// count; and how many steps that is. `None` when not profiling.
-pub fn pass_times(nodes: usize) -> Option<(Vec<[f64; 3]>, usize)> {
+/// Per step timed (the last [`KEPT`]) and per program node of `nodes`,
+/// milliseconds in its forward and in the two halves of its backward (see
+/// [`time_node`]), this process's devices added up. `None` when not
+/// profiling.
+pub fn pass_steps(nodes: usize) -> Option<Vec<Vec<[f64; 3]>>> {
     if !on() {
         return None;
     }
     let g = TABLE.lock().ok()?;
     let t = g.as_ref()?;
-    let steps: Vec<&HashMap<usize, [f64; 3]>> = t
+    let steps = t
         .earlier
         .iter()
         .chain((!t.passes.is_empty()).then_some(&t.passes))
+        .map(|s| {
+            (0..nodes)
+                .map(|n| s.get(&n).map_or([0.0; 3], |a| a.map(|x| x * 1e3)))
+                .collect()
+        })
         .collect();
+    Some(steps)
+}
+
+/// Per node, the median over `steps` (as [`pass_steps`] gives them) of each
+/// of its three times, so that a step the machine slowed does not count.
+pub fn medians(steps: &[Vec<[f64; 3]>], nodes: usize) -> Vec<[f64; 3]> {
     let mut out = vec![[0.0; 3]; nodes];
     for (n, o) in out.iter_mut().enumerate() {
         for (k, x) in o.iter_mut().enumerate() {
             let mut v: Vec<f64> = steps
                 .iter()
-                .map(|s| s.get(&n).map_or(0.0, |a| a[k] * 1e3))
+                .map(|s| s.get(n).map_or(0.0, |a| a[k]))
                 .collect();
             v.sort_by(f64::total_cmp);
             *x = v.get(v.len() / 2).copied().unwrap_or(0.0);
         }
     }
-    Some((out, steps.len()))
+    out
+}
+
+/// Per program node of `nodes`, the median milliseconds of [`medians`], and
+/// how many steps were timed. `None` when not profiling.
+pub fn pass_times(nodes: usize) -> Option<(Vec<[f64; 3]>, usize)> {
+    let steps = pass_steps(nodes)?;
+    Some((medians(&steps, nodes), steps.len()))
 }
 
 /// The table `--profile` prints at the end of a run: ops by total time, then

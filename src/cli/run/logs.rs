@@ -93,25 +93,38 @@ impl Ctx<'_> {
 }
 
 impl Ctx<'_> {
-    /// `--profile`: each node's measured times to `profile.json` in the run
-    /// directory, for `shardc plan --profile` (see [`crate::plan::measured`]).
-    /// Only a run in one process holds every device's times.
-    pub(super) fn write_profile(&self, dir: &std::path::Path) {
-        let Some((nodes, steps)) = crate::runtime::profile::pass_times(self.prog.nodes.len())
-        else {
-            return;
-        };
+    /// `--profile`: each node's measured times, for `shardc plan --profile`
+    /// (see [`crate::plan::measured`]); `Some` on the first process. Every
+    /// process of the run calls it: each timed only its own devices, and
+    /// their times are added up, step by step, before the medians are taken
+    /// (as one process adds its devices').
+    pub(super) fn profile(&self) -> Option<crate::plan::measured::Profile> {
+        let n = self.prog.nodes.len();
+        let mut per_step = crate::runtime::profile::pass_steps(n)?;
         if self.processes > 1 {
-            eprintln!("profile: not written to `profile.json`: this process timed only its own devices of {}", self.processes);
-            return;
+            if let Err(why) = self.sum_over_processes(&mut per_step) {
+                if self.lead {
+                    eprintln!("profile: not written to `profile.json`: {why}");
+                }
+                return None;
+            }
         }
-        let profile = crate::plan::measured::Profile {
+        self.lead.then(|| crate::plan::measured::Profile {
             format: crate::plan::measured::FORMAT.into(),
             model: self.prog.model.clone(),
             program: crate::plan::measured::fingerprint(self.prog),
-            steps,
-            nodes,
-        };
+            steps: per_step.len(),
+            nodes: crate::runtime::profile::medians(&per_step, n),
+        })
+    }
+
+    /// Writes [`Ctx::profile`]'s result to `profile.json` in the run directory.
+    pub(super) fn write_profile(
+        &self,
+        dir: &std::path::Path,
+        profile: Option<crate::plan::measured::Profile>,
+    ) {
+        let Some(profile) = profile else { return };
         let path = dir.join("profile.json");
         let json = serde_json::to_string(&profile).unwrap_or_default();
         match crate::files::write_replace(&path, json.as_bytes()) {
@@ -122,6 +135,32 @@ impl Ctx<'_> {
             ),
             Err(e) => eprintln!("warning: could not write `{}`: {e}", path.display()),
         }
+    }
+
+    /// Each process's per-step node times added up over the run's
+    /// processes (a collective: every process calls it). The processes must
+    /// have timed as many steps: the count is checked first (its sum and
+    /// the sum of its square both say so only when every count is equal).
+    fn sum_over_processes(&self, per_step: &mut [Vec<[f64; 3]>]) -> Result<(), String> {
+        let cluster = self.procs.cluster();
+        let len = per_step.len() as f64;
+        let mut counts = [len, len * len];
+        cluster.host_sum(&mut counts)?;
+        let p = self.processes as f64;
+        if counts[0] != len * p || counts[1] != len * len * p {
+            return Err("the processes timed different numbers of steps".into());
+        }
+        let mut flat: Vec<f64> = per_step.iter().flatten().flatten().copied().collect();
+        cluster.host_sum(&mut flat)?;
+        let mut it = flat.into_iter();
+        for step in per_step.iter_mut() {
+            for node in step.iter_mut() {
+                for x in node.iter_mut() {
+                    *x = it.next().unwrap_or(0.0);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// A pipelined run's measured idle share per rank beside the plan's
