@@ -931,3 +931,68 @@ fn plan_times_a_pipeline_with_a_profile() {
     assert_eq!(bad.status.code(), Some(2), "{bad:?}");
     assert!(String::from_utf8_lossy(&bad.stderr).contains("is not a profile"));
 }
+
+/// A checkpointed block's recompute runs inside the backward pass, and the
+/// profile says so: the forward runs each op as often as without
+/// checkpointing (its recompute is not counted as forward, where a
+/// pipeline's timing would put it in the wrong pass), and the backward runs
+/// them more often (the recompute). Call counts, not times.
+#[test]
+fn a_recompute_is_profiled_in_the_backward_pass() {
+    let dir = temp("profile-recompute");
+    let plain = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/models/t3d_small.shard"),
+    )
+    .expect("t3d_small");
+    let checkpointed = plain.replace("microbatches: 4)", "microbatches: 4, checkpoint: full)");
+    assert_ne!(plain, checkpointed);
+    // Calls per step of each (phase, op) row of the profile table.
+    let calls = |name: &str, text: &str| -> std::collections::BTreeMap<(String, String), f64> {
+        let file = dir.join(name);
+        std::fs::write(&file, text).expect("write");
+        let out = shardc()
+            .arg("run")
+            .arg(&file)
+            .args(["--steps", "3", "--quiet", "--profile", "--out"])
+            .arg(dir.join(format!("run-{name}")))
+            .output()
+            .expect("spawn");
+        assert!(out.status.success(), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        err.lines()
+            .skip_while(|l| !l.contains("calls/step"))
+            .skip(1)
+            .take_while(|l| !l.contains("slowest nodes"))
+            .filter_map(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                let n = w.len();
+                (n >= 5).then(|| {
+                    let op = w[1..n - 3].join(" ");
+                    ((w[0].to_string(), op), w[n - 3].parse().unwrap_or(f64::NAN))
+                })
+            })
+            .collect()
+    };
+    let (a, b) = (
+        calls("plain.shard", &plain),
+        calls("ck.shard", &checkpointed),
+    );
+    let phase =
+        |m: &std::collections::BTreeMap<(String, String), f64>, p: &str| -> Vec<(String, f64)> {
+            m.iter()
+                .filter(|(k, _)| k.0 == p)
+                .map(|(k, v)| (k.1.clone(), *v))
+                .collect()
+        };
+    assert!(phase(&a, "forward").len() > 3, "{a:?}");
+    assert_eq!(
+        phase(&a, "forward"),
+        phase(&b, "forward"),
+        "forward calls per step"
+    );
+    let back = |m: &std::collections::BTreeMap<(String, String), f64>| -> f64 {
+        phase(m, "backward").iter().map(|x| x.1).sum()
+    };
+    assert!(back(&b) > back(&a), "backward calls: {a:?} vs {b:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -346,6 +346,21 @@ impl Exec<'_> {
         dropout_seed: Option<u64>,
         which: &dyn Fn(usize) -> bool,
     ) -> Result<(), OpError> {
+        self.forward_nodes(tape, range, dropout_seed, which, None)
+    }
+
+    /// [`Exec::forward_where`], profiled as forward (`share` `None`) or, for
+    /// a checkpointed block recomputed inside the backward pass, as part of
+    /// the backward's input half (`Some(0.0)`: the recompute precedes the
+    /// block's input gradient, and a pipeline's timing puts it there).
+    fn forward_nodes(
+        &self,
+        tape: &mut Tape,
+        range: std::ops::Range<usize>,
+        dropout_seed: Option<u64>,
+        which: &dyn Fn(usize) -> bool,
+        share: Option<f64>,
+    ) -> Result<(), OpError> {
         for i in range.filter(|i| which(*i)) {
             let node = &self.prog.nodes[i];
             let Op::Prim(p) = &node.op else { continue };
@@ -356,7 +371,7 @@ impl Exec<'_> {
                 .map(|k| &self.prog.nodes[*k as usize].ty)
                 .collect();
             let prim = p.get();
-            let f = profile::time_node(&self.dev, prim.name(), i, None, || {
+            let f = profile::time_node(&self.dev, prim.name(), i, share, || {
                 self.run_forward(prim, self.kernel(i, dropout_seed), &args, &types, &node.ty)
             })
             .map_err(|fault| OpError {
@@ -513,7 +528,7 @@ impl Exec<'_> {
         for (a, b, ck) in parts.into_iter().rev() {
             if ck {
                 // Only what was dropped runs again.
-                self.forward_where(tape, a..b, dropout_seed, &|i| dropped[i])?;
+                self.forward_nodes(tape, a..b, dropout_seed, &|i| dropped[i], Some(0.0))?;
                 // Activations, and the parameters the block gathered again.
                 let (mut acts, mut gathered) = (0.0, 0.0);
                 for i in (a..b).filter(|i| dropped[*i]) {
