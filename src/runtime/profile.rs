@@ -39,19 +39,62 @@ impl Phase {
     }
 }
 
+/// What one step, or the steps after the first, recorded.
 #[derive(Default)]
-struct Table {
+struct Part {
     /// Per (phase, op or part): calls and time.
     by_op: HashMap<(Phase, &'static str), (u64, Duration)>,
     /// Per program node (forward and backward together): time.
     by_node: HashMap<(usize, &'static str), (u64, Duration)>,
-    /// Per program node: seconds in its forward, and in its derivatives
-    /// toward data and toward weights (the pipeline's input- and
-    /// weight-gradient halves), this step; and in the steps before (the
-    /// last [`KEPT`]), for [`pass_times`].
-    passes: HashMap<usize, [f64; 3]>,
-    earlier: std::collections::VecDeque<HashMap<usize, [f64; 3]>>,
-    steps: usize,
+}
+
+/// Every record is filed under the step its device was in ([`device_step`]):
+/// the devices of a process do not begin a step together (one may still run
+/// the last step's optimizer or eval while another has begun the next), so
+/// a step's boundary on one device is not the others'.
+#[derive(Default)]
+struct Table {
+    /// The first step any device recorded (kernel loading, first touches of
+    /// memory): left out when there are more.
+    first: Option<usize>,
+    first_part: Part,
+    /// The steps after the first, added up.
+    later: Part,
+    /// The last step recorded.
+    last: usize,
+    /// Per step (the last [`KEPT`] + 1) and program node: seconds in its
+    /// forward, and in its derivatives toward data and toward weights (the
+    /// pipeline's input- and weight-gradient halves), for [`pass_steps`].
+    passes: std::collections::BTreeMap<usize, HashMap<usize, [f64; 3]>>,
+}
+
+impl Table {
+    /// The steps the figures cover: those after the first when there are
+    /// more, else the first.
+    fn steps(&self) -> usize {
+        match self.first {
+            Some(f) if self.last > f => self.last - f,
+            Some(_) => 1,
+            None => 0,
+        }
+    }
+    fn part(&self) -> &Part {
+        match self.first {
+            Some(f) if self.last > f => &self.later,
+            _ => &self.first_part,
+        }
+    }
+}
+
+thread_local! {
+    /// The step this thread's device is in ([`device_step`]); `None` on a
+    /// thread that runs no device (its records go with the last step).
+    static STEP: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// Every device's thread says which step it begins.
+pub fn device_step(step: usize) {
+    STEP.with(|s| s.set(Some(step)));
 }
 
 /// Steps whose node times [`pass_times`] takes the median of.
@@ -73,28 +116,6 @@ pub fn disable() {
 /// Whether `--profile` is on.
 pub fn on() -> bool {
     ON.load(Ordering::Relaxed)
-}
-
-/// A step begins on the process's first device: the table restarts at the
-/// second step, so the first step's kernel loading is not counted.
-pub fn step_started(step: usize) {
-    if !on() {
-        return;
-    }
-    if let Ok(mut g) = TABLE.lock() {
-        let t = g.get_or_insert_with(Table::default);
-        if step == 1 {
-            *t = Table::default();
-        }
-        if !t.passes.is_empty() {
-            let done = std::mem::take(&mut t.passes);
-            t.earlier.push_back(done);
-            if t.earlier.len() > KEPT {
-                t.earlier.pop_front();
-            }
-        }
-        t.steps += 1;
-    }
 }
 
 /// Run `f`, timing it between two synchronisations of `dev` when profiling,
@@ -156,15 +177,23 @@ fn record(
 ) {
     let Ok(mut g) = TABLE.lock() else { return };
     let t = g.get_or_insert_with(Table::default);
-    let e = t.by_op.entry((phase, what)).or_default();
+    let step = STEP.with(|s| s.get()).unwrap_or(t.last);
+    let first = *t.first.get_or_insert(step);
+    t.last = t.last.max(step);
+    let part = if step == first {
+        &mut t.first_part
+    } else {
+        &mut t.later
+    };
+    let e = part.by_op.entry((phase, what)).or_default();
     e.0 += 1;
     e.1 += d;
     let Some(n) = node else { return };
-    let e = t.by_node.entry((n, what)).or_default();
+    let e = part.by_node.entry((n, what)).or_default();
     e.0 += 1;
     e.1 += d;
     let secs = d.as_secs_f64();
-    let e = t.passes.entry(n).or_default();
+    let e = t.passes.entry(step).or_default().entry(n).or_default();
     match pass {
         None => {}
         Some(None) => e[0] += secs,
@@ -173,6 +202,9 @@ fn record(
             e[1] += secs * (1.0 - w);
             e[2] += secs * w;
         }
+    }
+    while t.passes.len() > KEPT + 1 {
+        t.passes.pop_first();
     }
 }
 
@@ -186,10 +218,15 @@ pub fn pass_steps(nodes: usize) -> Option<Vec<Vec<[f64; 3]>>> {
     }
     let g = TABLE.lock().ok()?;
     let t = g.as_ref()?;
+    // The first step is left out when there are more.
+    let skip = usize::from(t.passes.len() > 1 && t.first == t.passes.keys().next().copied());
     let steps = t
-        .earlier
-        .iter()
-        .chain((!t.passes.is_empty()).then_some(&t.passes))
+        .passes
+        .values()
+        .skip(skip)
+        .rev()
+        .take(KEPT)
+        .rev()
         .map(|s| {
             (0..nodes)
                 .map(|n| s.get(&n).map_or([0.0; 3], |a| a.map(|x| x * 1e3)))
@@ -233,8 +270,9 @@ pub fn report(line: &dyn Fn(usize) -> String, devices: usize) -> Option<String> 
     }
     let g = TABLE.lock().ok()?;
     let t = g.as_ref()?;
-    let steps = t.steps.max(1) as f64;
-    let total: Duration = t.by_op.values().map(|v| v.1).sum();
+    let (part, timed) = (t.part(), t.steps());
+    let steps = timed.max(1) as f64;
+    let total: Duration = part.by_op.values().map(|v| v.1).sum();
     let ms = |d: Duration| d.as_secs_f64() * 1e3 / steps;
     let over = if devices > 1 {
         format!(", summed over this process's {devices} devices (each op's time includes waiting for the others)")
@@ -244,10 +282,10 @@ pub fn report(line: &dyn Fn(usize) -> String, devices: usize) -> Option<String> 
     let mut out = format!(
         "profile: {:.1} ms per step over {} step(s){over}; each op timed between two device synchronisations\n",
         ms(total),
-        t.steps
+        timed
     );
     out.push_str("  phase     op                        calls/step   ms/step   share\n");
-    let mut rows: Vec<_> = t.by_op.iter().collect();
+    let mut rows: Vec<_> = part.by_op.iter().collect();
     rows.sort_by(|a, b| b.1 .1.cmp(&a.1 .1).then(a.0.cmp(b.0)));
     for ((phase, what), (n, d)) in rows {
         out.push_str(&format!(
@@ -259,7 +297,7 @@ pub fn report(line: &dyn Fn(usize) -> String, devices: usize) -> Option<String> 
             100.0 * d.as_secs_f64() / total.as_secs_f64().max(1e-12)
         ));
     }
-    let mut nodes: Vec<_> = t.by_node.iter().collect();
+    let mut nodes: Vec<_> = part.by_node.iter().collect();
     nodes.sort_by(|a, b| b.1 .1.cmp(&a.1 .1).then(a.0.cmp(b.0)));
     out.push_str("  slowest nodes (forward + backward):\n");
     for ((n, what), (_, d)) in nodes.into_iter().take(12) {

@@ -260,9 +260,7 @@ impl<'r, 'a> Worker<'r, 'a> {
     fn step(&mut self, step: usize) -> Result<(), RunError> {
         let run = self.run;
         let cfg = run.cfg;
-        if Some(&self.rank) == run.local_ranks.first() {
-            profile::step_started(step);
-        }
+        profile::device_step(step);
         let dev = self.ex.dev.clone();
         let batch = profile::time(&dev, Phase::Step, "batch", None, || {
             run.batches.get(step, &|s| run.batch_at(s))
