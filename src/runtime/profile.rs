@@ -97,7 +97,7 @@ pub fn device_step(step: usize) {
     STEP.with(|s| s.set(Some(step)));
 }
 
-/// Steps whose node times [`pass_times`] takes the median of.
+/// Steps whose node times [`pass_steps`] gives (and [`pass_times`] takes the median of).
 const KEPT: usize = 64;
 
 /// Turn profiling on for this process (`--profile`).

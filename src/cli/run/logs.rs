@@ -152,13 +152,8 @@ impl Ctx<'_> {
         }
         let mut flat: Vec<f64> = per_step.iter().flatten().flatten().copied().collect();
         cluster.host_sum(&mut flat)?;
-        let mut it = flat.into_iter();
-        for step in per_step.iter_mut() {
-            for node in step.iter_mut() {
-                for x in node.iter_mut() {
-                    *x = it.next().unwrap_or(0.0);
-                }
-            }
+        for (x, v) in per_step.iter_mut().flatten().flatten().zip(flat) {
+            *x = v;
         }
         Ok(())
     }
