@@ -5,7 +5,7 @@
 //! earlier ones (`tests/stages.rs` enforces this list); each stage returns one
 //! typed result to the next, and [`world::compile`] drives them.
 //!
-//! 0. foundation: [`source`], [`diag`], [`units`], [`files`], [`access`], [`arrays`], [`heap`], [`kernels`], [`fault`]
+//! 0. foundation: [`source`], [`diag`], [`units`], [`files`], [`access`], [`arrays`], [`heap`], [`pool`], [`kernels`], [`fault`]
 //! 1. syntax: [`ast`], [`parse`], [`reparse`], [`fmt`]
 //! 2. core: [`types`], [`mesh`], [`init`], [`embed`], [`vocab`], [`schedule`]
 //! 3. resolve: [`resolve`]
@@ -56,6 +56,7 @@ pub mod mesh;
 pub mod optim;
 pub mod parse;
 pub mod plan;
+pub mod pool;
 pub mod prim;
 pub mod reparse;
 pub mod resolve;

@@ -1,11 +1,13 @@
-//! f32 products shared between the cores a device has, through candle's own
-//! worker pool. candle hands a product to gemm on one thread below gemm's
-//! threading threshold (which `runtime::mesh::share_cores` raises, because
-//! gemm's threads wake through rayon: on this VM `rayon::join` of two 5 µs
-//! tasks took 25–56 µs after an idle gap, against products of about 110 µs).
-//! candle's pool is already awake (it spins between the elementwise ops it
-//! runs), so a product split in two over it costs about half: the classifier's
-//! `[32, 784] @ [784, 512]` took 114 µs whole and 58 µs in halves.
+//! f32 products shared between the cores a device has, through shardc's
+//! worker pool ([`crate::pool`]). candle hands a product to gemm on one
+//! thread below gemm's threading threshold (which `runtime::mesh::share_cores`
+//! raises, because gemm's threads wake through rayon: on this VM
+//! `rayon::join` of two 5 µs tasks took 25–56 µs after an idle gap, against
+//! products of about 110 µs). The pool's helpers spin a while after each job,
+//! so a product split over them costs about half: the classifier's
+//! `[32, 784] @ [784, 512]` took 114 µs whole and 58 µs in halves. A product
+//! is cut in several parts per thread, which the threads take as they get to
+//! them, so a thread on a core another process holds delays one small part.
 //!
 //! The bits are gemm's own: each part is the same gemm call on a block of the
 //! output, and gemm's depth blocking depends on `k` alone, so every element
@@ -13,11 +15,14 @@
 //! with candle's product).
 
 use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Multiply-adds from which a product is split (below, the hand-off costs
 /// more than half the product).
 const SPLIT_FROM: usize = 1 << 21;
+/// Parts per thread of a split product.
+const PER_THREAD: usize = 4;
+/// The fewest multiply-adds a part of a split product has.
+const PART_FROM: usize = 1 << 19;
 
 /// `a @ b` (rank 2, or rank 3 with equal batch dims), split over the worker
 /// pool when the device has more than one thread and the product is large
@@ -34,7 +39,7 @@ pub fn mm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         && b.dtype() == DType::F32
         && a.device().is_cpu()
         && b.device().is_cpu()
-        && candle_core::utils::get_num_threads() > 1;
+        && crate::pool::threads() > 1;
     if split {
         a.apply_op2_no_bwd(b, &Split)
     } else {
@@ -98,6 +103,20 @@ fn rows_apart(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     } else {
         a.contiguous()
     }
+}
+
+/// gemm picks its algorithm and its depth blocking from a product's shape:
+/// a product of at most 256 elements, one with a single row or column, and
+/// one of at most 64 × 64 each sum in their own order (a 64 × 64 one blocks
+/// the depth by 512, a larger one from the cache sizes and the depth alone).
+/// Parts of `other` × `block` (and a last one of `other` × `rest`, where
+/// `rest` is not 0) sum like the whole `other` × `len` when they fall in the
+/// same class; the order of `other` and the blocked side does not matter to
+/// these tests.
+fn same_path(other: usize, block: usize, rest: usize, len: usize) -> bool {
+    let class = |a: usize, b: usize| (a * b <= 256, a <= 1 || b <= 1, a <= 64 && b <= 64);
+    let whole = class(other, len);
+    class(other, block) == whole && (rest == 0 || class(other, rest) == whole)
 }
 
 /// The split product as a candle op (candle takes the operands' locks).
@@ -197,15 +216,27 @@ impl CustomOp2 for Split {
         if nb * m * n == 0 || k == 0 {
             return Ok((CpuStorage::F32(out), shape));
         }
-        let pool = candle_core::utils::barrier_pool();
-        let threads = candle_core::utils::get_num_threads().max(1);
+        let threads = crate::pool::threads();
         // Whole batch items per part when there are enough; else each item
-        // in `threads` blocks along the longer of its rows and columns, in
-        // multiples of 16 (a vector of f32).
-        let per_item = if nb >= threads { 1 } else { threads };
+        // in blocks along the longer of its rows and columns, in multiples of
+        // 16 (a vector of f32): [`PER_THREAD`] per thread, of at least
+        // [`PART_FROM`] multiply-adds, so a thread that falls behind (a core
+        // shared with another process) holds up only a small part.
+        let per_item = if nb >= threads * PER_THREAD {
+            1
+        } else {
+            let most = (m * n * k / PART_FROM).max(1);
+            (threads * PER_THREAD).div_ceil(nb).min(most)
+        };
         let along_n = n >= m;
         let len = if along_n { n } else { m };
-        let block = len.div_ceil(per_item).next_multiple_of(16).min(len);
+        let other = if along_n { m } else { n };
+        let mut block = len.div_ceil(per_item).next_multiple_of(16).min(len);
+        // Wider blocks until every part takes gemm's path for the whole.
+        while block < len && !same_path(other, block, len % block, len) {
+            block += 16;
+        }
+        let block = block.min(len);
         let blocks = len.div_ceil(block);
         let parts = nb * blocks;
         let p = Ptrs {
@@ -213,12 +244,7 @@ impl CustomOp2 for Split {
             b: vb.as_ptr(),
             out: out.as_mut_ptr(),
         };
-        let next = AtomicUsize::new(0);
-        pool.execute(|_| loop {
-            let part = next.fetch_add(1, Ordering::Relaxed);
-            if part >= parts {
-                break;
-            }
+        crate::pool::run(parts, &|part| {
             let (item, blk) = (part / blocks, part % blocks);
             let lo = blk * block;
             let hi = (lo + block).min(len);
@@ -272,6 +298,8 @@ mod tests {
     /// and blocks along rows and along columns.
     #[test]
     fn split_products_have_candles_bits() {
+        // Parts over two threads (a pool helper and the caller).
+        crate::pool::set_threads(2);
         let dev = Device::Cpu;
         let wave = |n: usize, k: f64| -> Tensor {
             let v: Vec<f32> = (0..n)
@@ -293,7 +321,15 @@ mod tests {
             assert_eq!(got.dims(), want.dims(), "{what}");
             assert_eq!(bits(&got), bits(&want), "{what}");
         };
-        for (m, k, n) in [(32, 784, 512), (784, 32, 512), (300, 70, 20), (5, 3, 100)] {
+        for (m, k, n) in [
+            (32, 784, 512),
+            (784, 32, 512),
+            (300, 70, 20),
+            (5, 3, 100),
+            (16, 4096, 1040),
+            (2, 2048, 1025),
+            (1100, 1024, 16),
+        ] {
             let a = wave(m * k, 0.0).reshape((m, k)).expect("a");
             let b = wave(k * n, 9.0).reshape((k, n)).expect("b");
             check(&a, &b, &format!("{m}x{k}x{n}"));

@@ -76,24 +76,39 @@ impl Barrier {
     }
 }
 
-/// candle's CPU kernels split each matmul over `RAYON_NUM_THREADS` threads. The
-/// devices of a mesh already run at once, so each gets its share of the cores
-/// (on 2 cores, 8 devices with 2 threads each ran 2-3× slower than with 1).
-/// A value the user set is kept. Called before this process starts threads.
+/// Each device's share of the cores this process gets (`available_parallelism`:
+/// its CPU affinity and cgroup quota): the devices of a mesh already run at
+/// once (on 2 cores, 8 devices with 2 threads each ran 2-3× slower than with
+/// 1). A `RAYON_NUM_THREADS` the user set is kept. Called before this process
+/// starts threads.
 ///
-/// A device that does get several threads splits its products from 2²¹
-/// multiply-adds over candle's worker pool (`prim::matmul_split`: 114 → 58 µs
-/// for the classifier's [32, 784] @ [784, 512]). gemm's own threads stay off
-/// below 2²⁴ for the products that do not pass there: they wake through rayon,
-/// and that product took 82-164 µs on 2 of them against a steady 110 µs on 1.
+/// A device that gets several threads splits its products from 2²¹
+/// multiply-adds over shardc's worker pool (`prim::matmul_split`,
+/// [`crate::pool`]), which never waits for a helper that has not started.
+/// candle's own pool is left without workers (`CANDLE_NUM_THREADS=1` unless
+/// set): it waits for every worker to check in, and beside a busy process a
+/// worker on the busy core held each op up for its time slice (1-device steps
+/// 1.9-2.0× slower, against 1.1× on shardc's pool). gemm's own threads stay
+/// off below 2²⁴ for the products that do not pass there: they wake through
+/// rayon, and the classifier's [32, 784] @ [784, 512] took 82-164 µs on 2 of
+/// them against a steady 110 µs on 1.
 pub fn share_cores(devices_here: usize) {
     gemm::set_threading_threshold(ONE_THREAD_BELOW);
-    if std::env::var_os("RAYON_NUM_THREADS").is_some() {
-        return;
+    let set = std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|n| *n > 0);
+    let each = set.unwrap_or_else(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (cores / devices_here.max(1)).max(1)
+    });
+    if set.is_none() {
+        std::env::set_var("RAYON_NUM_THREADS", each.to_string());
     }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let each = (cores / devices_here.max(1)).max(1);
-    std::env::set_var("RAYON_NUM_THREADS", each.to_string());
+    crate::pool::set_threads(each);
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        std::env::set_var("CANDLE_NUM_THREADS", "1");
+    }
 }
 
 /// Multiply-adds per gemm block (rows × a column panel × a depth panel) below
