@@ -29,6 +29,10 @@ use std::time::{Duration, Instant};
 /// not to hold a shared core.
 const SPIN: Duration = Duration::from_micros(200);
 
+/// Parts per thread a job is cut in ([`ranges`]): enough that a thread on a
+/// core another process holds delays only a small one.
+pub const PER_THREAD: usize = 4;
+
 /// A job's parts, run by `f`, and who has claimed and finished them.
 struct Job {
     /// The caller's closure, borrowed for the job's life: it is called only
@@ -142,6 +146,22 @@ fn helper(asleep: &AtomicBool) {
             job.work();
         }
     }
+}
+
+/// `0..n` (items of `work` each) in consecutive ranges, one per part of a
+/// job: [`PER_THREAD`] per thread of the pool, each of at least `min_work`;
+/// one range when the pool has one thread.
+pub fn ranges(n: usize, work: usize, min_work: usize) -> Vec<std::ops::Range<usize>> {
+    let threads = threads();
+    let most = (n.saturating_mul(work) / min_work.max(1)).clamp(1, n.max(1));
+    let parts = if threads <= 1 {
+        1
+    } else {
+        (threads * PER_THREAD).min(most)
+    };
+    (0..parts)
+        .map(|p| p * n / parts..(p + 1) * n / parts)
+        .collect()
 }
 
 /// Run `f(0)`, …, `f(parts - 1)`, each once, over this thread and the

@@ -11,6 +11,9 @@
 
 use super::unary_fast::exp;
 use candle_core::{CpuStorage, Device, Result, Storage, Tensor, D};
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 /// `f` of the contiguous f32 values of `t` (read in place), or `None`.
 fn with_f32<T>(t: &Tensor, f: impl FnOnce(&[f32]) -> T) -> Option<T> {
@@ -32,19 +35,23 @@ fn with_f32<T>(t: &Tensor, f: impl FnOnce(&[f32]) -> T) -> Option<T> {
 /// the adds run as independent vector chains rather than one serial one.
 const LANES: usize = 32;
 
-/// Appends `exp(x − m)` of the row `x` to `out`; returns their sum in the
-/// order [`LANES`] gives.
-fn exp_row(x: &[f32], m: f32, out: &mut Vec<f32>) -> f32 {
+/// Writes `exp(x − m)` of the row `x` to `out` (as long as `x`); returns
+/// their sum in the order [`LANES`] gives.
+fn exp_row(x: &[f32], m: f32, out: &mut [MaybeUninit<f32>]) -> f32 {
     let mut acc = [0f32; LANES];
+    let whole = x.len() - x.len() % LANES;
+    let (body, tail_out) = out.split_at_mut(whole.min(out.len()));
     let chunks = x.chunks_exact(LANES);
     let tail = chunks.remainder();
-    for c in chunks {
+    for (c, o) in chunks.zip(body.chunks_exact_mut(LANES)) {
         let mut e = [0f32; LANES];
         for j in 0..LANES {
             e[j] = exp(c[j] - m);
             acc[j] += e[j];
         }
-        out.extend_from_slice(&e);
+        for j in 0..LANES {
+            o[j].write(e[j]);
+        }
     }
     let mut w = LANES;
     while w > 1 {
@@ -54,12 +61,54 @@ fn exp_row(x: &[f32], m: f32, out: &mut Vec<f32>) -> f32 {
         }
     }
     let mut s = acc[0];
-    for i in tail {
+    for (i, o) in tail.iter().zip(tail_out) {
         let e = exp(*i - m);
-        out.push(e);
+        o.write(e);
         s += e;
     }
     s
+}
+
+/// Elements of logits per part of a pass shared over the worker pool
+/// ([`crate::pool`]); rows are independent, so the bits do not depend on it.
+const PART: usize = 1 << 15;
+
+/// A part of a row pass: its first row, its row count, its output.
+type RowsFn<'a> = dyn Fn(usize, usize, &mut [MaybeUninit<f32>]) + Sync + 'a;
+
+/// `f(first row, rows, out)` over `rows` rows of `v` elements, each part of
+/// the rows on whichever pool thread takes it, `out` the part's elements of
+/// a `rows × v` output; the output, once every element is written.
+fn by_rows(
+    rows: usize,
+    v: usize,
+    f: &RowsFn<'_>,
+) -> Option<Vec<f32>> {
+    let mut out: Vec<f32> = Vec::with_capacity(rows * v);
+    let ranges = crate::pool::ranges(rows, v, PART);
+    let mut parts = Vec::with_capacity(ranges.len());
+    let mut rest = &mut out.spare_capacity_mut()[..rows * v];
+    for r in ranges {
+        let (mine, after) = std::mem::take(&mut rest).split_at_mut(r.len() * v);
+        rest = after;
+        parts.push(Mutex::new((r, mine)));
+    }
+    let written = AtomicUsize::new(0);
+    crate::pool::run(parts.len(), &|p| {
+        if let Some(Ok(mut g)) = parts.get(p).map(Mutex::lock) {
+            let (r, mine) = &mut *g;
+            f(r.start, r.len(), mine);
+            written.fetch_add(r.len(), Ordering::Relaxed);
+        }
+    });
+    drop(parts);
+    if written.load(Ordering::Relaxed) != rows {
+        return None;
+    }
+    // SAFETY: every part wrote all of its rows' elements (`f`'s contract),
+    // the parts cover the rows, and all of them ran (the count above).
+    unsafe { out.set_len(rows * v) };
+    Some(out)
 }
 
 /// The first pass over logits `[.., V]` whose row maxima are `m` `[.., 1]`:
@@ -82,18 +131,32 @@ pub fn first_pass(
             if v == 0 || x.len() != labels.len() * v || mx.len() != labels.len() {
                 return None;
             }
-            let mut e = Vec::with_capacity(x.len());
-            let mut se = Vec::with_capacity(labels.len());
-            let mut tgt = Vec::with_capacity(labels.len());
-            for (r, xr) in x.chunks_exact(v).enumerate() {
-                se.push(exp_row(xr, mx[r], &mut e));
-                let c = labels[r] - off;
-                tgt.push(if c >= 0 && (c as usize) < v {
-                    xr[c as usize]
-                } else {
-                    0.0
-                });
-            }
+            let rows = labels.len();
+            // Each row's sum and target, beside its exp(x − m).
+            let sums: Vec<[AtomicU32; 2]> = (0..rows).map(|_| Default::default()).collect();
+            let e = by_rows(rows, v, &|first, n, out| {
+                for (i, o) in out.chunks_exact_mut(v).take(n).enumerate() {
+                    let r = first + i;
+                    let xr = &x[r * v..(r + 1) * v];
+                    let s = exp_row(xr, mx[r], o);
+                    let c = labels[r] - off;
+                    let t = if c >= 0 && (c as usize) < v {
+                        xr[c as usize]
+                    } else {
+                        0.0
+                    };
+                    sums[r][0].store(s.to_bits(), Ordering::Relaxed);
+                    sums[r][1].store(t.to_bits(), Ordering::Relaxed);
+                }
+            })?;
+            // (The pool's job has ended: every store is seen.)
+            let (se, tgt) = sums
+                .iter()
+                .map(|[s, t]| {
+                    let bits = |a: &AtomicU32| f32::from_bits(a.load(Ordering::Relaxed));
+                    (bits(s), bits(t))
+                })
+                .unzip();
             Some((e, se, tgt))
         })
     })???;
@@ -130,18 +193,21 @@ pub fn grad(
             if v == 0 || ev.len() != labels.len() * v || sv.len() != labels.len() {
                 return None;
             }
-            let mut d = Vec::with_capacity(ev.len());
-            for (r, er) in ev.chunks_exact(v).enumerate() {
-                let s = sv[r];
-                let at = d.len();
-                d.extend(er.iter().map(|i| ((*i / s) * scale) * mul));
-                let c = labels[r] - off;
-                if c >= 0 && (c as usize) < v {
-                    let c = c as usize;
-                    d[at + c] = ((er[c] / s - 1.0) * scale) * mul;
+            by_rows(labels.len(), v, &|first, n, out| {
+                for (i, o) in out.chunks_exact_mut(v).take(n).enumerate() {
+                    let r = first + i;
+                    let er = &ev[r * v..(r + 1) * v];
+                    let s = sv[r];
+                    for (o, x) in o.iter_mut().zip(er) {
+                        o.write(((*x / s) * scale) * mul);
+                    }
+                    let c = labels[r] - off;
+                    if c >= 0 && (c as usize) < v {
+                        let c = c as usize;
+                        o[c].write(((er[c] / s - 1.0) * scale) * mul);
+                    }
                 }
-            }
-            Some(d)
+            })
         })
     })???;
     Some(Tensor::from_vec(d, e.dims(), &Device::Cpu))
@@ -385,11 +451,12 @@ mod tests {
         let x: Vec<f32> = (0..2 * LANES + 11)
             .map(|i| ((i * 13) % 17) as f32 * 0.25 - 2.0)
             .collect();
-        let mut out = vec![7.0];
+        let mut out = vec![MaybeUninit::new(7.0f32); x.len()];
         let s = exp_row(&x, 1.5, &mut out);
         let e: Vec<f32> = x.iter().map(|v| exp(v - 1.5)).collect();
-        assert_eq!(out[0], 7.0, "appends");
-        assert_eq!(&out[1..], &e[..]);
+        // SAFETY: every element was initialised (to 7, then written).
+        let out: Vec<f32> = out.iter().map(|o| unsafe { o.assume_init() }).collect();
+        assert_eq!(out, e);
         let mut lanes = [0f32; LANES];
         for (i, v) in e[..2 * LANES].iter().enumerate() {
             lanes[i % LANES] += v;
@@ -408,6 +475,52 @@ mod tests {
             (f64::from(s) - exact).abs() < 1e-6 * exact,
             "{s} vs {exact}"
         );
+    }
+
+    /// Shared over the worker pool in parts of rows, the passes have the
+    /// bits of each row computed alone.
+    #[test]
+    fn pooled_passes_have_each_rows_bits() -> Result<()> {
+        crate::pool::set_threads(2);
+        let (rows, v) = (300, 1000);
+        let xs: Vec<f32> = (0..rows * v)
+            .map(|i| ((i * 7919) % 1013) as f32 * 0.01 - 5.0)
+            .collect();
+        let logits = Tensor::from_vec(xs.clone(), (rows, v), &Device::Cpu)?;
+        let m = logits.max_keepdim(1)?;
+        let mv = m.flatten_all()?.to_vec1::<f32>()?;
+        let labels: Vec<i64> = (0..rows as i64).map(|r| (r * 37) % 1200).collect();
+        let lost = || candle_core::Error::Msg("no kernel".into());
+        let (e, se, tgt) = first_pass(&logits, &m, &labels, 0).ok_or_else(lost)??;
+        let d = grad(&e, &se, &labels, 0, 0.25, 0.5).ok_or_else(lost)??;
+        let (e, se) = (
+            e.flatten_all()?.to_vec1::<f32>()?,
+            se.flatten_all()?.to_vec1::<f32>()?,
+        );
+        let (tgt, d) = (
+            tgt.flatten_all()?.to_vec1::<f32>()?,
+            d.flatten_all()?.to_vec1::<f32>()?,
+        );
+        for r in 0..rows {
+            let xr = &xs[r * v..(r + 1) * v];
+            let mut out = vec![MaybeUninit::new(0f32); v];
+            let s = exp_row(xr, mv[r], &mut out);
+            assert_eq!(se[r].to_bits(), s.to_bits(), "row {r}");
+            let c = labels[r] as usize;
+            assert_eq!(tgt[r], if c < v { xr[c] } else { 0.0 });
+            for k in 0..v {
+                // SAFETY: initialised to 0, then written.
+                let want = unsafe { out[k].assume_init() };
+                assert_eq!(e[r * v + k].to_bits(), want.to_bits());
+                let g = if k == c {
+                    ((want / s - 1.0) * 0.25) * 0.5
+                } else {
+                    ((want / s) * 0.25) * 0.5
+                };
+                assert_eq!(d[r * v + k].to_bits(), g.to_bits(), "row {r} class {k}");
+            }
+        }
+        Ok(())
     }
 
     #[test]

@@ -19,8 +19,6 @@ use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 /// Multiply-adds from which a product is split (below, the hand-off costs
 /// more than half the product).
 const SPLIT_FROM: usize = 1 << 21;
-/// Parts per thread of a split product.
-const PER_THREAD: usize = 4;
 /// The fewest multiply-adds a part of a split product has.
 const PART_FROM: usize = 1 << 19;
 
@@ -219,14 +217,14 @@ impl CustomOp2 for Split {
         let threads = crate::pool::threads();
         // Whole batch items per part when there are enough; else each item
         // in blocks along the longer of its rows and columns, in multiples of
-        // 16 (a vector of f32): [`PER_THREAD`] per thread, of at least
+        // 16 (a vector of f32): [`crate::pool::PER_THREAD`] per thread, of at least
         // [`PART_FROM`] multiply-adds, so a thread that falls behind (a core
         // shared with another process) holds up only a small part.
-        let per_item = if nb >= threads * PER_THREAD {
+        let per_item = if nb >= threads * crate::pool::PER_THREAD {
             1
         } else {
             let most = (m * n * k / PART_FROM).max(1);
-            (threads * PER_THREAD).div_ceil(nb).min(most)
+            (threads * crate::pool::PER_THREAD).div_ceil(nb).min(most)
         };
         let along_n = n >= m;
         let len = if along_n { n } else { m };
