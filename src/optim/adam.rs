@@ -7,6 +7,7 @@ use super::fused::{err, range, Elem, Pass};
 use super::{ce, Rule, Slots, Whole, R};
 use candle_core::{CpuStorage, InplaceOp1, InplaceOp2, Layout, Tensor};
 use std::cell::RefCell;
+use std::sync::Mutex;
 
 pub struct Adam {
     pub b1: f64,
@@ -132,6 +133,9 @@ fn apart(ts: &[&Tensor]) -> bool {
     seen.sort_unstable();
     seen.windows(2).all(|w| w[0] != w[1])
 }
+
+/// Elements per part of the one-pass step shared over the worker pool.
+const PART: usize = 1 << 14;
 
 /// One Adam step on one tensor: m ← a·m + b·g, v ← a'·v + b'·g², then p from
 /// m and v ([`Pass::Adam`]'s arithmetic).
@@ -299,16 +303,41 @@ impl InplaceOp1 for OnP<'_> {
         let (ms, me) = range(self.m.1, n)?;
         let (vs, ve) = range(self.v.1, n)?;
         let (gs, ge) = range(self.g.1, n)?;
-        fn run<T: Elem>(
+        fn run<T: Elem + Send + Sync>(
             p: &mut [T],
             m: &mut [T],
             v: &mut [T],
             g: &[T],
-            f: impl Fn(f64, &mut T, &mut T, f64) -> f64,
+            f: impl Fn(f64, &mut T, &mut T, f64) -> f64 + Sync,
         ) {
-            for (((p, m), v), g) in p.iter_mut().zip(m).zip(v).zip(g) {
-                *p = T::put(f(p.get(), m, v, g.get()));
+            let each = |p: &mut [T], m: &mut [T], v: &mut [T], g: &[T]| {
+                for (((p, m), v), g) in p.iter_mut().zip(m).zip(v).zip(g) {
+                    *p = T::put(f(p.get(), m, v, g.get()));
+                }
+            };
+            // Elementwise: shared over the worker pool in parts, the same
+            // bits as one pass.
+            let n = p.len().min(m.len()).min(v.len()).min(g.len());
+            let ranges = crate::pool::ranges(n, 1, PART);
+            if ranges.len() <= 1 {
+                return each(p, m, v, g);
             }
+            let mut parts = Vec::with_capacity(ranges.len());
+            let (mut p, mut m, mut v, mut g) = (&mut p[..n], &mut m[..n], &mut v[..n], &g[..n]);
+            for r in ranges {
+                let (p0, p1) = std::mem::take(&mut p).split_at_mut(r.len());
+                let (m0, m1) = std::mem::take(&mut m).split_at_mut(r.len());
+                let (v0, v1) = std::mem::take(&mut v).split_at_mut(r.len());
+                let (g0, g1) = g.split_at(r.len());
+                (p, m, v, g) = (p1, m1, v1, g1);
+                parts.push(Mutex::new((p0, m0, v0, g0)));
+            }
+            crate::pool::run(parts.len(), &|k| {
+                if let Some(Ok(mut part)) = parts.get(k).map(Mutex::lock) {
+                    let (p, m, v, g) = &mut *part;
+                    each(p, m, v, g);
+                }
+            });
         }
         // Each line is one pass's: Linear, Square, then Adam on the stored moments.
         macro_rules! step {

@@ -79,11 +79,7 @@ type RowsFn<'a> = dyn Fn(usize, usize, &mut [MaybeUninit<f32>]) + Sync + 'a;
 /// `f(first row, rows, out)` over `rows` rows of `v` elements, each part of
 /// the rows on whichever pool thread takes it, `out` the part's elements of
 /// a `rows × v` output; the output, once every element is written.
-fn by_rows(
-    rows: usize,
-    v: usize,
-    f: &RowsFn<'_>,
-) -> Option<Vec<f32>> {
+fn by_rows(rows: usize, v: usize, f: &RowsFn<'_>) -> Option<Vec<f32>> {
     let mut out: Vec<f32> = Vec::with_capacity(rows * v);
     let ranges = crate::pool::ranges(rows, v, PART);
     let mut parts = Vec::with_capacity(ranges.len());
