@@ -19,6 +19,7 @@
 //! calling back in) runs its job alone. The helpers are started on first use;
 //! their number is what the process gave this device ([`set_threads`]).
 
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::Thread;
@@ -162,6 +163,50 @@ pub fn ranges(n: usize, work: usize, min_work: usize) -> Vec<std::ops::Range<usi
     (0..parts)
         .map(|p| p * n / parts..(p + 1) * n / parts)
         .collect()
+}
+
+/// The least work (elements of a row pass) a part of one is given.
+pub const PART_WORK: usize = 1 << 15;
+
+/// A part of a row pass: its first row, its row count, its output (`width`
+/// elements per row, to be written whole).
+pub type RowFill<'a, T> = dyn Fn(usize, usize, &mut [MaybeUninit<T>]) + Sync + 'a;
+
+/// A `rows × width` output made by `f` over parts of the rows ([`ranges`],
+/// `work` per row), each part on whichever thread takes it; `None` if a part
+/// did not run. `f` must write every element of its part's output.
+pub fn rows_into<T: Send>(
+    rows: usize,
+    width: usize,
+    work: usize,
+    f: &RowFill<'_, T>,
+) -> Option<Vec<T>> {
+    let len = rows.checked_mul(width)?;
+    let mut out: Vec<T> = Vec::with_capacity(len);
+    let ranges = ranges(rows, work, PART_WORK);
+    let mut parts = Vec::with_capacity(ranges.len());
+    let mut rest = &mut out.spare_capacity_mut()[..len];
+    for r in ranges {
+        let (mine, after) = std::mem::take(&mut rest).split_at_mut(r.len() * width);
+        rest = after;
+        parts.push(Mutex::new((r, mine)));
+    }
+    let written = AtomicUsize::new(0);
+    run(parts.len(), &|p| {
+        if let Some(Ok(mut g)) = parts.get(p).map(Mutex::lock) {
+            let (r, mine) = &mut *g;
+            f(r.start, r.len(), mine);
+            written.fetch_add(r.len(), Ordering::Relaxed);
+        }
+    });
+    drop(parts);
+    if written.load(Ordering::Relaxed) != rows {
+        return None;
+    }
+    // SAFETY: every part wrote all of its rows' elements (`f`'s contract),
+    // the parts cover the rows, and every part ran (the count above).
+    unsafe { out.set_len(len) };
+    Some(out)
 }
 
 /// Run `f(0)`, …, `f(parts - 1)`, each once, over this thread and the

@@ -1,6 +1,6 @@
-//! A broadcast binary op on a GPU in one pass: `a op b` where one operand is
-//! whole (the output's shape) and the other a row of its trailing dims (a
-//! bias, a norm's scale), both contiguous.
+//! A broadcast binary op in one pass: `a op b` where one operand is whole
+//! (the output's shape) and the other a row of its trailing dims (a bias, a
+//! norm's scale), both contiguous.
 //!
 //! Why: candle broadcasts by giving the row zero strides and taking its
 //! strided kernel, which works out every element's offset dim by dim. On an
@@ -10,10 +10,13 @@
 //! op (bf16 operands widened, the result rounded once to nearest even, as the
 //! `half` crate does on the CPU), so the bits are the same as its kernels'.
 //!
-//! Taken on a CUDA device only, for f32 or bf16 operands of one dtype, when
-//! shardc's own kernels are on (`SHARDC_KERNELS=candle` turns them off);
-//! everything else keeps candle's kernels. The CPU body computes the same
-//! and is what the tests compare with candle's `broadcast_*` bit for bit.
+//! Taken on a CUDA device, and on a CPU device with several threads of the
+//! worker pool for a large op (its rows in parts over [`crate::pool`]:
+//! candle's CPU kernel runs on one thread, its own pool having no workers),
+//! for f32 or bf16 operands of one dtype, when shardc's own kernels are on
+//! (`SHARDC_KERNELS=candle` turns them off); everything else keeps candle's
+//! kernels. The tests compare the CPU body with candle's `broadcast_*` bit
+//! for bit.
 
 use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
@@ -82,10 +85,21 @@ impl CustomOp2 for Broadcast {
         }
         let (op, flip) = (self.op, self.flip);
         let f = move |x: f32, y: f32| if flip { op.f(y, x) } else { op.f(x, y) };
-        let y = a
-            .chunks(b.len())
-            .flat_map(|r| r.iter().zip(b.iter()).map(|(x, y)| f(*x, *y)))
-            .collect();
+        let n = b.len();
+        if a.len() % n != 0 {
+            return Err(msg());
+        }
+        // Each row of the whole operand against the row, over parts of the
+        // rows on the worker pool.
+        let y = crate::pool::rows_into(a.len() / n, n, n, &|first, k, out| {
+            let part = &a[first * n..(first + k) * n];
+            for (r, o) in part.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+                for ((o, x), y) in o.iter_mut().zip(r).zip(b.iter()) {
+                    o.write(f(*x, *y));
+                }
+            }
+        })
+        .ok_or_else(msg)?;
         let out = super::unary_fast::stored(y, bf);
         Ok((out, l1.shape().clone()))
     }
@@ -102,15 +116,25 @@ impl CustomOp2 for Broadcast {
     }
 }
 
-/// `a op b` by the fused kernel when it applies on this device (a GPU);
-/// `None` sends the caller to candle's `broadcast_*`.
+/// `a op b` by the fused kernel when it applies on this device: a GPU, or a
+/// CPU device with several threads of the worker pool and at least
+/// [`POOLED_FROM`] elements (candle's CPU kernel runs on one thread since its
+/// own pool has no workers: `runtime::mesh::share_cores`); `None` sends the
+/// caller to candle's `broadcast_*`.
 pub fn apply(op: Bin, a: &Tensor, b: &Tensor) -> Option<Result<Tensor>> {
     let gpu = cfg!(feature = "cuda") && a.device().is_cuda();
-    if !(gpu && crate::kernels::own()) {
+    let pooled = a.device().is_cpu()
+        && crate::pool::threads() > 1
+        && a.elem_count().max(b.elem_count()) >= POOLED_FROM;
+    if !((gpu || pooled) && crate::kernels::own()) {
         return None;
     }
     run(op, a, b)
 }
+
+/// Elements from which a CPU broadcast op goes over the worker pool (candle's
+/// threshold for its own parallel kernels).
+const POOLED_FROM: usize = 1 << 16;
 
 /// The fused op on any device, when one operand is whole and the other a
 /// contiguous row of its trailing dims (a strictly smaller one).
@@ -256,8 +280,37 @@ mod tests {
         assert!(run(Bin::Add, &t, &Tensor::ones(3, DType::F32, &dev)?).is_none());
         let b16 = Tensor::ones(20, DType::BF16, &dev)?;
         assert!(run(Bin::Add, &a, &b16).is_none());
-        // On the CPU, `apply` leaves everything to candle.
+        // On the CPU, `apply` leaves small ops to candle.
         assert!(apply(Bin::Add, &a, &Tensor::ones(20, DType::F32, &dev)?).is_none());
+        Ok(())
+    }
+
+    /// Over parts of its rows on two pool threads, a large op has the bits of
+    /// candle's.
+    #[test]
+    fn pooled_ops_have_candles_bits() -> Result<()> {
+        crate::pool::set_threads(2);
+        let dev = Device::Cpu;
+        let xs: Vec<f32> = (0..300 * 1000)
+            .map(|i| ((i * 37 % 1009) as f32 - 500.0) * 0.0173)
+            .collect();
+        let a = Tensor::from_vec(xs, (300, 1000), &dev)?;
+        let b = Tensor::from_vec(
+            (0..1000).map(|i| i as f32 * 0.01 - 3.0).collect(),
+            1000,
+            &dev,
+        )?;
+        let bits = |t: &Tensor| -> Result<Vec<u32>> {
+            Ok(t.flatten_all()?
+                .to_vec1::<f32>()?
+                .iter()
+                .map(|v| v.to_bits())
+                .collect())
+        };
+        let got = apply(Bin::Div, &b, &a).ok_or_else(msg)??;
+        assert_eq!(bits(&got)?, bits(&b.broadcast_div(&a)?)?);
+        let got = apply(Bin::Add, &a, &b).ok_or_else(msg)??;
+        assert_eq!(bits(&got)?, bits(&a.broadcast_add(&b)?)?);
         Ok(())
     }
 }

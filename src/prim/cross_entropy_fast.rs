@@ -5,15 +5,15 @@
 //! built the labels' one-hot as an f64 array of the same size (4 MiB per step
 //! for seed 000's batch); these make two: one for exp(x − max) with its row
 //! sums and each row's target logit, one for the gradient. `exp` is
-//! [`super::unary_fast::exp`]. Rows are independent, so a split of the rows
+//! [`super::unary_fast::exp`]. Both passes run over parts of the rows on the
+//! worker pool ([`crate::pool::rows_into`]). Rows are independent, so a split of the rows
 //! gives the same bits; a split of the classes reduces the row sums across
 //! devices between the two passes, as before.
 
 use super::unary_fast::exp;
 use candle_core::{CpuStorage, Device, Result, Storage, Tensor, D};
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// `f` of the contiguous f32 values of `t` (read in place), or `None`.
 fn with_f32<T>(t: &Tensor, f: impl FnOnce(&[f32]) -> T) -> Option<T> {
@@ -69,44 +69,6 @@ fn exp_row(x: &[f32], m: f32, out: &mut [MaybeUninit<f32>]) -> f32 {
     s
 }
 
-/// Elements of logits per part of a pass shared over the worker pool
-/// ([`crate::pool`]); rows are independent, so the bits do not depend on it.
-const PART: usize = 1 << 15;
-
-/// A part of a row pass: its first row, its row count, its output.
-type RowsFn<'a> = dyn Fn(usize, usize, &mut [MaybeUninit<f32>]) + Sync + 'a;
-
-/// `f(first row, rows, out)` over `rows` rows of `v` elements, each part of
-/// the rows on whichever pool thread takes it, `out` the part's elements of
-/// a `rows × v` output; the output, once every element is written.
-fn by_rows(rows: usize, v: usize, f: &RowsFn<'_>) -> Option<Vec<f32>> {
-    let mut out: Vec<f32> = Vec::with_capacity(rows * v);
-    let ranges = crate::pool::ranges(rows, v, PART);
-    let mut parts = Vec::with_capacity(ranges.len());
-    let mut rest = &mut out.spare_capacity_mut()[..rows * v];
-    for r in ranges {
-        let (mine, after) = std::mem::take(&mut rest).split_at_mut(r.len() * v);
-        rest = after;
-        parts.push(Mutex::new((r, mine)));
-    }
-    let written = AtomicUsize::new(0);
-    crate::pool::run(parts.len(), &|p| {
-        if let Some(Ok(mut g)) = parts.get(p).map(Mutex::lock) {
-            let (r, mine) = &mut *g;
-            f(r.start, r.len(), mine);
-            written.fetch_add(r.len(), Ordering::Relaxed);
-        }
-    });
-    drop(parts);
-    if written.load(Ordering::Relaxed) != rows {
-        return None;
-    }
-    // SAFETY: every part wrote all of its rows' elements (`f`'s contract),
-    // the parts cover the rows, and all of them ran (the count above).
-    unsafe { out.set_len(rows * v) };
-    Some(out)
-}
-
 /// The first pass over logits `[.., V]` whose row maxima are `m` `[.., 1]`:
 /// `e = exp(x − m)`, its row sums `[.., 1]`, and each row's logit at its label
 /// (its class minus `off`, this device's first class; 0 when the label is in
@@ -130,7 +92,7 @@ pub fn first_pass(
             let rows = labels.len();
             // Each row's sum and target, beside its exp(x − m).
             let sums: Vec<[AtomicU32; 2]> = (0..rows).map(|_| Default::default()).collect();
-            let e = by_rows(rows, v, &|first, n, out| {
+            let e = crate::pool::rows_into(rows, v, v, &|first, n, out| {
                 for (i, o) in out.chunks_exact_mut(v).take(n).enumerate() {
                     let r = first + i;
                     let xr = &x[r * v..(r + 1) * v];
@@ -189,7 +151,7 @@ pub fn grad(
             if v == 0 || ev.len() != labels.len() * v || sv.len() != labels.len() {
                 return None;
             }
-            by_rows(labels.len(), v, &|first, n, out| {
+            crate::pool::rows_into(labels.len(), v, v, &|first, n, out| {
                 for (i, o) in out.chunks_exact_mut(v).take(n).enumerate() {
                     let r = first + i;
                     let er = &ev[r * v..(r + 1) * v];

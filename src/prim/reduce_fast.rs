@@ -106,31 +106,41 @@ struct MaxLast;
 /// Lanes of independent running maxima.
 const LANES: usize = 8;
 
-fn max_rows<T: Copy + PartialOrd>(v: &[T], n: usize) -> Vec<T> {
-    v.chunks_exact(n)
-        .map(|row| {
-            // Lane j sees elements j, j + LANES, ..., starting from the
-            // first element as candle does (a NaN there stays; any other
-            // NaN is never taken).
-            let mut lanes = [row[0]; LANES];
-            let split = n - n % LANES;
-            for c in row[..split].chunks_exact(LANES) {
-                for (m, x) in lanes.iter_mut().zip(c) {
-                    if *m < *x {
-                        *m = *x;
-                    }
+/// The maximum of each row of `n` (rows independent: over parts of the rows
+/// on the worker pool, the bits of one pass); `None` if a part did not run.
+fn max_rows<T: Copy + PartialOrd + Send + Sync>(v: &[T], n: usize) -> Option<Vec<T>> {
+    let rows = v.len() / n;
+    crate::pool::rows_into(rows, 1, n, &|first, k, out| {
+        let part = &v[first * n..(first + k) * n];
+        for (o, m) in out.iter_mut().zip(max_rows_here(part, n)) {
+            o.write(m);
+        }
+    })
+}
+
+fn max_rows_here<T: Copy + PartialOrd>(v: &[T], n: usize) -> impl Iterator<Item = T> + '_ {
+    v.chunks_exact(n).map(move |row| {
+        // Lane j sees elements j, j + LANES, ..., starting from the
+        // first element as candle does (a NaN there stays; any other
+        // NaN is never taken).
+        let mut lanes = [row[0]; LANES];
+        let split = n - n % LANES;
+        for c in row[..split].chunks_exact(LANES) {
+            for (m, x) in lanes.iter_mut().zip(c) {
+                if *m < *x {
+                    *m = *x;
                 }
             }
-            // Lanes in order, then the tail, with the same comparison.
-            let mut m = row[0];
-            for x in lanes.iter().chain(&row[split..]) {
-                if m < *x {
-                    m = *x;
-                }
+        }
+        // Lanes in order, then the tail, with the same comparison.
+        let mut m = row[0];
+        for x in lanes.iter().chain(&row[split..]) {
+            if m < *x {
+                m = *x;
             }
-            m
-        })
-        .collect()
+        }
+        m
+    })
 }
 
 impl CustomOp1 for MaxLast {
@@ -144,9 +154,10 @@ impl CustomOp1 for MaxLast {
         let mut shape = dims.to_vec();
         let last = shape.len() - 1;
         shape[last] = 1;
+        let lost = || candle_core::Error::Msg("max-last: a part of the pass did not run".into());
         let out = match s {
-            CpuStorage::F32(v) => CpuStorage::F32(max_rows(contiguous(v, l)?, n)),
-            CpuStorage::F64(v) => CpuStorage::F64(max_rows(contiguous(v, l)?, n)),
+            CpuStorage::F32(v) => CpuStorage::F32(max_rows(contiguous(v, l)?, n).ok_or_else(lost)?),
+            CpuStorage::F64(v) => CpuStorage::F64(max_rows(contiguous(v, l)?, n).ok_or_else(lost)?),
             _ => {
                 return Err(candle_core::Error::Msg(
                     "max-last: f32 or f64 expected".into(),
@@ -176,8 +187,16 @@ mod tests {
     /// operands too; NaN and signed zeros in the maxima.
     #[test]
     fn the_same_bits_as_candle() {
+        // The maxima of the largest shape over parts of its rows on two threads.
+        crate::pool::set_threads(2);
         let dev = Device::Cpu;
-        for shape in [vec![7usize], vec![5, 13], vec![3, 4, 17], vec![2, 3, 4, 9]] {
+        for shape in [
+            vec![7usize],
+            vec![5, 13],
+            vec![3, 4, 17],
+            vec![2, 3, 4, 9],
+            vec![300, 1000],
+        ] {
             for dt in [DType::F32, DType::F64] {
                 let t = Tensor::randn(0f64, 1.0, shape.as_slice(), &dev)
                     .and_then(|t| t.to_dtype(dt))
