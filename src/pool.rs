@@ -1,6 +1,8 @@
-//! The worker pool a device's large products are shared over: the calling
-//! thread and the helpers that are free take the parts of a job as they get
-//! to them, and the caller never waits for a helper that has not started.
+//! The worker pool a device's parallel work goes over (large products,
+//! cross-entropy's row passes, row maxima, broadcast ops, Adam's step): the
+//! calling thread and the helpers that are free take the parts of a job as
+//! they get to them, and the caller never waits for a helper that has not
+//! started. Every user splits so that the bits do not depend on the parts.
 //!
 //! candle's pool (`candle_core::utils::barrier_pool`) hands every worker its
 //! slice and waits until each has checked in. Beside a busy process on one of
