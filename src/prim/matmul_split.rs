@@ -10,9 +10,10 @@
 //! them, so a thread on a core another process holds delays one small part.
 //!
 //! The bits are gemm's own: each part is the same gemm call on a block of the
-//! output, and gemm's depth blocking depends on `k` alone, so every element
-//! sums its products in the same order (the unit test compares bit for bit
-//! with candle's product).
+//! output, and every part falls in the whole product's gemm class
+//! ([`same_path`]), whose depth blocking depends on `k` alone, so every
+//! element sums its products in the same order (the unit test compares bit
+//! for bit with candle's product).
 
 use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
