@@ -318,20 +318,18 @@ impl InplaceOp1 for OnP<'_> {
             // Elementwise: shared over the worker pool in parts, the same
             // bits as one pass.
             let n = p.len().min(m.len()).min(v.len()).min(g.len());
-            let ranges = crate::pool::ranges(n, 1, PART);
-            if ranges.len() <= 1 {
+            let parts = crate::pool::ranges(n, 1, PART).len();
+            if parts <= 1 {
                 return each(p, m, v, g);
             }
-            let mut parts = Vec::with_capacity(ranges.len());
-            let (mut p, mut m, mut v, mut g) = (&mut p[..n], &mut m[..n], &mut v[..n], &g[..n]);
-            for r in ranges {
-                let (p0, p1) = std::mem::take(&mut p).split_at_mut(r.len());
-                let (m0, m1) = std::mem::take(&mut m).split_at_mut(r.len());
-                let (v0, v1) = std::mem::take(&mut v).split_at_mut(r.len());
-                let (g0, g1) = g.split_at(r.len());
-                (p, m, v, g) = (p1, m1, v1, g1);
-                parts.push(Mutex::new((p0, m0, v0, g0)));
-            }
+            let c = n.div_ceil(parts);
+            let parts: Vec<_> = p[..n]
+                .chunks_mut(c)
+                .zip(m[..n].chunks_mut(c))
+                .zip(v[..n].chunks_mut(c))
+                .zip(g[..n].chunks(c))
+                .map(|(((p, m), v), g)| Mutex::new((p, m, v, g)))
+                .collect();
             crate::pool::run(parts.len(), &|k| {
                 if let Some(Ok(mut part)) = parts.get(k).map(Mutex::lock) {
                     let (p, m, v, g) = &mut *part;
