@@ -11,6 +11,7 @@ use crate::diag::Problem;
 use crate::mesh::Topology;
 use crate::types::{Poly, TType};
 use std::collections::BTreeMap;
+use std::mem::MaybeUninit;
 
 fn splitmix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -249,6 +250,13 @@ impl Init {
         idx: &[u64],
         bound: &BTreeMap<String, Poly>,
     ) -> Vec<f64> {
+        let g = self.generator(t, seed, bound);
+        idx.iter().map(|i| g.at(*i)).collect()
+    }
+
+    /// The value at each global index of a value of type `t` (its fans read
+    /// once here, not per element).
+    pub fn generator(&self, t: &TType, seed: u64, bound: &BTreeMap<String, Poly>) -> Gen {
         let dims: Vec<f64> = t
             .dims
             .iter()
@@ -265,40 +273,112 @@ impl Init {
         } else {
             1.0
         };
-        // Truncated normal at ±2σ, as Haiku/Flax: redraw with the next counter.
-        let trunc = |i: u64| -> f64 {
-            for k in 0..16u64 {
-                let z = normal(seed.wrapping_add(k.wrapping_mul(0x5851_F42D_4C95_7F2D)), i);
-                if z.abs() <= 2.0 {
-                    return z;
-                }
-            }
-            0.0
-        };
-        match *self {
-            Init::Zeros => vec![0.0; idx.len()],
-            Init::Ones => vec![1.0; idx.len()],
-            Init::Constant(v) => vec![v; idx.len()],
-            Init::Normal(s) => idx.iter().map(|i| s * normal(seed, *i)).collect(),
-            Init::TruncatedNormal(s) => idx.iter().map(|i| s * trunc(*i)).collect(),
-            Init::Uniform(a) => idx
-                .iter()
-                .map(|i| a * (2.0 * uniform(seed, *i) - 1.0))
-                .collect(),
-            Init::Lecun => {
-                let s = (1.0 / fan_in).sqrt() / 0.879_625_661_034_239_8;
-                idx.iter().map(|i| s * trunc(*i)).collect()
-            }
-            Init::Xavier => {
-                let a = (6.0 / (fan_in + fan_out)).sqrt();
-                idx.iter()
-                    .map(|i| a * (2.0 * uniform(seed, *i) - 1.0))
-                    .collect()
-            }
+        let (law, scale) = match *self {
+            Init::Zeros => (Law::Constant, 0.0),
+            Init::Ones => (Law::Constant, 1.0),
+            Init::Constant(v) => (Law::Constant, v),
+            Init::Normal(s) => (Law::Normal, s),
+            Init::TruncatedNormal(s) => (Law::Truncated, s),
+            Init::Uniform(a) => (Law::Uniform, a),
+            Init::Lecun => (
+                Law::Truncated,
+                (1.0 / fan_in).sqrt() / 0.879_625_661_034_239_8,
+            ),
+            Init::Xavier => (Law::Uniform, (6.0 / (fan_in + fan_out)).sqrt()),
             // Evaluated by the runtime (`runtime::buffers`), never here.
-            Init::Computed(_) => vec![0.0; idx.len()],
+            Init::Computed(_) => (Law::Constant, 0.0),
+        };
+        Gen { law, scale, seed }
+    }
+}
+
+/// How an initializer draws an element, before its scale.
+#[derive(Clone, Copy, Debug)]
+enum Law {
+    /// The scale itself.
+    Constant,
+    Normal,
+    /// Normal, redrawn beyond ±2σ.
+    Truncated,
+    /// Uniform in [-1, 1).
+    Uniform,
+}
+
+/// An initializer made ready for one value: [`Gen::at`] gives the element at
+/// a global index, the same bits in any order and on any thread.
+#[derive(Clone, Copy, Debug)]
+pub struct Gen {
+    law: Law,
+    scale: f64,
+    seed: u64,
+}
+
+impl Gen {
+    /// The element at global index `i`.
+    #[inline]
+    pub fn at(&self, i: u64) -> f64 {
+        let (s, seed) = (self.scale, self.seed);
+        match self.law {
+            Law::Constant => s,
+            Law::Normal => s * normal(seed, i),
+            Law::Truncated => s * truncated(seed, i),
+            Law::Uniform => s * (2.0 * uniform(seed, i) - 1.0),
         }
     }
+}
+
+/// A value's elements by global index, drawn ([`Gen`]) or given (a global
+/// array, row-major): what a device's piece of a parameter is made from.
+pub trait Values: Sync {
+    /// The element at global index `i`.
+    fn at(&self, i: u64) -> f64;
+
+    /// `at(first + k) as f32` into each `out[k]`.
+    fn run_f32(&self, first: u64, out: &mut [MaybeUninit<f32>]) {
+        for (k, o) in out.iter_mut().enumerate() {
+            o.write(self.at(first.wrapping_add(k as u64)) as f32);
+        }
+    }
+}
+
+impl Values for Gen {
+    fn at(&self, i: u64) -> f64 {
+        Gen::at(self, i)
+    }
+
+    /// Normals many at a time ([`crate::init_fast`]), the same bits.
+    fn run_f32(&self, first: u64, out: &mut [MaybeUninit<f32>]) {
+        let (s, seed) = (self.scale, self.seed);
+        match self.law {
+            Law::Normal => crate::init_fast::normals_f32(seed, s, false, first, out),
+            Law::Truncated => crate::init_fast::normals_f32(seed, s, true, first, out),
+            Law::Constant | Law::Uniform => {
+                for (k, o) in out.iter_mut().enumerate() {
+                    o.write(self.at(first.wrapping_add(k as u64)) as f32);
+                }
+            }
+        }
+    }
+}
+
+/// A global array, row-major (read as 0 past its end).
+pub struct Given<'a>(pub &'a [f64]);
+
+impl Values for Given<'_> {
+    fn at(&self, i: u64) -> f64 {
+        self.0.get(i as usize).copied().unwrap_or(0.0)
+    }
+}
+
+/// Truncated normal at ±2σ, as Haiku/Flax: redraw with the next counter.
+pub(crate) fn truncated(seed: u64, i: u64) -> f64 {
+    for k in 0..16u64 {
+        let z = normal(seed.wrapping_add(k.wrapping_mul(0x5851_F42D_4C95_7F2D)), i);
+        if z.abs() <= 2.0 {
+            return z;
+        }
+    }
+    0.0
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //!
 //! 0. foundation: [`source`], [`diag`], [`units`], [`files`], [`access`], [`arrays`], [`heap`], [`pool`], [`kernels`], [`fault`]
 //! 1. syntax: [`ast`], [`parse`], [`reparse`], [`fmt`]
-//! 2. core: [`types`], [`mesh`], [`init`], [`embed`], [`vocab`], [`schedule`]
+//! 2. core: [`types`], [`mesh`], [`init`], [`init_fast`], [`embed`], [`vocab`], [`schedule`]
 //! 3. resolve: [`resolve`]
 //! 4. spec: [`spec`]
 //! 5. ir: [`prim`], [`spmd`], [`optim`]
@@ -48,6 +48,7 @@ pub mod files;
 pub mod fmt;
 pub mod heap;
 pub mod init;
+pub mod init_fast;
 pub mod kernels;
 pub mod layout;
 pub mod lower;

@@ -14,6 +14,7 @@ use crate::spmd::Program;
 use crate::types::TType;
 use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 
 fn ce(e: candle_core::Error) -> crate::fault::Fault {
@@ -57,8 +58,25 @@ pub(crate) fn param_indices(
     pl: Option<&super::sparse::Placement>,
     prog: &Program,
 ) -> R<Vec<u64>> {
+    let (starts, len) = param_runs(topo, rank, p, pl, prog)?;
+    let mut idx = Vec::with_capacity(starts.len() * len);
+    for s in starts {
+        idx.extend(s..s + len as u64);
+    }
+    Ok(idx)
+}
+
+/// [`param_indices`] as runs of consecutive indices: each run's first, in
+/// local order, and their length (as [`init::global_runs`]).
+pub(crate) fn param_runs(
+    topo: &Topology,
+    rank: usize,
+    p: &crate::spmd::Param,
+    pl: Option<&super::sparse::Placement>,
+    prog: &Program,
+) -> R<(Vec<u64>, usize)> {
     let Some(pl) = pl else {
-        return init::global_indices(topo, rank, &p.stored, &prog.bound)
+        return init::global_runs(topo, rank, &p.stored, &prog.bound)
             .map_err(crate::fault::Fault::Shape);
     };
     let shape = prog.local_shape(&p.stored)?;
@@ -67,12 +85,69 @@ pub(crate) fn param_indices(
         shape.get(1).copied().unwrap_or(1) as usize,
     );
     let owner = topo.shard_index(rank, &p.stored.dims[0].axes).0;
-    let mut idx = Vec::with_capacity(rows * d);
-    for r in 0..rows {
-        let id = pl.id_at(owner, r);
-        idx.extend((0..d as u64).map(|c| id * d as u64 + c));
+    let starts = (0..rows).map(|r| pl.id_at(owner, r) * d as u64).collect();
+    Ok((starts, d))
+}
+
+/// Work per element of [`piece_from`], in [`crate::pool::PART_WORK`]'s units
+/// (a normal draw: two hashes, a logarithm and a cosine).
+const DRAW_WORK: usize = 16;
+
+/// A float piece of `shape` in `dtype` whose element at global index `i` (in
+/// the runs `starts`, each `len` long) is `values.at(i)`, rounded from f64 as
+/// `Tensor::to_dtype` rounds it (the same bits), without an f64 copy and over
+/// the pool's threads (each element depends on its index alone).
+pub(crate) fn piece_from(
+    (starts, len): (&[u64], usize),
+    shape: Vec<usize>,
+    dtype: DType,
+    dev: &Device,
+    values: &dyn init::Values,
+) -> R<Tensor> {
+    fn fill<T: Send>(
+        starts: &[u64],
+        len: usize,
+        run: &(dyn Fn(u64, &mut [MaybeUninit<T>]) + Sync),
+    ) -> R<Vec<T>> {
+        crate::pool::rows_into(starts.len(), len, len * DRAW_WORK, &|first, n, out| {
+            if len == 0 {
+                return;
+            }
+            let runs = starts.get(first..first + n).unwrap_or_default();
+            for (s, o) in runs.iter().zip(out.chunks_mut(len)) {
+                run(*s, o);
+            }
+        })
+        .ok_or_else(|| "a thread making an initial value failed".into())
     }
-    Ok(idx)
+    fn each<T>(out: &mut [MaybeUninit<T>], first: u64, f: impl Fn(u64) -> T) {
+        for (k, o) in out.iter_mut().enumerate() {
+            o.write(f(first.wrapping_add(k as u64)));
+        }
+    }
+    let t = match dtype {
+        DType::F32 => {
+            let v = fill(starts, len, &|s, o| values.run_f32(s, o))?;
+            Tensor::from_vec(v, shape, dev)
+        }
+        DType::BF16 => {
+            let v = fill(starts, len, &|s, o| {
+                each(o, s, |i| half::bf16::from_f64(values.at(i)))
+            })?;
+            Tensor::from_vec(v, shape, dev)
+        }
+        DType::F16 => {
+            let v = fill(starts, len, &|s, o| {
+                each(o, s, |i| half::f16::from_f64(values.at(i)))
+            })?;
+            Tensor::from_vec(v, shape, dev)
+        }
+        _ => {
+            let v = fill(starts, len, &|s, o| each(o, s, |i| values.at(i)))?;
+            Tensor::from_vec(v, shape, dev).and_then(|t| t.to_dtype(dtype))
+        }
+    };
+    t.map_err(ce)
 }
 
 /// The local piece at the given global indices.
@@ -254,3 +329,88 @@ pub(crate) fn piece_key(
 /// Optimizer slots (first and second moment) by parameter piece, shared by
 /// the replicas that step it in place.
 pub(crate) type SlotCache = std::sync::Mutex<HashMap<PieceKey, (Option<Tensor>, Option<Tensor>)>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::init::{Given, Init, Values};
+    use crate::types::{Dim, Poly, TType};
+
+    /// What `piece_from` replaced: every element in f64, then `to_dtype`.
+    fn old_way(v: &dyn Values, idx: &[u64], shape: &[usize], dtype: DType) -> Tensor {
+        let all: Vec<f64> = idx.iter().map(|i| v.at(*i)).collect();
+        let t = Tensor::from_vec(all, shape.to_vec(), &Device::Cpu).and_then(|t| t.to_dtype(dtype));
+        t.expect("a tensor")
+    }
+
+    fn bits(t: &Tensor) -> Vec<u64> {
+        let t = t
+            .flatten_all()
+            .and_then(|t| t.to_dtype(DType::F64))
+            .expect("f64");
+        t.to_vec1::<f64>()
+            .expect("values")
+            .iter()
+            .map(|x| x.to_bits())
+            .collect()
+    }
+
+    /// A piece made run by run, over two pool threads, has the bits of the
+    /// f64 path for every initializer, every float dtype and a given array;
+    /// runs that skip (a sharded last-but-one dimension) included.
+    #[test]
+    fn pieces_from_runs_have_the_bits_of_f64_then_cast() {
+        crate::pool::set_threads(2);
+        let t = TType::new(
+            crate::ast::DType::F32,
+            vec![
+                Dim::replicated(Poly::constant(96)),
+                Dim::replicated(Poly::constant(700)),
+            ],
+        );
+        let bound = Default::default();
+        // Rows 10..58 of columns 100..450: 48 runs of 350.
+        let starts: Vec<u64> = (10..58u64).map(|r| r * 700 + 100).collect();
+        let len = 350;
+        let idx: Vec<u64> = starts.iter().flat_map(|s| *s..*s + len as u64).collect();
+        let shape = [48, 350];
+        let given: Vec<f64> = (0..96 * 700).map(|k| (k as f64).sin() * 0.3).collect();
+        let inits = [
+            Init::Normal(0.02),
+            Init::TruncatedNormal(1.5),
+            Init::Lecun,
+            Init::Xavier,
+            Init::Uniform(0.1),
+            Init::Zeros,
+            Init::Constant(-0.25),
+        ];
+        for dtype in [DType::F32, DType::F64, DType::BF16, DType::F16] {
+            let gens: Vec<_> = inits.iter().map(|i| i.generator(&t, 77, &bound)).collect();
+            let mut all: Vec<&dyn Values> = gens.iter().map(|g| g as &dyn Values).collect();
+            let given = Given(&given);
+            all.push(&given);
+            for v in all {
+                let new = piece_from((&starts, len), shape.to_vec(), dtype, &Device::Cpu, v);
+                let new = new.expect("a piece");
+                assert_eq!(
+                    bits(&new),
+                    bits(&old_way(v, &idx, &shape, dtype)),
+                    "{dtype:?}"
+                );
+                assert_eq!(new.dtype(), dtype);
+            }
+        }
+        // An empty piece, and runs of nothing.
+        for (starts, len) in [(vec![], 5), (vec![3, 9], 0)] {
+            let g = Init::Normal(1.0).generator(&t, 1, &bound);
+            let p = piece_from(
+                (&starts, len),
+                vec![starts.len(), len],
+                DType::F32,
+                &Device::Cpu,
+                &g,
+            );
+            assert_eq!(p.expect("a piece").elem_count(), 0);
+        }
+    }
+}

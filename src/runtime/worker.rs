@@ -9,7 +9,9 @@ use super::exec::{bytes, Exec, R};
 use super::memory::{Measured, Memory};
 use super::optim::OptState;
 use super::passes::StepCx;
-use super::pieces::{local_piece, local_piece_at, param_indices, piece_key, working};
+use super::pieces::{
+    local_piece, local_piece_at, param_indices, param_runs, piece_from, piece_key, working,
+};
 use super::pipeline::Stages;
 use super::profile::{self, Phase};
 use super::train::{
@@ -654,27 +656,21 @@ fn init_params(run: &Run, ex: &Exec, rank: usize) -> R<(Vec<Tensor>, Vec<bool>)>
             _ => None,
         };
         let make = || -> R<Tensor> {
-            let idx = param_indices(topo, rank, p, run.placements.get(&pi), prog)?;
-            let v = match cfg.init.get(&p.name).or_else(|| run.computed.get(&p.name)) {
-                Some(g) => idx
-                    .iter()
-                    .map(|i| g.get(*i as usize).copied().unwrap_or(0.0))
-                    .collect(),
-                None => p.init.values(
-                    &p.stored,
-                    cfg.seed ^ init::hash_str(&p.name),
-                    &idx,
-                    &prog.bound,
-                ),
-            };
+            let (starts, len) = param_runs(topo, rank, p, run.placements.get(&pi), prog)?;
             let shape: Vec<usize> = prog
                 .local_shape(&p.stored)?
                 .iter()
                 .map(|x| *x as usize)
                 .collect();
-            Tensor::from_vec(v, shape, dev)
-                .and_then(|t| t.to_dtype(cfg.dtype))
-                .map_err(ce)
+            let runs = (starts.as_slice(), len);
+            match cfg.init.get(&p.name).or_else(|| run.computed.get(&p.name)) {
+                Some(g) => piece_from(runs, shape, cfg.dtype, dev, &init::Given(g)),
+                None => {
+                    let seed = cfg.seed ^ init::hash_str(&p.name);
+                    let g = p.init.generator(&p.stored, seed, &prog.bound);
+                    piece_from(runs, shape, cfg.dtype, dev, &g)
+                }
+            }
         };
         params.push(match cell {
             // The first device here computes; the others wait for it.
