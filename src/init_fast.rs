@@ -84,10 +84,10 @@ fn blocks<const CUT: bool>(seed: u64, scale: f64, first: u64, out: &mut [MaybeUn
     for part in out.chunks_mut(BLOCK) {
         let n = part.len();
         // The vectorised loop: no calls, no branches.
-        for k in 0..BLOCK {
-            let (v, g) = fast(seed, scale, CUT, at.wrapping_add(k as u64));
-            vals[k] = v;
-            good[k] = g as u8;
+        for (k, (v, g)) in vals.iter_mut().zip(&mut good).take(n).enumerate() {
+            let (fv, fg) = fast(seed, scale, CUT, at.wrapping_add(k as u64));
+            *v = fv;
+            *g = fg as u8;
         }
         for (k, o) in part.iter_mut().enumerate() {
             let i = at.wrapping_add(k as u64);

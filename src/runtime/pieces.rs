@@ -113,9 +113,20 @@ pub(crate) fn piece_from(
             if len == 0 {
                 return;
             }
+            // Runs that continue one another are made as one (a whole
+            // row-major piece is one run).
             let runs = starts.get(first..first + n).unwrap_or_default();
-            for (s, o) in runs.iter().zip(out.chunks_mut(len)) {
-                run(*s, o);
+            let (mut at, mut from) = (0, 0);
+            while at < runs.len() {
+                let mut end = at + 1;
+                while end < runs.len() && runs[end] == runs[end - 1].wrapping_add(len as u64) {
+                    end += 1;
+                }
+                if let Some(o) = out.get_mut(from..from + (end - at) * len) {
+                    run(runs[at], o);
+                }
+                from += (end - at) * len;
+                at = end;
             }
         })
         .ok_or_else(|| "a thread making an initial value failed".into())
@@ -356,8 +367,9 @@ mod tests {
     }
 
     /// A piece made run by run, over two pool threads, has the bits of the
-    /// f64 path for every initializer, every float dtype and a given array;
-    /// runs that skip (a sharded last-but-one dimension) included.
+    /// f64 path for every initializer, every float dtype and a given array:
+    /// runs that skip (a sharded last dimension), runs that continue one
+    /// another (made as one), none, and runs of nothing.
     #[test]
     fn pieces_from_runs_have_the_bits_of_f64_then_cast() {
         crate::pool::set_threads(2);
@@ -368,13 +380,29 @@ mod tests {
                 Dim::replicated(Poly::constant(700)),
             ],
         );
-        let bound = Default::default();
-        // Rows 10..58 of columns 100..450: 48 runs of 350.
-        let starts: Vec<u64> = (10..58u64).map(|r| r * 700 + 100).collect();
-        let len = 350;
-        let idx: Vec<u64> = starts.iter().flat_map(|s| *s..*s + len as u64).collect();
-        let shape = [48, 350];
         let given: Vec<f64> = (0..96 * 700).map(|k| (k as f64).sin() * 0.3).collect();
+        // Rows 10..58 of columns 100..450: 48 runs of 350; rows 3..50 whole.
+        same_bits_on(
+            &t,
+            &(10..58u64).map(|r| r * 700 + 100).collect::<Vec<_>>(),
+            350,
+            &given,
+        );
+        same_bits_on(
+            &t,
+            &(3..50u64).map(|r| r * 700).collect::<Vec<_>>(),
+            700,
+            &given,
+        );
+        same_bits_on(&t, &[5, 6, 7, 20, 21], 1, &given);
+        same_bits_on(&t, &[], 5, &given);
+        same_bits_on(&t, &[3, 9], 0, &given);
+    }
+
+    fn same_bits_on(t: &TType, starts: &[u64], len: usize, given: &[f64]) {
+        let bound = Default::default();
+        let idx: Vec<u64> = starts.iter().flat_map(|s| *s..*s + len as u64).collect();
+        let shape = [starts.len(), len];
         let inits = [
             Init::Normal(0.02),
             Init::TruncatedNormal(1.5),
@@ -385,32 +413,22 @@ mod tests {
             Init::Constant(-0.25),
         ];
         for dtype in [DType::F32, DType::F64, DType::BF16, DType::F16] {
-            let gens: Vec<_> = inits.iter().map(|i| i.generator(&t, 77, &bound)).collect();
+            let gens: Vec<_> = inits.iter().map(|i| i.generator(t, 77, &bound)).collect();
             let mut all: Vec<&dyn Values> = gens.iter().map(|g| g as &dyn Values).collect();
-            let given = Given(&given);
+            let given = Given(given);
             all.push(&given);
             for v in all {
-                let new = piece_from((&starts, len), shape.to_vec(), dtype, &Device::Cpu, v);
+                let new = piece_from((starts, len), shape.to_vec(), dtype, &Device::Cpu, v);
                 let new = new.expect("a piece");
+                let old = old_way(v, &idx, &shape, dtype);
                 assert_eq!(
                     bits(&new),
-                    bits(&old_way(v, &idx, &shape, dtype)),
-                    "{dtype:?}"
+                    bits(&old),
+                    "{dtype:?}, {} runs of {len}",
+                    starts.len()
                 );
                 assert_eq!(new.dtype(), dtype);
             }
-        }
-        // An empty piece, and runs of nothing.
-        for (starts, len) in [(vec![], 5), (vec![3, 9], 0)] {
-            let g = Init::Normal(1.0).generator(&t, 1, &bound);
-            let p = piece_from(
-                (&starts, len),
-                vec![starts.len(), len],
-                DType::F32,
-                &Device::Cpu,
-                &g,
-            );
-            assert_eq!(p.expect("a piece").elem_count(), 0);
         }
     }
 }
