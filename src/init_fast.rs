@@ -41,7 +41,11 @@ pub fn normals_f32(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq") {
+        if is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512dq")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx2")
+        {
             // SAFETY: the CPU has the features the function is compiled for.
             return unsafe { blocks_avx512(seed, scale, truncated, first, out) };
         }
