@@ -13,6 +13,7 @@ use crate::types::{Poly, TType};
 use std::collections::BTreeMap;
 use std::mem::MaybeUninit;
 
+#[inline(always)]
 fn splitmix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -335,9 +336,14 @@ pub trait Values: Sync {
 
     /// `at(first + k) as f32` into each `out[k]`.
     fn run_f32(&self, first: u64, out: &mut [MaybeUninit<f32>]) {
-        for (k, o) in out.iter_mut().enumerate() {
-            o.write(self.at(first.wrapping_add(k as u64)) as f32);
-        }
+        one_at_a_time(self, first, out)
+    }
+}
+
+/// [`Values::run_f32`] element by element.
+fn one_at_a_time<V: Values + ?Sized>(v: &V, first: u64, out: &mut [MaybeUninit<f32>]) {
+    for (k, o) in out.iter_mut().enumerate() {
+        o.write(v.at(first.wrapping_add(k as u64)) as f32);
     }
 }
 
@@ -352,11 +358,7 @@ impl Values for Gen {
         match self.law {
             Law::Normal => crate::init_fast::normals_f32(seed, s, false, first, out),
             Law::Truncated => crate::init_fast::normals_f32(seed, s, true, first, out),
-            Law::Constant | Law::Uniform => {
-                for (k, o) in out.iter_mut().enumerate() {
-                    o.write(self.at(first.wrapping_add(k as u64)) as f32);
-                }
-            }
+            Law::Constant | Law::Uniform => one_at_a_time(self, first, out),
         }
     }
 }
