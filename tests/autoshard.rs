@@ -296,9 +296,8 @@ fn the_layout_trains_like_one_device() {
 }
 
 /// GPT-3 175B with its stack not pipelined and not checkpointed fits no
-/// layout of 1024 h100-80g; `--pipeline` cuts the stack over `pp` (with its
-/// blocks recomputed) into a layout that fits and plans a step no slower
-/// than the hand file's 1F1B, the same bytes each run.
+/// layout of 1024 h100-80g; `--pipeline` cuts the stack over `pp` into a
+/// layout that fits and plans a step no slower than the hand file's 1F1B.
 #[test]
 fn pipeline_lets_gpt3_175b_fit_no_slower_than_the_hand_file() {
     let file = "examples/gpt3_175b.shard";
@@ -315,6 +314,9 @@ fn pipeline_lets_gpt3_175b_fit_no_slower_than_the_hand_file() {
     };
     assert!(s.planned.fits, "{}", s.text);
     assert!(s.text.contains("stages: pp"), "{}", s.text);
+    // The microbatch counts offered follow the batch (1536) and the mesh
+    // (dp 16): 96, one example per replica in each, plans the shortest step.
+    assert!(s.text.contains("microbatches: 96"), "{}", s.text);
     let (step, _, fits) = planned(file, &s.text, None, "h100-80g");
     assert!(
         fits && step <= hand_step,

@@ -19,6 +19,9 @@ use crate::world::{Compilation, Options};
 use search::{Evaluator, Move, Outcome, Planned};
 use std::path::{Path, PathBuf};
 
+/// A mesh's axes with their sizes, in the declaration's order.
+type Mesh = Vec<(String, i64)>;
+
 /// Spaces of at most this many candidates are enumerated whole.
 pub const EXACT: u64 = 256;
 
@@ -214,30 +217,40 @@ pub fn solve(req: &Request) -> Result<Solution, Failure> {
         crate::ast::Item::Train(t) if t.model.name == model => Some(t),
         _ => None,
     });
-    let vars = sites::collect(
-        &file,
-        &text,
-        &model,
-        &axes,
-        train_decl,
-        req.allow_bf16,
-        req.pipeline,
-    );
+    // The batch a step runs, which a pipeline's microbatch counts divide.
+    let batch = train.batch.map(|b| (b / train.accumulate.max(1)) as u64);
+    // The decisions on each mesh (a pipeline's depend on its sizes).
+    let decisions: Vec<(Mesh, Vec<sites::Var>)> = meshes
+        .into_iter()
+        .map(|m| {
+            let staging = sites::Staging { mesh: &m, batch };
+            let vars = sites::collect(
+                &file,
+                &text,
+                &model,
+                &axes,
+                train_decl,
+                req.allow_bf16,
+                req.pipeline.then_some(&staging),
+            );
+            (m, vars)
+        })
+        .collect();
     let mut explain = Explain::default();
     let mut best: Option<(Chosen, Evaluator)> = None;
-    for m in meshes {
+    for (m, vars) in &decisions {
         let mut o = opts.clone();
         o.mesh = m.clone();
         let ev = Evaluator::new(
             req.files,
             req.path,
             &text,
-            &vars,
+            vars,
             o,
             req.device.clone(),
             model.clone(),
         );
-        let (chosen, ev, searched) = search_mesh(ev, m, req.exact);
+        let (chosen, ev, searched) = search_mesh(ev, m.clone(), req.exact);
         explain.meshes.push(searched);
         if best
             .as_ref()
@@ -249,11 +262,12 @@ pub fn solve(req: &Request) -> Result<Solution, Failure> {
     let Some((best, mut ev)) = best else {
         return Err(Failure::Usage(Usage::BadDevices(req.devices.unwrap_or(0))));
     };
+    let vars = ev.vars;
     let Outcome::Planned(planned) = best.outcome.clone() else {
         return Err(Failure::Unsound(Box::new(c)));
     };
     if !planned.fits {
-        let d = no_fit(req, &c, &text, &vars, &best, &planned, &model);
+        let d = no_fit(req, &c, &text, vars, &best, &planned, &model);
         return Err(Failure::NoFit {
             diagnostic: Box::new(d),
             compilation: Box::new(c),
@@ -265,7 +279,7 @@ pub fn solve(req: &Request) -> Result<Solution, Failure> {
     if let Some(m) = explain.meshes.iter_mut().find(|m| m.mesh == best.mesh) {
         m.best = Some(planned.clone());
     }
-    let notes = reasons::comments(&text, &vars, &pick, &planned, &alts, &req.device);
+    let notes = reasons::comments(&text, vars, &pick, &planned, &alts, &req.device);
     let mesh_edits = if req.mesh.is_empty() && req.devices.is_none() {
         Vec::new()
     } else {
@@ -273,7 +287,7 @@ pub fn solve(req: &Request) -> Result<Solution, Failure> {
     };
     let written = sites::write_with(
         &text,
-        &vars,
+        vars,
         &pick,
         notes.into_iter().chain(mesh_edits).collect(),
     );

@@ -128,27 +128,52 @@ fn reason(
             }
         }
     }
-    let refused: Vec<String> = alts
+    let refused: Vec<(&str, &str)> = alts
         .iter()
         .filter(|(m, _)| m.len() == 1)
         .filter_map(|(m, o)| match o {
             Outcome::Refused {
                 code: Some(code), ..
-            } => Some(format!(
-                "{} ({})",
-                vars[m[0].0].choices[m[0].1].label,
-                code.as_str()
-            )),
+            } => Some((vars[m[0].0].choices[m[0].1].label.as_str(), code.as_str())),
             _ => None,
         })
         .collect();
+    let refused = refusals(&refused);
     if !refused.is_empty() {
         let sep = if runner.is_none() {
             ": "
         } else {
             "; refused: "
         };
-        s.push_str(&format!("{sep}{}", refused.join(", ")));
+        s.push_str(&format!("{sep}{refused}"));
     }
     s
+}
+
+/// Refused choices at most this many are each named.
+const NAMED: usize = 8;
+
+/// The refused choices, each with its code (`@dp (E0213), @tp (E0201)`);
+/// more than [`NAMED`] (a pipeline's stages over every axis, schedule and
+/// microbatch count) are counted by code, with the first of each named.
+fn refusals(refused: &[(&str, &str)]) -> String {
+    if refused.len() <= NAMED {
+        let each: Vec<String> = refused.iter().map(|(l, c)| format!("{l} ({c})")).collect();
+        return each.join(", ");
+    }
+    let mut codes: Vec<(&str, &str, usize)> = Vec::new();
+    for &(label, code) in refused {
+        match codes.iter_mut().find(|(c, _, _)| *c == code) {
+            Some((_, _, n)) => *n += 1,
+            None => codes.push((code, label, 1)),
+        }
+    }
+    let each: Vec<String> = codes
+        .iter()
+        .map(|(code, first, n)| match n {
+            1 => format!("{first} ({code})"),
+            _ => format!("{n} choices ({code}) such as {first}"),
+        })
+        .collect();
+    each.join("; ")
 }

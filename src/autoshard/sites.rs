@@ -7,6 +7,7 @@
 //! is the user's constraint: none of its places is a decision.
 
 use crate::ast::{self, Arg, BinOp, DimSpec, Expr, ExprKind, ListItem, Member};
+use crate::vocab::Pipe;
 use std::collections::BTreeMap;
 
 /// What a decision sets.
@@ -26,10 +27,31 @@ pub enum Kind {
     Pipeline,
 }
 
-/// The schedules a pipeline decision offers, as written after `schedule:`.
-pub const SCHEDULES: &[&str] = &["one_f_one_b", "interleaved, chunks: 2", "zb_h1", "zbv"];
-/// The microbatch counts it offers.
-pub const MICROBATCHES: &[u32] = &[8, 16];
+/// Whether a pipeline decision offers a schedule, and what it writes after
+/// the schedule's name (`interleaved, chunks: 2`). Every schedule of the
+/// registry is named here (no default), so a new one is a decision to make,
+/// not one left out.
+pub fn searched_schedule(p: Pipe) -> Option<&'static str> {
+    match p {
+        // 1F1B's bubble with every microbatch's activations held: never better.
+        Pipe::GPipe => None,
+        Pipe::OneFOneB | Pipe::ZbH1 | Pipe::Zbv => Some(""),
+        Pipe::Interleaved => Some(", chunks: 2"),
+    }
+}
+
+/// Examples per data-parallel replica in one microbatch that a pipeline
+/// decision offers: its microbatch counts are the step's batch over each
+/// possible replica count times one of these.
+pub const PER_REPLICA: &[u64] = &[1, 2, 4];
+
+/// What a pipeline decision is chosen for: the mesh's axes with their sizes
+/// and the batch a step runs (after `accumulate`; `None` when the file does
+/// not say).
+pub struct Staging<'a> {
+    pub mesh: &'a [(String, i64)],
+    pub batch: Option<u64>,
+}
 
 /// A `repeat(...)` of a layer: where its closing parenthesis is, the start
 /// of its line, and what it already says.
@@ -77,7 +99,8 @@ pub struct Var {
 }
 
 /// Every decision the search may take in `file` (the root file's syntax
-/// tree) for the trained `model`, over a mesh with these axes.
+/// tree) for the trained `model`, over a mesh with these axes; with
+/// `--pipeline`, each `repeat`'s stages too, over `pipeline`'s mesh.
 pub fn collect(
     file: &ast::File,
     text: &str,
@@ -85,7 +108,7 @@ pub fn collect(
     axes: &[String],
     train: Option<&ast::TrainDecl>,
     bf16: bool,
-    pipeline: bool,
+    pipeline: Option<&Staging>,
 ) -> Vec<Var> {
     let layers: BTreeMap<&str, &ast::LayerDecl> = file
         .items
@@ -205,7 +228,7 @@ fn in_layer(
     axes: &[String],
     is_model: bool,
     consts: &[&str],
-    pipeline: bool,
+    pipeline: Option<&Staging>,
 ) -> Vec<Var> {
     let scope = decl.name.name.clone();
     let mut found = Found::default();
@@ -267,8 +290,8 @@ fn in_layer(
     // In the order they are written: the reasons and the search read in that order.
     vars.sort_by_key(|v| (v.line, v.sites.first().map_or(0, |s| s.at)));
     for r in repeats {
-        if pipeline && !r.staged {
-            vars.push(pipeline_var(&scope, r.close, r.line, axes));
+        if let Some(st) = pipeline.filter(|_| !r.staged) {
+            vars.push(pipeline_var(&scope, r.close, r.line, st));
         }
         if r.checkpointed {
             continue;
@@ -314,13 +337,22 @@ fn in_layer(
 }
 
 /// A `repeat`'s pipeline decision: not pipelined, or its stages over each
-/// axis with each schedule and microbatch count ([`SCHEDULES`],
-/// [`MICROBATCHES`]); the checker refuses what does not divide.
-fn pipeline_var(scope: &str, close: usize, line: usize, axes: &[String]) -> Var {
+/// axis of more than one device, with each schedule offered
+/// ([`searched_schedule`]) and each microbatch count [`microbatch_counts`]
+/// gives; the checker refuses what does not divide.
+fn pipeline_var(scope: &str, close: usize, line: usize, st: &Staging) -> Var {
     let mut choices = vec![none("not pipelined")];
-    for a in axes {
-        for s in SCHEDULES {
-            for m in MICROBATCHES {
+    for (a, size) in st.mesh.iter().filter(|(_, n)| *n > 1) {
+        let stages = *size as u64;
+        for &pipe in Pipe::ALL {
+            let Some(args) = searched_schedule(pipe) else {
+                continue;
+            };
+            let s = format!("{}{args}", pipe.name());
+            for m in microbatch_counts(st, a, stages) {
+                if pipe.needs_multiple() && !m.is_multiple_of(stages) {
+                    continue;
+                }
                 let text = format!("stages: {a}, schedule: {s}, microbatches: {m}");
                 choices.push(Choice {
                     text: format!(", {text}"),
@@ -341,6 +373,38 @@ fn pipeline_var(scope: &str, close: usize, line: usize, axes: &[String]) -> Var 
         line,
         input: false,
     }
+}
+
+/// The microbatch counts of a pipeline over `axis` (`stages` devices), in
+/// ascending order: the step's batch over `r · k`, for every replica count
+/// `r` the other axes can make (the product of any of them) and every `k`
+/// of [`PER_REPLICA`], where that divides and gives at least one microbatch
+/// per stage. A file whose batch is not known gets 1, 2 and 4 per stage.
+pub fn microbatch_counts(st: &Staging, axis: &str, stages: u64) -> Vec<u64> {
+    let Some(b) = st.batch.filter(|b| *b > 0) else {
+        return vec![stages, 2 * stages, 4 * stages];
+    };
+    let others: Vec<u64> = st
+        .mesh
+        .iter()
+        .filter(|(a, n)| a != axis && *n > 1)
+        .map(|(_, n)| *n as u64)
+        .collect();
+    let mut replicas = vec![1u64];
+    for n in others {
+        let more: Vec<u64> = replicas.iter().map(|r| r.saturating_mul(n)).collect();
+        replicas.extend(more);
+    }
+    let mut out: Vec<u64> = replicas
+        .iter()
+        .flat_map(|r| PER_REPLICA.iter().map(move |k| r.saturating_mul(*k)))
+        .filter(|d| b.is_multiple_of(*d))
+        .map(|d| b / d)
+        .filter(|m| *m >= stages)
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
 }
 
 fn none(label: &str) -> Choice {
@@ -607,4 +671,65 @@ pub fn write_with(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mesh(axes: &[(&str, i64)]) -> Vec<(String, i64)> {
+        axes.iter().map(|(a, n)| (a.to_string(), *n)).collect()
+    }
+
+    #[test]
+    fn microbatch_counts_divide_the_batch_per_replica_count() {
+        let m = mesh(&[("dp", 16), ("pp", 8), ("tp", 8)]);
+        let st = Staging {
+            mesh: &m,
+            batch: Some(1536),
+        };
+        // 1536 over r·k for r in {1, 16, 8, 128} and k in {1, 2, 4}, at
+        // least one microbatch per stage (1536 / 512 = 3 is not).
+        assert_eq!(
+            microbatch_counts(&st, "pp", 8),
+            [12, 24, 48, 96, 192, 384, 768, 1536]
+        );
+        // A batch the replica counts do not divide gives only what divides.
+        let st = Staging {
+            mesh: &m,
+            batch: Some(24),
+        };
+        assert_eq!(microbatch_counts(&st, "pp", 8), [12, 24]);
+        let st = Staging {
+            mesh: &m,
+            batch: None,
+        };
+        assert_eq!(microbatch_counts(&st, "pp", 8), [8, 16, 32]);
+    }
+
+    #[test]
+    fn a_pipeline_is_offered_over_axes_of_more_than_one_device() {
+        let m = mesh(&[("dp", 2), ("pp", 1)]);
+        let st = Staging {
+            mesh: &m,
+            batch: Some(6),
+        };
+        let v = pipeline_var("M", 0, 0, &st);
+        let labels: Vec<&str> = v.choices.iter().map(|c| c.label.as_str()).collect();
+        // 6 and 3 microbatches over `dp` (6 / 4 does not divide); interleaved
+        // only with a multiple of the stages; GPipe never; nothing over `pp`.
+        assert_eq!(
+            labels,
+            [
+                "not pipelined",
+                "stages: dp, schedule: one_f_one_b, microbatches: 3",
+                "stages: dp, schedule: one_f_one_b, microbatches: 6",
+                "stages: dp, schedule: interleaved, chunks: 2, microbatches: 6",
+                "stages: dp, schedule: zb_h1, microbatches: 3",
+                "stages: dp, schedule: zb_h1, microbatches: 6",
+                "stages: dp, schedule: zbv, microbatches: 3",
+                "stages: dp, schedule: zbv, microbatches: 6",
+            ]
+        );
+    }
 }

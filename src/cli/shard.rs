@@ -36,7 +36,8 @@ pub struct ShardArgs {
     #[arg(long)]
     pub allow_bf16: bool,
     /// Let the search cut each `repeat` into pipeline stages over a mesh axis
-    /// (1F1B, interleaved, ZB-H1 or ZBV; 8 or 16 microbatches).
+    /// (1F1B, interleaved, ZB-H1 or ZBV; microbatch counts from the batch
+    /// and the mesh).
     #[arg(long)]
     pub pipeline: bool,
     /// Enumerate every layout, however many (slow on large models).
