@@ -463,22 +463,16 @@ impl<'r, 'a> Worker<'r, 'a> {
         if !(step + 1).is_multiple_of(*every) {
             return Ok(());
         }
-        let mut arrays = Vec::new();
+        // What it holds, the same on every device: each parameter and its
+        // optimizer slots, by the name the file gives them.
+        let mut held: Vec<(String, usize, &Tensor)> = Vec::new();
         for (i, p) in prog.params.iter().enumerate() {
-            let shape: Vec<usize> = p.stored.known_shape();
-            if let Some(v) = gather_one(ex, i, &self.params[i])? {
-                arrays.push((format!("param/{}", p.name), shape.clone(), v));
-            }
+            held.push((format!("param/{}", p.name), i, &self.params[i]));
             for (slot, key) in [(&self.state.m[i], "opt_m"), (&self.state.v[i], "opt_v")] {
-                if let Some(s) = slot {
-                    if let Some(v) = gather_one(ex, i, s)? {
-                        arrays.push((format!("{key}/{}", p.name), shape.clone(), v));
-                    }
+                if let Some(t) = slot {
+                    held.push((format!("{key}/{}", p.name), i, t));
                 }
             }
-        }
-        if self.rank != 0 {
-            return Ok(());
         }
         let manifest = super::checkpoint::Manifest {
             format: super::checkpoint::FORMAT.into(),
@@ -491,35 +485,43 @@ impl<'r, 'a> Worker<'r, 'a> {
             mesh: prog.mesh.clone(),
             dtype: if cfg.dtype == DType::F64 { "f64".into() } else { "f32".into() },
             optimizer: cfg_now.optimizer.name().into(),
-            tensors: arrays
+            tensors: held
                 .iter()
-                .map(|(n, s, _)| {
-                    let layout = prog
-                        .params
-                        .iter()
-                        .find(|p| n.ends_with(&format!("/{}", p.name)))
-                        .map(|p| p.stored.to_string())
-                        .unwrap_or_default();
-                    super::checkpoint::TensorInfo {
-                        name: n.clone(),
-                        shape: s.clone(),
-                        layout,
-                        sha256: String::new(),
-                    }
+                .map(|(name, i, _)| super::checkpoint::TensorInfo {
+                    name: name.clone(),
+                    shape: prog.params[*i].stored.known_shape(),
+                    layout: prog.params[*i].stored.to_string(),
+                    sha256: String::new(),
                 })
                 .collect(),
         };
+        // Every device gathers each tensor in the order the file is written
+        // in; device 0 writes each as it comes.
+        if self.rank != 0 {
+            for k in super::checkpoint::write::order(&manifest) {
+                let (_, i, t) = held[k];
+                gather_one(ex, i, t)?;
+            }
+            return Ok(());
+        }
+        let f64 = cfg.dtype == DType::F64;
+        let saved = super::checkpoint::save(dir, *keep, &manifest, f64, |order, sink| {
+            for &k in order {
+                let (_, i, t) = held[k];
+                let v = gather_one(ex, i, t)?.unwrap_or_default();
+                sink.put(k, &v);
+            }
+            Ok::<(), RunError>(())
+        })?;
         // A failed save stops the run (the other devices are told to stop
         // too): it must not go on unsaved.
-        super::checkpoint::save(dir, *keep, &manifest, &arrays, cfg.dtype == DType::F64)
-            .map(|_| ())
-            .map_err(|e| {
-                format!(
-                    "the checkpoint after step {} was not written: {e}",
-                    step + 1
-                )
-                .into()
-            })
+        saved.map(|_| ()).map_err(|e| {
+            format!(
+                "the checkpoint after step {} was not written: {e}",
+                step + 1
+            )
+            .into()
+        })
     }
 
     /// Held-out loss after `step` when the cadence asks for it: forward

@@ -7,13 +7,14 @@
 //! against each other and against the program (`verify`).
 
 mod error;
+pub mod write;
 
 pub use error::{CheckpointError, ParamProblem, Untrusted};
-use safetensors::tensor::{Dtype, TensorView};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+pub use write::Sink;
 
 /// Version 2 added the run id and a checksum per tensor.
 pub const FORMAT: &str = "shardc-checkpoint-2";
@@ -74,35 +75,36 @@ pub fn new_run_id() -> String {
     h.update(now.to_le_bytes());
     h.update(std::process::id().to_le_bytes());
     h.update(COUNT.fetch_add(1, Ordering::Relaxed).to_le_bytes());
-    hex(&h.finalize()[..8])
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    write::hex(&h.finalize()[..8])
 }
 
 fn sha256(b: &[u8]) -> String {
-    hex(&Sha256::digest(b))
+    write::hex(&Sha256::digest(b))
 }
 
 /// Write one checkpoint, read it back to verify it, and keep the newest `keep`
 /// of this run series (older ones only; never another series', never one newer
-/// than this, which a fallback resume left behind).
-pub fn save(
+/// than this, which a fallback resume left behind). `manifest` lists the
+/// tensors (their checksums are filled in here); `fill` puts each one's values
+/// into the [`Sink`] in the order given, as it gathers them (see [`write`]).
+/// `Err(E)`: `fill` failed; `Ok(Err(_))`: the checkpoint was not written.
+pub fn save<E>(
     dir: &Path,
     keep: usize,
     manifest: &Manifest,
-    arrays: &Arrays,
     f64: bool,
-) -> Res<PathBuf> {
+    fill: impl FnOnce(&[usize], &mut Sink) -> Result<(), E>,
+) -> Result<Res<PathBuf>, E> {
     let werr = |path: &Path, e: &dyn std::fmt::Display| CheckpointError::Write {
         path: path.to_path_buf(),
         error: e.to_string(),
     };
-    std::fs::create_dir_all(dir).map_err(|e| werr(dir, &e))?;
+    if let Err(e) = std::fs::create_dir_all(dir) {
+        return Ok(Err(werr(dir, &e)));
+    }
     // Fault injection for the failed-save test (a full disk, a lost mount).
     if std::env::var_os("SHARDC_FAULT_SAVE_FAIL").is_some() {
-        return Err(werr(dir, &"injected failure (SHARDC_FAULT_SAVE_FAIL)"));
+        return Ok(Err(werr(dir, &"injected failure (SHARDC_FAULT_SAVE_FAIL)")));
     }
     let tmp = dir.join(format!(
         ".tmp-step-{:08}-{}",
@@ -110,39 +112,43 @@ pub fn save(
         std::process::id()
     ));
     let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(|e| werr(&tmp, &e))?;
-    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = arrays
-        .iter()
-        .map(|(n, shape, v)| {
-            let b: Vec<u8> = if f64 {
-                v.iter().flat_map(|x| x.to_le_bytes()).collect()
-            } else {
-                v.iter().flat_map(|x| (*x as f32).to_le_bytes()).collect()
-            };
-            (n.clone(), shape.clone(), b)
-        })
-        .collect();
-    let mut manifest = manifest.clone();
-    for t in &mut manifest.tensors {
-        if let Some((_, _, b)) = bytes.iter().find(|(n, _, _)| *n == t.name) {
-            t.sha256 = sha256(b);
-        }
+    if let Err(e) = std::fs::create_dir_all(&tmp) {
+        return Ok(Err(werr(&tmp, &e)));
     }
-    let dtype = if f64 { Dtype::F64 } else { Dtype::F32 };
-    let views: Vec<(String, TensorView)> = bytes
-        .iter()
-        .map(|(n, s, b)| {
-            TensorView::new(dtype, s.clone(), b)
-                .map(|v| (n.clone(), v))
-                .map_err(|e| werr(&tmp, &e))
-        })
-        .collect::<Res<_>>()?;
-    let mut meta = HashMap::new();
-    meta.insert("format".to_string(), FORMAT.to_string());
-    meta.insert("step".to_string(), manifest.step.to_string());
+    let meta = HashMap::from([
+        ("format".to_string(), FORMAT.to_string()),
+        ("step".to_string(), manifest.step.to_string()),
+    ]);
     let file = tmp.join("tensors.safetensors");
-    safetensors::tensor::serialize_to_file(views, Some(meta), &file)
-        .map_err(|e| werr(&file, &e))?;
+    let sums = write::stream(&file, manifest, f64, meta, fill);
+    let done = match sums {
+        Ok(Ok(sums)) => Ok(finish(dir, keep, manifest, &tmp, sums)),
+        Ok(Err(e)) => Ok(Err(e)),
+        Err(e) => Err(e),
+    };
+    if !matches!(done, Ok(Ok(_))) {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    done
+}
+
+/// The rest of a save once its tensors are written to `tmp`: the manifest
+/// with their checksums, the rename into place, the read-back, the rotation.
+fn finish(
+    dir: &Path,
+    keep: usize,
+    manifest: &Manifest,
+    tmp: &Path,
+    sums: Vec<String>,
+) -> Res<PathBuf> {
+    let werr = |path: &Path, e: &dyn std::fmt::Display| CheckpointError::Write {
+        path: path.to_path_buf(),
+        error: e.to_string(),
+    };
+    let mut manifest = manifest.clone();
+    for (t, sum) in manifest.tensors.iter_mut().zip(sums) {
+        t.sha256 = sum;
+    }
     // Fault injection for the kill-during-save test: hold the half-written state.
     if let Some(ms) = std::env::var("SHARDC_FAULT_SAVE_PAUSE_MS")
         .ok()
@@ -150,14 +156,15 @@ pub fn save(
     {
         std::thread::sleep(std::time::Duration::from_millis(ms));
     }
-    let json = serde_json::to_string_pretty(&manifest).map_err(|e| werr(&tmp, &e))?;
+    let json = serde_json::to_string_pretty(&manifest).map_err(|e| werr(tmp, &e))?;
     let mpath = tmp.join("manifest.json");
     std::fs::write(&mpath, json).map_err(|e| werr(&mpath, &e))?;
     let dest = step_dir(dir, manifest.step);
     let _ = std::fs::remove_dir_all(&dest);
-    std::fs::rename(&tmp, &dest).map_err(|e| werr(&dest, &e))?;
+    std::fs::rename(tmp, &dest).map_err(|e| werr(&dest, &e))?;
     // Trust what is on the disk, not what was meant to be: read it back.
-    load(&dest)?;
+    let written = read_manifest(&dest)?;
+    write::verify(&dest.join("tensors.safetensors"), &written)?;
     // Half-written directories of processes killed mid-save are garbage now
     // (only ones that hold nothing but a checkpoint's files).
     if let Ok(rd) = std::fs::read_dir(dir) {
