@@ -11,7 +11,7 @@ use super::exec::{Exec, Fault, R};
 pub use super::memory::Memory;
 use super::mesh::{Cluster, InProcess};
 pub(crate) use super::pieces::local_piece;
-use super::pieces::{param_indices, PieceCache, SlotCache, StepBatches};
+use super::pieces::{param_runs, PieceCache, SlotCache, StepBatches};
 use super::pipeline::Stages;
 use super::worker::Worker;
 use crate::mesh::{Collectives, Topology};
@@ -642,14 +642,18 @@ pub(crate) fn gather_one(ex: &Exec, pi: usize, t: &Tensor) -> R<Option<Vec<f64>>
         {
             continue;
         }
-        let idx = param_indices(topo, r, p, ex.sparse.placements.get(&pi), ex.prog)?;
+        let (starts, len) = param_runs(topo, r, p, ex.sparse.placements.get(&pi), ex.prog)?;
         let vals: Vec<f64> = piece
             .flatten_all()
             .and_then(|t| t.to_dtype(DType::F64))
             .and_then(|t| t.to_vec1::<f64>())
             .map_err(ce)?;
-        for (i, v) in idx.iter().zip(vals) {
-            full[*i as usize] = v;
+        // The piece is its runs of the global array, one after another.
+        for (run, s) in vals.chunks(len.max(1)).zip(starts) {
+            let at = s as usize;
+            if let Some(dst) = full.get_mut(at..at + run.len()) {
+                dst.copy_from_slice(run);
+            }
         }
     }
     Ok(Some(full))
