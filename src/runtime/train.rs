@@ -18,7 +18,7 @@ use crate::mesh::{Collectives, Topology};
 use crate::spmd::{Op, Program};
 use crate::step::{Step, Training};
 use crate::types::TType;
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use std::collections::HashMap;
 use std::sync::mpsc;
 
@@ -621,13 +621,23 @@ pub(crate) fn gather_global(ex: &Exec, grads: &[Tensor]) -> R<Option<Named>> {
 /// One value's global array, assembled on device 0 (`None` on the others) from
 /// every device's piece, so no device holds more than one global copy.
 pub(crate) fn gather_one(ex: &Exec, pi: usize, t: &Tensor) -> R<Option<Vec<f64>>> {
+    gather_as::<f64>(ex, pi, t)
+}
+
+/// [`gather_one`] in `T` (f32 for an f32 checkpoint: no f64 copy; the same
+/// values, as every piece's dtype widens to f32 exactly or is f32).
+pub(crate) fn gather_as<T: candle_core::WithDType>(
+    ex: &Exec,
+    pi: usize,
+    t: &Tensor,
+) -> R<Option<Vec<T>>> {
     let p = &ex.prog.params[pi];
     let stored = &p.stored;
     let Some(pieces) = ex.comm.gather_to_first(ex.rank, t).map_err(ce)? else {
         return Ok(None);
     };
     let n: usize = stored.known_shape().iter().product();
-    let mut full = vec![0f64; n];
+    let mut full = vec![T::from_f64(0.0); n];
     let topo = ex.comm.topo();
     let (rep_axes, _) = ex.replicas(pi);
     let stage = ex
@@ -643,10 +653,10 @@ pub(crate) fn gather_one(ex: &Exec, pi: usize, t: &Tensor) -> R<Option<Vec<f64>>
             continue;
         }
         let (starts, len) = param_runs(topo, r, p, ex.sparse.placements.get(&pi), ex.prog)?;
-        let vals: Vec<f64> = piece
+        let vals: Vec<T> = piece
             .flatten_all()
-            .and_then(|t| t.to_dtype(DType::F64))
-            .and_then(|t| t.to_vec1::<f64>())
+            .and_then(|t| t.to_dtype(T::DTYPE))
+            .and_then(|t| t.to_vec1::<T>())
             .map_err(ce)?;
         // The piece is its runs of the global array, one after another.
         for (run, s) in vals.chunks(len.max(1)).zip(starts) {

@@ -15,8 +15,8 @@ use super::pieces::{
 use super::pipeline::Stages;
 use super::profile::{self, Phase};
 use super::train::{
-    aux_split, gather_global, gather_one, global_norm, metric_values, sync_grads, Named, Observed,
-    Run, StepReport,
+    aux_split, gather_as, gather_global, gather_one, global_norm, metric_values, sync_grads, Named,
+    Observed, Run, StepReport,
 };
 use crate::init;
 use crate::spmd::Program;
@@ -500,7 +500,7 @@ impl<'r, 'a> Worker<'r, 'a> {
         if self.rank != 0 {
             for k in super::checkpoint::write::order(&manifest) {
                 let (_, i, t) = held[k];
-                gather_one(ex, i, t)?;
+                gather_as::<f32>(ex, i, t)?;
             }
             return Ok(());
         }
@@ -508,8 +508,11 @@ impl<'r, 'a> Worker<'r, 'a> {
         let saved = super::checkpoint::save(dir, *keep, &manifest, f64, |order, sink| {
             for &k in order {
                 let (_, i, t) = held[k];
-                let v = gather_one(ex, i, t)?.unwrap_or_default();
-                sink.put(k, &v);
+                if f64 {
+                    sink.put(k, &gather_one(ex, i, t)?.unwrap_or_default());
+                } else {
+                    sink.put(k, &gather_as::<f32>(ex, i, t)?.unwrap_or_default());
+                }
             }
             Ok::<(), RunError>(())
         })?;

@@ -28,6 +28,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::OnceLock;
 
 /// The order a checkpoint's tensors are made and written in: indices into
 /// `manifest.tensors`, by name (the serializer's order for tensors of one
@@ -42,24 +43,41 @@ pub fn order(manifest: &Manifest) -> Vec<usize> {
 pub struct Sink {
     tx: Option<SyncSender<(usize, Vec<u8>)>>,
     f64: bool,
-    sha: Vec<String>,
+}
+
+/// A value a checkpoint file is written from, in either of its dtypes.
+pub trait Float: Copy {
+    fn f32(self) -> f32;
+    fn f64(self) -> f64;
+}
+
+impl Float for f32 {
+    fn f32(self) -> f32 {
+        self
+    }
+    fn f64(self) -> f64 {
+        self as f64
+    }
+}
+
+impl Float for f64 {
+    fn f32(self) -> f32 {
+        self as f32
+    }
+    fn f64(self) -> f64 {
+        self
+    }
 }
 
 impl Sink {
-    /// Tensor `k` of the manifest (its values in f64, converted to the file's
-    /// dtype as before: `v as f32` for f32 files).
-    pub fn put(&mut self, k: usize, values: &[f64]) {
+    /// Tensor `k` of the manifest, converted to the file's dtype (`v as f32`
+    /// from f64 for an f32 file, as before).
+    pub fn put<T: Float>(&mut self, k: usize, values: &[T]) {
         let bytes: Vec<u8> = if self.f64 {
-            values.iter().flat_map(|x| x.to_le_bytes()).collect()
+            values.iter().flat_map(|x| x.f64().to_le_bytes()).collect()
         } else {
-            values
-                .iter()
-                .flat_map(|x| (*x as f32).to_le_bytes())
-                .collect()
+            values.iter().flat_map(|x| x.f32().to_le_bytes()).collect()
         };
-        if let Some(s) = self.sha.get_mut(k) {
-            *s = hex(&Sha256::digest(&bytes));
-        }
         // A writer that has stopped has said why; what follows is dropped.
         if let Some(tx) = &self.tx {
             if tx.send((k, bytes)).is_err() {
@@ -81,6 +99,8 @@ struct Pending<'a> {
     len: usize,
     rx: &'a Receiver<(usize, Vec<u8>)>,
     wrong: &'a AtomicBool,
+    /// Its checksum, taken by the writer (beside device 0's next gather).
+    sha: &'a OnceLock<String>,
 }
 
 impl View for Pending<'_> {
@@ -92,7 +112,10 @@ impl View for Pending<'_> {
     }
     fn data(&self) -> Cow<'_, [u8]> {
         match self.rx.recv() {
-            Ok((k, b)) if k == self.k && b.len() == self.len => Cow::Owned(b),
+            Ok((k, b)) if k == self.k && b.len() == self.len => {
+                let _ = self.sha.set(hex(&Sha256::digest(&b)));
+                Cow::Owned(b)
+            }
             // Out of order, the wrong size, or no more coming: the save fails,
             // and the serializer finishes the file without writing the rest.
             _ => {
@@ -107,7 +130,8 @@ impl View for Pending<'_> {
 }
 
 /// Writes `file` from the tensors `fill` puts into its [`Sink`] in
-/// [`order`]; returns their checksums, by manifest index. `Err(E)`: `fill`
+/// [`order`]; returns their checksums (taken on the writer's thread, beside
+/// the next gather), by manifest index. `Err(E)`: `fill`
 /// failed (the file is unfinished); `Ok(Err(_))`: the file was not written.
 pub fn stream<E>(
     file: &Path,
@@ -128,13 +152,10 @@ pub fn stream<E>(
     let order = order(manifest);
     let (tx, rx) = sync_channel::<(usize, Vec<u8>)>(1);
     let wrong = AtomicBool::new(false);
-    let mut sink = Sink {
-        tx: Some(tx),
-        f64,
-        sha: vec![String::new(); manifest.tensors.len()],
-    };
+    let mut sink = Sink { tx: Some(tx), f64 };
+    let sums: Vec<OnceLock<String>> = manifest.tensors.iter().map(|_| OnceLock::new()).collect();
     let (filled, written) = std::thread::scope(|s| {
-        let (ord, wrong) = (&order, &wrong);
+        let (ord, wrong, sums) = (&order, &wrong, &sums);
         // The receiver is the writer's: when it stops, early or not, a
         // tensor put after that is not waited for.
         let writer = s.spawn(move || {
@@ -151,6 +172,7 @@ pub fn stream<E>(
                         len: n * size,
                         rx: &rx,
                         wrong,
+                        sha: &sums[k],
                     };
                     (t.name.clone(), view)
                 })
@@ -167,7 +189,10 @@ pub fn stream<E>(
         Ok(Ok(())) if wrong.load(Ordering::Relaxed) => Err(werr(
             &"the tensors did not arrive in the order the file is written in",
         )),
-        Ok(Ok(())) => Ok(sink.sha),
+        Ok(Ok(())) => Ok(sums
+            .into_iter()
+            .map(|s| s.into_inner().unwrap_or_default())
+            .collect()),
         Ok(Err(e)) => Err(werr(&e)),
         Err(_) => Err(werr(&"the writer stopped")),
     };
