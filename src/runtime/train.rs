@@ -624,8 +624,9 @@ pub(crate) fn gather_one(ex: &Exec, pi: usize, t: &Tensor) -> R<Option<Vec<f64>>
     gather_as::<f64>(ex, pi, t)
 }
 
-/// [`gather_one`] in `T` (f32 for an f32 checkpoint: no f64 copy; the same
-/// values, as every piece's dtype widens to f32 exactly or is f32).
+/// [`gather_one`] in `T` (f32 for an f32 checkpoint: no f64 copy). The same
+/// bits as `gather_one`'s values cast to `T`: candle's `to_dtype` rounds as
+/// `as` does, and bf16/f16/f32 pieces widen to f32 exactly.
 pub(crate) fn gather_as<T: candle_core::WithDType>(
     ex: &Exec,
     pi: usize,

@@ -500,7 +500,7 @@ impl<'r, 'a> Worker<'r, 'a> {
         if self.rank != 0 {
             for k in super::checkpoint::write::order(&manifest) {
                 let (_, i, t) = held[k];
-                gather_as::<f32>(ex, i, t)?;
+                gather_one(ex, i, t)?;
             }
             return Ok(());
         }

@@ -82,6 +82,13 @@ fn sha256(b: &[u8]) -> String {
     write::hex(&Sha256::digest(b))
 }
 
+fn werr(path: &Path, e: &dyn std::fmt::Display) -> CheckpointError {
+    CheckpointError::Write {
+        path: path.to_path_buf(),
+        error: e.to_string(),
+    }
+}
+
 /// Write one checkpoint, read it back to verify it, and keep the newest `keep`
 /// of this run series (older ones only; never another series', never one newer
 /// than this, which a fallback resume left behind). `manifest` lists the
@@ -95,10 +102,6 @@ pub fn save<E>(
     f64: bool,
     fill: impl FnOnce(&[usize], &mut Sink) -> Result<(), E>,
 ) -> Result<Res<PathBuf>, E> {
-    let werr = |path: &Path, e: &dyn std::fmt::Display| CheckpointError::Write {
-        path: path.to_path_buf(),
-        error: e.to_string(),
-    };
     if let Err(e) = std::fs::create_dir_all(dir) {
         return Ok(Err(werr(dir, &e)));
     }
@@ -141,10 +144,6 @@ fn finish(
     tmp: &Path,
     sums: Vec<String>,
 ) -> Res<PathBuf> {
-    let werr = |path: &Path, e: &dyn std::fmt::Display| CheckpointError::Write {
-        path: path.to_path_buf(),
-        error: e.to_string(),
-    };
     let mut manifest = manifest.clone();
     for (t, sum) in manifest.tensors.iter_mut().zip(sums) {
         t.sha256 = sum;

@@ -152,7 +152,6 @@ pub fn stream<E>(
     let order = order(manifest);
     let (tx, rx) = sync_channel::<(usize, Vec<u8>)>(1);
     let wrong = AtomicBool::new(false);
-    let mut sink = Sink { tx: Some(tx), f64 };
     let sums: Vec<OnceLock<String>> = manifest.tensors.iter().map(|_| OnceLock::new()).collect();
     let (filled, written) = std::thread::scope(|s| {
         let (ord, wrong, sums) = (&order, &wrong, &sums);
@@ -179,9 +178,11 @@ pub fn stream<E>(
                 .collect();
             safetensors::tensor::serialize_to_file(views, Some(meta), file)
         });
-        let filled = fill(&order, &mut sink);
-        // No more tensors: a writer still waiting gets none and stops.
-        sink.tx = None;
+        // The sender lives in this scope: however `fill` ends (a panic
+        // too), a writer still waiting then gets nothing more and stops.
+        let mut sink = Sink { tx: Some(tx), f64 };
+        let filled = fill(ord, &mut sink);
+        drop(sink);
         (filled, writer.join())
     });
     filled?;
