@@ -45,38 +45,20 @@ pub struct Sink {
     f64: bool,
 }
 
-/// A value a checkpoint file is written from, in either of its dtypes.
-pub trait Float: Copy {
-    fn f32(self) -> f32;
-    fn f64(self) -> f64;
-}
-
-impl Float for f32 {
-    fn f32(self) -> f32 {
-        self
-    }
-    fn f64(self) -> f64 {
-        self as f64
-    }
-}
-
-impl Float for f64 {
-    fn f32(self) -> f32 {
-        self as f32
-    }
-    fn f64(self) -> f64 {
-        self
-    }
-}
-
 impl Sink {
     /// Tensor `k` of the manifest, converted to the file's dtype (`v as f32`
-    /// from f64 for an f32 file, as before).
-    pub fn put<T: Float>(&mut self, k: usize, values: &[T]) {
+    /// from f64 for an f32 file, as before; an f32 through f64 is exact).
+    pub fn put<T: candle_core::WithDType>(&mut self, k: usize, values: &[T]) {
         let bytes: Vec<u8> = if self.f64 {
-            values.iter().flat_map(|x| x.f64().to_le_bytes()).collect()
+            values
+                .iter()
+                .flat_map(|x| x.to_f64().to_le_bytes())
+                .collect()
         } else {
-            values.iter().flat_map(|x| x.f32().to_le_bytes()).collect()
+            values
+                .iter()
+                .flat_map(|x| (x.to_f64() as f32).to_le_bytes())
+                .collect()
         };
         // A writer that has stopped has said why; what follows is dropped.
         if let Some(tx) = &self.tx {
